@@ -1,0 +1,326 @@
+"""``trioserve``: the command line.
+
+- ``trioserve run``: the frontend (starts the mock engine as a child when no --engine);
+- ``trioserve engine mock``: the mock engine alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+import tempfile
+from functools import partial
+from pathlib import Path
+
+import trio
+
+from .config import Settings
+
+log = logging.getLogger("trioserve")
+
+DEFAULTS = Settings()
+
+
+def _positive(kind: type) -> object:
+    def parse(text: str) -> float:
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be zero or more, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trioserve",
+        description=(
+            "An HTTP frontend for model-inference engines, on Trio: OpenAI-compatible routes "
+            "to clients, ZeroMQ to engines, and exactly one abort for every request that "
+            "ends early."
+        ),
+    )
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = commands.add_parser(
+        "run",
+        help="serve the HTTP API (starts the mock engine when no --engine is given)",
+        description=(
+            "Serve the HTTP API. With no --engine, a mock engine is started as a child "
+            "process and stopped with the server. SIGTERM or SIGINT drains: readiness turns "
+            "503 at once, requests are still served for --drain-delay seconds, then the "
+            "listener closes and in-flight requests may finish until --graceful-timeout "
+            "(counted from the signal). A second signal ends what is left at once."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    run.add_argument("--host", default=DEFAULTS.host, help="address to listen on")
+    run.add_argument("--port", type=int, default=DEFAULTS.port, help="port to listen on")
+    run.add_argument(
+        "--engine",
+        action="append",
+        default=[],
+        metavar="ADDRESS",
+        help="ZeroMQ address of an engine, e.g. tcp://10.0.0.5:5555 (repeatable)",
+    )
+    run.add_argument(
+        "--request-timeout",
+        type=_non_negative,
+        default=DEFAULTS.request_timeout,
+        help="deadline of every generation request in seconds (0: none); a client may "
+        "ask for another with the X-Request-Timeout header",
+    )
+    run.add_argument(
+        "--max-request-timeout",
+        type=_positive(float),
+        default=DEFAULTS.max_request_timeout,
+        help="the largest X-Request-Timeout honoured, in seconds",
+    )
+    run.add_argument(
+        "--stream-buffer",
+        type=_positive(int),
+        default=DEFAULTS.stream_buffer,
+        metavar="ITEMS",
+        help="engine outputs buffered per request; a client further behind is ended "
+        "with a slow_client error and its engine request aborted",
+    )
+    run.add_argument(
+        "--max-body-mb",
+        type=_positive(float),
+        default=DEFAULTS.max_body_bytes / 2**20,
+        help="largest request body in MiB (413 past it)",
+    )
+    run.add_argument(
+        "--heartbeat-interval",
+        type=_positive(float),
+        default=DEFAULTS.heartbeat_interval,
+        help="seconds between pings to each engine",
+    )
+    run.add_argument(
+        "--heartbeat-timeout",
+        type=_positive(float),
+        default=DEFAULTS.heartbeat_timeout,
+        help="seconds of engine silence before its requests fail with 503 and it is reconnected",
+    )
+    run.add_argument(
+        "--drain-delay",
+        type=_non_negative,
+        default=DEFAULTS.drain_delay,
+        help="seconds to keep serving after SIGTERM, so load balancers stop routing here "
+        "before the listener closes",
+    )
+    run.add_argument(
+        "--graceful-timeout",
+        type=_non_negative,
+        default=DEFAULTS.graceful_timeout,
+        help="seconds from SIGTERM until requests still running are ended (Kubernetes' "
+        "terminationGracePeriodSeconds must exceed preStop + this + a margin)",
+    )
+    mock = run.add_argument_group("built-in mock engine (only without --engine)")
+    mock.add_argument("--mock-tokens-per-second", type=_positive(float), default=50.0)
+    mock.add_argument("--mock-ttft-ms", type=_non_negative, default=20.0)
+    mock.add_argument("--mock-model", default="mock")
+
+    engine = commands.add_parser("engine", help="run an engine")
+    kinds = engine.add_subparsers(dest="engine_kind", required=True, metavar="KIND")
+    mock_engine = kinds.add_parser(
+        "mock",
+        help="the deterministic mock engine",
+        description="Run the mock engine: deterministic text at a fixed token rate, with "
+        "faults on demand per request (see docs/protocol.md).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    mock_engine.add_argument(
+        "--bind", default="tcp://127.0.0.1:5555", help="ZeroMQ address to bind (ROUTER)"
+    )
+    mock_engine.add_argument("--model", default="mock", help="model name to serve")
+    mock_engine.add_argument(
+        "--tokens-per-second", type=_positive(float), default=50.0, help="token rate"
+    )
+    mock_engine.add_argument(
+        "--ttft-ms", type=_non_negative, default=20.0, help="time to first token"
+    )
+    mock_engine.add_argument(
+        "--frontend-timeout",
+        type=_positive(float),
+        default=5.0,
+        help="seconds of frontend silence before its requests are aborted here",
+    )
+    mock_engine.add_argument("--log-aborts", action="store_true", help="log every abort received")
+    mock_engine.add_argument(
+        "--loop", choices=["trio", "asyncio"], default="trio", help="event loop to serve on"
+    )
+    mock_engine.add_argument(
+        "--exit-with-parent",
+        action="store_true",
+        help="exit when the parent process dies (used by `trioserve run`)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if args.command == "run":
+        return _run(args)
+    return _engine_mock(args)
+
+
+# -- trioserve run --------------------------------------------------------------------------
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .errors import ProtocolVersionError
+    from .server import serve_frontend
+
+    settings = Settings(
+        host=args.host,
+        port=args.port,
+        engines=list(args.engine),
+        request_timeout=args.request_timeout,
+        max_request_timeout=args.max_request_timeout,
+        stream_buffer=args.stream_buffer,
+        max_body_bytes=int(args.max_body_mb * 2**20),
+        heartbeat_interval=args.heartbeat_interval,
+        heartbeat_timeout=args.heartbeat_timeout,
+        drain_delay=args.drain_delay,
+        graceful_timeout=args.graceful_timeout,
+    )
+
+    async def main_task() -> None:
+        if settings.engines:
+            await serve_frontend(settings)
+            return
+        with tempfile.TemporaryDirectory(prefix="trioserve-") as tmp:
+            address = f"ipc://{Path(tmp) / 'mock-engine.sock'}"
+            settings.engines = [address]
+            command = [
+                sys.executable,
+                "-m",
+                "trioserve",
+                "--log-level",
+                args.log_level,
+                "engine",
+                "mock",
+                "--bind",
+                address,
+                "--model",
+                args.mock_model,
+                "--tokens-per-second",
+                str(args.mock_tokens_per_second),
+                "--ttft-ms",
+                str(args.mock_ttft_ms),
+                "--exit-with-parent",
+            ]
+            # A session of its own: a Ctrl-C at the terminal reaches the frontend only,
+            # which drains first and stops the engine last.
+            process = await trio.lowlevel.open_process(command, start_new_session=True)
+            log.info("started the mock engine (pid %d) at %s", process.pid, address)
+            try:
+                await serve_frontend(settings)
+            finally:
+                with trio.CancelScope(shield=True):
+                    await _stop_child(process)
+
+    try:
+        trio.run(main_task)
+    except ProtocolVersionError as exc:
+        log.error("%s", exc)
+        return 2
+    return 0
+
+
+async def _stop_child(process: trio.Process) -> None:
+    if process.returncode is None:
+        process.terminate()
+        with trio.move_on_after(5):
+            await process.wait()
+        if process.returncode is None:
+            log.warning("the mock engine did not stop in 5 s; killing it")
+            process.kill()
+            await process.wait()
+    log.info("mock engine stopped (exit code %s)", process.returncode)
+
+
+# -- trioserve engine mock ---------------------------------------------------------------
+
+
+def _engine_mock(args: argparse.Namespace) -> int:
+    from .sdk import MockBackend, serve_engine, serve_engine_asyncio
+
+    backend = MockBackend(
+        model=args.model, tokens_per_second=args.tokens_per_second, ttft_ms=args.ttft_ms
+    )
+    options = {"frontend_timeout": args.frontend_timeout, "log_aborts": args.log_aborts}
+    parent = os.getppid()
+    log.info("mock engine serving model %r on %s (%s)", args.model, args.bind, args.loop)
+
+    if args.loop == "trio":
+
+        async def main_trio() -> None:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(partial(serve_engine, backend, args.bind, **options))
+                if args.exit_with_parent:
+                    nursery.start_soon(_exit_with_parent_trio, parent, nursery.cancel_scope)
+                with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                    async for _ in signals:
+                        break
+                nursery.cancel_scope.cancel()
+
+        trio.run(main_trio)
+    else:
+
+        async def main_asyncio() -> None:
+            loop = asyncio.get_running_loop()
+            task = asyncio.current_task()
+            assert task is not None
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, task.cancel)
+            watcher = None
+            if args.exit_with_parent:
+                watcher = loop.create_task(_exit_with_parent_asyncio(parent, task))
+            try:
+                await serve_engine_asyncio(backend, args.bind, **options)
+            except asyncio.CancelledError:
+                pass
+            finally:
+                if watcher is not None:
+                    watcher.cancel()
+
+        asyncio.run(main_asyncio())
+    log.info("mock engine stopped")
+    return 0
+
+
+async def _exit_with_parent_trio(parent: int, scope: trio.CancelScope) -> None:
+    # Polling is the portable way to learn of a parent's death (no event exists for it).
+    while os.getppid() == parent:  # noqa: ASYNC110
+        await trio.sleep(0.5)
+    log.warning("parent process %d is gone; stopping", parent)
+    scope.cancel()
+
+
+async def _exit_with_parent_asyncio(parent: int, task: asyncio.Task[object]) -> None:
+    while os.getppid() == parent:  # noqa: ASYNC110
+        await asyncio.sleep(0.5)
+    log.warning("parent process %d is gone; stopping", parent)
+    task.cancel()

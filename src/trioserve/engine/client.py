@@ -1,0 +1,111 @@
+"""``open_engine_client``: the frontend's handle on all of its engines."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+
+import trio
+import zmq
+
+from ..errors import NoEngineError, ProtocolVersionError, TrioserveError
+from ..protocol import ModelCard, Submit
+from .connection import EngineConnection, HeartbeatConfig, new_frontend_id
+from .subscription import DEFAULT_BUFFER, Subscription
+
+log = logging.getLogger(__name__)
+
+
+class EngineClient:
+    """Routes requests to connected engines. Obtain one with :func:`open_engine_client`."""
+
+    def __init__(self, connections: list[EngineConnection]) -> None:
+        self.connections = connections
+
+    @property
+    def ready(self) -> bool:
+        """True while at least one engine has completed its handshake."""
+        return any(conn.ready for conn in self.connections)
+
+    def models(self) -> list[ModelCard]:
+        seen: dict[str, ModelCard] = {}
+        for conn in self.connections:
+            if conn.welcome is not None:
+                for card in conn.welcome.models:
+                    seen.setdefault(card.id, card)
+        return list(seen.values())
+
+    def capabilities(self) -> set[str]:
+        return {
+            cap for conn in self.connections if conn.welcome for cap in conn.welcome.capabilities
+        }
+
+    def default_model(self) -> str | None:
+        models = self.models()
+        return models[0].id if models else None
+
+    def submit(
+        self,
+        message: Submit,
+        capability: str,
+        *,
+        buffer: int = DEFAULT_BUFFER,
+        on_failure: Callable[[TrioserveError], None] | None = None,
+    ) -> Subscription:
+        """Send ``message`` to the least-loaded engine that serves its model.
+
+        Returns the subscription at once (use it as an async context manager: leaving it
+        before the request finished sends one abort). Raises :class:`NoEngineError` when no
+        connected engine serves the model.
+        """
+        candidates = [c for c in self.connections if c.serves(message.model, capability)]
+        if not candidates:
+            if not self.ready:
+                raise NoEngineError("no engine is connected")
+            raise NoEngineError(f"no connected engine serves model {message.model!r}")
+        engine = min(candidates, key=lambda c: c.in_flight)
+        return engine.submit(message, buffer, on_failure)
+
+    async def wait_ready(self) -> None:
+        """Wait until every engine has welcomed us; raise if one refused our version."""
+        while True:
+            for conn in self.connections:
+                if conn.fatal is not None:
+                    raise conn.fatal
+            pending = [conn for conn in self.connections if not conn.ready]
+            if not pending:
+                return
+            await pending[0].wait_state_change()
+
+
+@contextlib.asynccontextmanager
+async def open_engine_client(
+    addresses: Sequence[str],
+    *,
+    heartbeat: HeartbeatConfig | None = None,
+    frontend_id: str | None = None,
+    context: zmq.Context | None = None,
+) -> AsyncIterator[EngineClient]:
+    """Connect to every engine in ``addresses`` and keep the connections alive.
+
+    Owns one DEALER socket per engine and the tasks that serve them; both end when the
+    context exits. Does not wait for handshakes (see :meth:`EngineClient.wait_ready`):
+    engines may come up after the frontend, and reconnect on their own after a restart.
+    """
+    if not addresses:
+        raise ValueError("open_engine_client needs at least one engine address")
+    ctx = context or zmq.Context.instance()
+    frontend_id = frontend_id or new_frontend_id()
+    heartbeat = heartbeat or HeartbeatConfig()
+    connections = [EngineConnection(ctx, addr, frontend_id, heartbeat) for addr in addresses]
+    async with trio.open_nursery() as nursery:
+        for conn in connections:
+            await nursery.start(conn.serve)
+        try:
+            yield EngineClient(connections)
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+__all__ = ["EngineClient", "HeartbeatConfig", "ProtocolVersionError", "open_engine_client"]

@@ -1,0 +1,256 @@
+"""The frontend's connection to one engine: handshake, heartbeats, demultiplexing.
+
+One :class:`~trioserve.zmq_trio.ZmqPump` task owns the DEALER socket; it calls
+:meth:`EngineConnection._on_message` for every frame and routes output items to their
+subscriptions with non-blocking sends only, so one slow request never holds up the others.
+A heartbeat task sends pings (or, while not connected, hellos) and declares the engine lost
+when nothing has been heard from it for ``heartbeat_timeout`` seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import uuid
+from collections.abc import Callable
+
+import attrs
+import trio
+import zmq
+
+from .. import metrics
+from ..errors import (
+    EngineLostError,
+    EngineOverloadedError,
+    ProtocolVersionError,
+    TrioserveError,
+)
+from ..protocol import (
+    PROTOCOL_VERSION,
+    Abort,
+    Hello,
+    Outputs,
+    Ping,
+    Pong,
+    ProtocolError,
+    Reject,
+    Submit,
+    Welcome,
+    decode,
+    encode,
+)
+from ..zmq_trio import ZmqPump
+from .subscription import DEFAULT_BUFFER, Subscription
+
+log = logging.getLogger(__name__)
+
+
+@attrs.define
+class HeartbeatConfig:
+    #: Seconds between pings (and between hellos while not connected).
+    interval: float = 1.0
+    #: Seconds of silence after which the engine is declared lost.
+    timeout: float = 3.0
+
+
+class EngineConnection:
+    """One engine, seen from the frontend. Created and run by :class:`EngineClient`."""
+
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        address: str,
+        frontend_id: str,
+        heartbeat: HeartbeatConfig,
+    ) -> None:
+        self.address = address
+        self.frontend_id = frontend_id
+        self.heartbeat = heartbeat
+        self.welcome: Welcome | None = None
+        #: Set when the engine refused our protocol version; the connection then stops.
+        self.fatal: ProtocolVersionError | None = None
+        self.running = 0
+        self.queued = 0
+        self._subs: dict[str, Subscription] = {}
+        self._pending_aborts: list[str] = []
+        self._last_heard = 0.0
+        self._ping_seq = 0
+        self._state_changed = trio.Event()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        # Queue nothing for a peer that is not connected: frames sent to a dead engine
+        # must not be replayed to its successor.
+        sock.setsockopt(zmq.IMMEDIATE, 1)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        # A stable identity, so the engine knows us again after a reconnect.
+        sock.setsockopt(zmq.ROUTING_ID, frontend_id.encode())
+        sock.connect(address)
+        self._sock = sock
+        self._pump = ZmqPump(sock, self._on_message, self._flush_aborts)
+        self._gauge_running = metrics.ENGINE_RUNNING.labels(engine=address)
+        self._gauge_queued = metrics.ENGINE_QUEUED.labels(engine=address)
+        self._gauge_connected = metrics.ENGINE_CONNECTED.labels(engine=address)
+        self._gauge_connected.set(0)
+
+    # -- state ---------------------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        return self.welcome is not None
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._subs)
+
+    def serves(self, model: str | None, capability: str) -> bool:
+        welcome = self.welcome
+        if welcome is None or capability not in welcome.capabilities:
+            return False
+        return model is None or any(card.id == model for card in welcome.models)
+
+    async def wait_state_change(self) -> None:
+        await self._state_changed.wait()
+
+    def _changed(self) -> None:
+        self._state_changed.set()
+        self._state_changed = trio.Event()
+
+    # -- requests --------------------------------------------------------------------------
+
+    def submit(
+        self,
+        message: Submit,
+        buffer: int = DEFAULT_BUFFER,
+        on_failure: Callable[[TrioserveError], None] | None = None,
+    ) -> Subscription:
+        """Register a subscription and queue the submit. Does not wait."""
+        if message.request_id in self._subs:
+            raise ValueError(f"request id {message.request_id!r} is already in flight")
+        sub = Subscription(self, message.request_id, buffer, on_failure)
+        if not self._pump.send([encode(message)]):
+            raise EngineOverloadedError(f"engine {self.address} is not accepting frames")
+        self._subs[message.request_id] = sub
+        return sub
+
+    def forget(self, request_id: str) -> None:
+        self._subs.pop(request_id, None)
+
+    def queue_abort(self, request_id: str) -> None:
+        """Queue one abort; all aborts queued in one scheduling round leave in one frame."""
+        self._pending_aborts.append(request_id)
+        self._pump.wake()
+
+    def _flush_aborts(self) -> None:
+        if self._pending_aborts:
+            ids, self._pending_aborts = self._pending_aborts, []
+            # If the outbox is full, the engine is not reading: it will be declared lost and
+            # its own orphan cleanup takes over. Nothing here may block.
+            self._pump.send([encode(Abort(ids))])
+
+    # -- socket owner ---------------------------------------------------------------------
+
+    def _on_message(self, frames: list[bytes]) -> None:
+        if len(frames) != 1:
+            log.warning("engine %s: dropping a %d-part message", self.address, len(frames))
+            return
+        try:
+            message = decode(frames[0])
+        except ProtocolError as exc:
+            log.warning("engine %s: dropping malformed frame: %s", self.address, exc)
+            return
+        self._last_heard = trio.current_time()
+        if isinstance(message, Outputs):
+            subs = self._subs
+            for item in message.items:
+                sub = subs.get(item.request_id)
+                if sub is not None:  # else: a late output of an aborted request
+                    sub.deliver(item)
+        elif isinstance(message, Pong):
+            if self.welcome is not None and message.session != self.welcome.session:
+                self._declare_lost("the engine restarted")
+                return
+            self.running, self.queued = message.running, message.queued
+            self._gauge_running.set(message.running)
+            self._gauge_queued.set(message.queued)
+        elif isinstance(message, Welcome):
+            self._on_welcome(message)
+        elif isinstance(message, Reject):
+            self.fatal = ProtocolVersionError(
+                f"engine {self.address} refused protocol version {PROTOCOL_VERSION}: "
+                f"{message.message} (the engine speaks version {message.protocol_version})"
+            )
+            log.error("%s", self.fatal)
+            self._changed()
+        else:
+            log.warning("engine %s: dropping unexpected %s", self.address, type(message).__name__)
+
+    def _on_welcome(self, welcome: Welcome) -> None:
+        if welcome.protocol_version != PROTOCOL_VERSION:
+            self.fatal = ProtocolVersionError(
+                f"engine {self.address} speaks protocol version {welcome.protocol_version}, "
+                f"this frontend speaks {PROTOCOL_VERSION}"
+            )
+            log.error("%s", self.fatal)
+            self._changed()
+            return
+        if self.welcome is None:
+            log.info(
+                "engine %s connected: id=%s models=%s capabilities=%s",
+                self.address,
+                welcome.engine_id,
+                [card.id for card in welcome.models],
+                welcome.capabilities,
+            )
+        self.welcome = welcome
+        self._gauge_connected.set(1)
+        self._changed()
+
+    def _declare_lost(self, why: str) -> None:
+        log.warning("engine %s lost: %s; failing %d request(s)", self.address, why, len(self._subs))
+        self.welcome = None
+        self._gauge_connected.set(0)
+        self._gauge_running.set(0)
+        self._gauge_queued.set(0)
+        error = EngineLostError(f"engine {self.address} stopped responding ({why})")
+        for sub in list(self._subs.values()):
+            sub.fail(error, "engine_lost")
+        self._changed()
+
+    async def _heartbeat(self) -> None:
+        hello = encode(Hello(PROTOCOL_VERSION, self.frontend_id))
+        while self.fatal is None:
+            now = trio.current_time()
+            if self.welcome is None:
+                if self._pump.pending == 0:
+                    self._pump.send([hello])
+            else:
+                if now - self._last_heard > self.heartbeat.timeout:
+                    self._declare_lost(f"no message for {self.heartbeat.timeout:g} s")
+                    self._pump.drop_outbox()
+                    continue
+                self._ping_seq += 1
+                self._pump.send([encode(Ping(self._ping_seq))])
+            await trio.sleep(self.heartbeat.interval)
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the socket owner and the heartbeat until cancelled."""
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._pump.run)
+                nursery.start_soon(self._heartbeat)
+                task_status.started()
+        finally:
+            # Whatever was still running at the engine is aborted: best effort, since the
+            # socket closes right after (LINGER 0). The engine's orphan cleanup is the
+            # backstop for frames that never leave.
+            for sub in list(self._subs.values()):
+                sub.fail(EngineLostError("the frontend is shutting down"), "drain")
+            self._flush_aborts()
+            with contextlib.suppress(zmq.ZMQError):
+                self._pump._send_available()
+            self._sock.close(linger=0)
+            self._gauge_connected.set(0)
+
+
+def new_frontend_id() -> str:
+    return f"frontend-{uuid.uuid4().hex[:12]}"

@@ -1,0 +1,127 @@
+"""A request's view of its engine outputs: a bounded channel plus exactly-once ending.
+
+A :class:`Subscription` ends exactly once, in one of three ways:
+
+- ``finished``: the engine sent the request's last item (a finish reason or an error);
+  the engine has ended it, so no abort is sent;
+- ``aborted``: the frontend gave up on it (client gone, deadline, cancel, slow client,
+  drain); one abort is queued to the engine;
+- ``lost``: the engine stopped answering; one abort is queued too, in case the engine was
+  only hung and comes back.
+
+Ending is synchronous (it only queues the abort for the socket's owner task), so it can
+run in a ``finally`` under cancellation without awaiting anything, and it is idempotent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import trio
+
+from .. import metrics
+from ..errors import EngineLostError, SlowClientError, TrioserveError
+from ..protocol import OutputItem
+
+if TYPE_CHECKING:
+    from .connection import EngineConnection
+
+#: Default bound of a subscription's channel, in output items (one token each for text).
+DEFAULT_BUFFER = 256
+
+
+class Subscription:
+    """Outputs of one submitted request. Iterate it; leave its context to abort it."""
+
+    def __init__(
+        self,
+        engine: EngineConnection,
+        request_id: str,
+        buffer: int = DEFAULT_BUFFER,
+        on_failure: Callable[[TrioserveError], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.request_id = request_id
+        self.state = "open"
+        #: Set when the subscription failed (slow client, engine lost).
+        self.error: TrioserveError | None = None
+        #: Reason recorded with the abort when the context exits while still open.
+        self.abort_reason = "disconnect"
+        self._on_failure = on_failure
+        self._send, self._receive = trio.open_memory_channel[OutputItem](buffer)
+
+    # -- called by the engine connection (in its socket-owner task) --------------------
+
+    def deliver(self, item: OutputItem) -> None:
+        """Hand one item to the consumer, never blocking the caller."""
+        try:
+            self._send.send_nowait(item)
+        except trio.WouldBlock:
+            self.fail(SlowClientError("the client is not reading fast enough"), "slow_client")
+            return
+        if item.final:
+            self.state = "finished"
+            self.engine.forget(self.request_id)
+            self._send.close()
+
+    def fail(self, error: TrioserveError, reason: str) -> None:
+        """End the subscription with an error; the consumer sees ``error`` at once."""
+        if self.state != "open":
+            return
+        self.error = error
+        self._end(reason)
+        if self._on_failure is not None:
+            self._on_failure(error)
+
+    # -- called by the consumer --------------------------------------------------------
+
+    def abort(self, reason: str) -> bool:
+        """End the request at the engine (one abort), unless it already ended. Idempotent."""
+        if self.state != "open":
+            return False
+        self._end(reason)
+        return True
+
+    def _end(self, reason: str) -> None:
+        self.state = "lost" if reason == "engine_lost" else "aborted"
+        self.engine.forget(self.request_id)
+        self.engine.queue_abort(self.request_id)
+        metrics.ENGINE_ABORTS.labels(reason=reason).inc()
+        self._send.close()
+
+    @property
+    def done(self) -> bool:
+        return self.state != "open"
+
+    async def receive_batch(self, limit: int = 64) -> list[OutputItem]:
+        """Wait for at least one item, then take what else is already waiting (≤ limit).
+
+        Returns ``[]`` at the end of a finished stream; raises the subscription's error if
+        it failed.
+        """
+        if self.error is not None:
+            raise self.error
+        try:
+            batch = [await self._receive.receive()]
+        except trio.EndOfChannel:
+            if self.error is not None:
+                raise self.error from None
+            return []
+        receive_nowait = self._receive.receive_nowait
+        try:
+            while len(batch) < limit:
+                batch.append(receive_nowait())
+        except (trio.WouldBlock, trio.EndOfChannel):
+            pass
+        return batch
+
+    async def __aenter__(self) -> Subscription:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.abort(self.abort_reason)
+        self._receive.close()
+
+
+__all__ = ["DEFAULT_BUFFER", "EngineLostError", "Subscription"]

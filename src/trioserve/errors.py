@@ -1,0 +1,43 @@
+"""trioserve's error tree: one place, each name saying whose fault it was."""
+
+from __future__ import annotations
+
+
+class TrioserveError(Exception):
+    """Base of every error trioserve raises on purpose."""
+
+
+class EngineError(TrioserveError):
+    """Something about an engine; the request did not complete."""
+
+    status = 503
+    code = "engine_unavailable"
+
+
+class NoEngineError(EngineError):
+    """No connected engine serves what the request asks for."""
+
+
+class EngineLostError(EngineError):
+    """The engine stopped answering heartbeats (or went away) while the request ran."""
+
+    code = "engine_lost"
+
+
+class EngineOverloadedError(EngineError):
+    """The engine's send queue is full: the engine is not reading."""
+
+    code = "engine_overloaded"
+
+
+class ProtocolVersionError(EngineError):
+    """The engine speaks another protocol version; raised at connect time."""
+
+    code = "protocol_version_mismatch"
+
+
+class SlowClientError(TrioserveError):
+    """The client fell further behind than the per-request buffer allows."""
+
+    status = 503
+    code = "slow_client"

@@ -1,0 +1,177 @@
+"""The request lifecycle: one cancel scope and one nursery per generation request.
+
+::
+
+    request scope (deadline) ─┬─ relay: subscription → writer   (the request's work)
+                              └─ disconnect watcher             (reads ASGI receive())
+
+Every way a request ends early is :meth:`RequestHandle.end` with a reason, which cancels
+the scope: the client disconnected, the deadline passed, ``DELETE /v1/requests/{id}``, the
+client fell behind its buffer bound, the engine was lost, the drain deadline came. The
+``finally`` around the relay then ends the subscription, which queues exactly one abort
+unless the engine already finished the request; it awaits nothing, so it cannot be
+cancelled half-way or hang. After the scope, the client is told why (unless it is gone).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import attrs
+import trio
+
+from .. import metrics
+from ..engine import EngineClient, Subscription
+from ..errors import EngineError, TrioserveError
+from ..protocol import Submit
+from .errors import HTTPError
+from .exchange import Exchange
+from .writers import EngineItemError, Writer
+
+log = logging.getLogger("trioserve.request")
+
+#: How long telling a client why its request ended may take, at most.
+ERROR_WRITE_TIMEOUT = 5.0
+
+_END_ERRORS = {
+    "deadline": (504, "deadline_exceeded", "the request exceeded its deadline"),
+    "cancel": (499, "request_cancelled", "the request was cancelled"),
+    "slow_client": (503, "slow_client", "the client fell behind its stream buffer"),
+    "engine_lost": (503, "engine_lost", "the engine stopped responding"),
+    "drain": (503, "server_shutting_down", "the server is shutting down"),
+}
+
+
+@attrs.define(eq=False)
+class RequestHandle:
+    """A running generation request, as other parts of the server can see and end it."""
+
+    id: str
+    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    end_reason: str | None = None
+    #: Set once the response is complete; ending the request is then a no-op.
+    completed: bool = False
+
+    def end(self, reason: str) -> None:
+        """End the request early (first reason wins). Synchronous and idempotent."""
+        if self.end_reason is None and not self.completed:
+            self.end_reason = reason
+            self.scope.cancel()
+
+
+class Registry:
+    """In-flight requests by id (for explicit cancel and the drain deadline)."""
+
+    def __init__(self) -> None:
+        self._handles: dict[str, RequestHandle] = {}
+
+    def __len__(self) -> int:
+        return len(self._handles)
+
+    def get(self, request_id: str) -> RequestHandle | None:
+        return self._handles.get(request_id)
+
+    def add(self, handle: RequestHandle) -> None:
+        if handle.id in self._handles:
+            raise HTTPError(
+                409, f"request id {handle.id!r} is already in flight", "duplicate_request_id"
+            )
+        self._handles[handle.id] = handle
+
+    def remove(self, handle: RequestHandle) -> None:
+        if self._handles.get(handle.id) is handle:
+            del self._handles[handle.id]
+
+    def end_all(self, reason: str) -> int:
+        handles = list(self._handles.values())
+        for handle in handles:
+            handle.end(reason)
+        return len(handles)
+
+
+async def run_generation(
+    *,
+    engines: EngineClient,
+    registry: Registry,
+    exchange: Exchange,
+    submit: Submit,
+    capability: str,
+    writer: Writer,
+    timeout: float,
+    buffer: int,
+) -> None:
+    """Serve one generation request from submit to last byte (or to its early end)."""
+    handle = RequestHandle(exchange.request_id)
+    registry.add(handle)
+    metrics.REQUESTS_IN_FLIGHT.inc()
+    outcome = "error"
+    try:
+        handle.scope.deadline = trio.current_time() + timeout if timeout > 0 else math.inf
+
+        def on_failure(error: TrioserveError) -> None:
+            handle.end("slow_client" if error.code == "slow_client" else "engine_lost")
+
+        try:
+            sub = engines.submit(submit, capability, buffer=buffer, on_failure=on_failure)
+        except EngineError as exc:
+            await writer.fail(HTTPError(exc.status, str(exc), exc.code))
+            return
+        error: HTTPError | None = None
+        with handle.scope:
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(_watch_disconnect, exchange, handle)
+                    error = await _relay(sub, writer, handle)
+                    nursery.cancel_scope.cancel()
+            finally:
+                # The one place an abort leaves for an early end; a no-op when the engine
+                # ended the request itself (finish or error item).
+                reason = handle.end_reason or (
+                    "deadline" if handle.scope.cancel_called else "disconnect"
+                )
+                sub.abort(reason)
+        if handle.completed:
+            outcome = "completed"
+            return
+        if error is None and handle.end_reason is None and handle.scope.cancelled_caught:
+            handle.end_reason = "deadline"
+        outcome = handle.end_reason or "engine_error"
+        if handle.end_reason == "disconnect":
+            return
+        if error is None:
+            status, code, message = _END_ERRORS[handle.end_reason or "engine_lost"]
+            if handle.end_reason == "deadline":
+                message = f"{message} of {timeout:g} s"
+            error = HTTPError(status, message, code)
+        with trio.move_on_after(ERROR_WRITE_TIMEOUT):
+            await writer.fail(error)
+    finally:
+        registry.remove(handle)
+        metrics.REQUESTS_IN_FLIGHT.dec()
+        metrics.REQUESTS.labels(outcome=outcome).inc()
+        if outcome not in ("completed", "disconnect"):
+            log.info("request %s ended: %s", handle.id, outcome)
+
+
+async def _relay(sub: Subscription, writer: Writer, handle: RequestHandle) -> HTTPError | None:
+    """Move outputs to the writer until the last one; the engine's error if it sent one."""
+    try:
+        while True:
+            batch = await sub.receive_batch()
+            if not batch:
+                return None
+            if await writer.write(batch):
+                handle.completed = True
+                return None
+    except EngineItemError as exc:
+        return exc.error
+    except TrioserveError:
+        # The subscription failed (slow client, engine lost); its on_failure callback has
+        # already ended the request with that reason.
+        return None
+
+
+async def _watch_disconnect(exchange: Exchange, handle: RequestHandle) -> None:
+    await exchange.wait_disconnect()
+    handle.end("disconnect")

@@ -1,0 +1,238 @@
+"""The OpenAI-compatible bodies: request schemas, their translation into an engine
+:class:`~trioserve.protocol.Submit`, and the response/chunk formats.
+
+One translation and one chunk format serve every transport (JSON, SSE, and WebSocket):
+:class:`StreamFormat` renders chunk *objects* as JSON bytes; the writers only frame them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import attrs
+
+from ..protocol import Submit, Usage
+from .validation import converter, invalid, structure
+
+ROLES = frozenset({"system", "user", "assistant", "tool", "developer", "function"})
+
+
+@attrs.define
+class StreamOptions:
+    include_usage: bool = False
+
+
+@attrs.define
+class ChatMessage:
+    role: str
+    content: Any = None  # str, a list of content parts, or null (checked below)
+    name: str | None = None
+
+
+@attrs.define
+class _Common:
+    model: str | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int | None = None
+    seed: int | None = None
+    stop: Any = None  # str or list of str
+    user: str | None = None
+
+
+@attrs.define
+class ChatCompletionRequest(_Common):
+    messages: list[ChatMessage] = attrs.field(kw_only=True)
+
+
+@attrs.define
+class CompletionRequest(_Common):
+    prompt: Any = attrs.field(kw_only=True)  # str, or a list of one str
+
+
+#: Body fields of each request class; everything else is passed to the engine as a param.
+_KNOWN = {
+    cls: frozenset(a.name for a in attrs.fields(cls))
+    for cls in (ChatCompletionRequest, CompletionRequest)
+}
+#: Fields that are about the HTTP exchange, not generation.
+_NOT_PARAMS = frozenset({"model", "stream", "stream_options", "messages", "prompt", "user"})
+
+
+def _check_common(req: _Common, errors: list[dict[str, str]]) -> None:
+    def bad(loc: str, msg: str) -> None:
+        errors.append({"loc": f"$.{loc}", "msg": msg})
+
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = getattr(req, name)
+        if value is not None and value < 1:
+            bad(name, "must be at least 1")
+    if req.temperature is not None and not 0 <= req.temperature <= 2:
+        bad("temperature", "must be between 0 and 2")
+    if req.top_p is not None and not 0 < req.top_p <= 1:
+        bad("top_p", "must be greater than 0 and at most 1")
+    if req.n is not None and req.n != 1:
+        bad("n", "only n=1 is supported")
+    stop = req.stop
+    if not (
+        stop is None
+        or isinstance(stop, str)
+        or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
+    ):
+        bad("stop", "expected a string or a list of strings")
+
+
+def _check_content(content: Any, loc: str, errors: list[dict[str, str]]) -> None:
+    if content is None or isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        errors.append({"loc": loc, "msg": "expected a string, a list of content parts or null"})
+        return
+    for i, part in enumerate(content):
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            errors.append({"loc": f"{loc}[{i}]", "msg": "expected an object with a 'type'"})
+        elif part["type"] == "text" and not isinstance(part.get("text"), str):
+            errors.append({"loc": f"{loc}[{i}].text", "msg": "expected a string"})
+
+
+def parse_chat(body: dict[str, Any]) -> ChatCompletionRequest:
+    req = structure(body, ChatCompletionRequest)
+    errors: list[dict[str, str]] = []
+    if not req.messages:
+        errors.append({"loc": "$.messages", "msg": "at least one message is required"})
+    for i, message in enumerate(req.messages):
+        if message.role not in ROLES:
+            errors.append({"loc": f"$.messages[{i}].role", "msg": f"unknown role {message.role!r}"})
+        _check_content(message.content, f"$.messages[{i}].content", errors)
+    _check_common(req, errors)
+    if errors:
+        raise invalid(errors)
+    return req
+
+
+def parse_completion(body: dict[str, Any]) -> CompletionRequest:
+    req = structure(body, CompletionRequest)
+    errors: list[dict[str, str]] = []
+    prompt = req.prompt
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        req.prompt = prompt[0]
+    elif not isinstance(prompt, str):
+        errors.append({"loc": "$.prompt", "msg": "expected a string (one prompt per request)"})
+    _check_common(req, errors)
+    if errors:
+        raise invalid(errors)
+    return req
+
+
+def engine_params(req: _Common, body: dict[str, Any]) -> dict[str, Any]:
+    """Sampling parameters for the engine: the validated fields, then unknown extras."""
+    known = _KNOWN[type(req)]
+    params: dict[str, Any] = {k: v for k, v in body.items() if k not in known}
+    for name in known - _NOT_PARAMS:
+        value = getattr(req, name)
+        if value is not None:
+            params[name] = value
+    if req.max_completion_tokens is not None and req.max_tokens is None:
+        params["max_tokens"] = req.max_completion_tokens
+    params.pop("max_completion_tokens", None)
+    return params
+
+
+def chat_submit(request_id: str, model: str, req: ChatCompletionRequest, body: dict) -> Submit:
+    messages = [converter.unstructure(m) for m in req.messages]
+    for message in messages:
+        if message.get("name") is None:
+            message.pop("name", None)
+    return Submit(request_id, model, "chat", {"messages": messages}, engine_params(req, body))
+
+
+def completion_submit(request_id: str, model: str, req: CompletionRequest, body: dict) -> Submit:
+    return Submit(request_id, model, "completion", {"prompt": req.prompt}, engine_params(req, body))
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def usage_dict(usage: Usage | None) -> dict[str, int] | None:
+    if usage is None:
+        return None
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+    }
+
+
+class StreamFormat:
+    """Renders one request's chunks and final body. Pre-encodes everything but the text.
+
+    A delta chunk is ``prefix + json(text) + suffix``: one JSON string encode per event.
+    """
+
+    def __init__(self, kind: str, request_id: str, model: str, include_usage: bool) -> None:
+        self.kind = kind  # "chat" or "completion"
+        self.model = model
+        self.created = int(time.time())
+        self.include_usage = include_usage
+        if kind == "chat":
+            self.id = f"chatcmpl-{request_id}"
+            self.object = "chat.completion.chunk"
+        else:
+            self.id = f"cmpl-{request_id}"
+            self.object = "text_completion"
+        head = _dumps({"id": self.id, "object": self.object, "created": self.created})[:-1]
+        self._head = head + b',"model":' + _dumps(model) + b',"choices":'
+        if kind == "chat":
+            self._prefix = self._head + b'[{"index":0,"delta":{"content":'
+            self._first_prefix = self._head + b'[{"index":0,"delta":{"role":"assistant","content":'
+            self._suffix = b'},"logprobs":null,"finish_reason":null}]}'
+        else:
+            self._prefix = self._first_prefix = self._head + b'[{"index":0,"text":'
+            self._suffix = b',"logprobs":null,"finish_reason":null}]}'
+        self._started = False
+
+    def delta(self, text: str) -> bytes:
+        prefix = self._prefix if self._started else self._first_prefix
+        self._started = True
+        return b"".join((prefix, json.dumps(text).encode(), self._suffix))
+
+    def finish(self, reason: str) -> bytes:
+        if self.kind == "chat":
+            choice = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}
+        else:
+            choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": reason}
+        return self._head + _dumps([choice]) + b"}"
+
+    def usage(self, usage: Usage | None) -> bytes:
+        return self._head + b'[],"usage":' + _dumps(usage_dict(usage)) + b"}"
+
+    def complete(self, text: str, finish_reason: str | None, usage: Usage | None) -> bytes:
+        """The whole non-streaming response body."""
+        if self.kind == "chat":
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            obj = "text_completion"
+        return _dumps(
+            {
+                "id": self.id,
+                "object": obj,
+                "created": self.created,
+                "model": self.model,
+                "choices": [choice],
+                "usage": usage_dict(usage),
+            }
+        )

@@ -1,0 +1,126 @@
+"""Response writers: how one request's engine outputs reach its client.
+
+A writer gets batches of output items (everything that was waiting for the request when
+it woke: adaptive coalescing, never a delay) and turns each batch into at most one write.
+Transport framing lives here; the chunk objects come from
+:class:`~trioserve.http.openai_api.StreamFormat`, shared by every transport.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ..protocol import OutputItem
+from .errors import HTTPError, from_engine
+from .exchange import JSON_HEADERS, Exchange
+from .openai_api import StreamFormat
+
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+class EngineItemError(Exception):
+    """The engine ended the request with an error item (no abort is owed)."""
+
+    def __init__(self, error: HTTPError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+def engine_error(item: OutputItem) -> EngineItemError:
+    assert item.error is not None
+    return EngineItemError(from_engine(item.error.status, item.error.message, item.error.type))
+
+
+class Writer(Protocol):
+    exchange: Exchange
+
+    async def write(self, batch: list[OutputItem]) -> bool:
+        """Send what ``batch`` adds; True once the final item has been written."""
+
+    async def fail(self, error: HTTPError) -> None:
+        """End the response with ``error``: as the status if nothing was sent yet."""
+
+
+class JSONWriter:
+    """Non-streaming: collect the text, answer once with the whole body."""
+
+    def __init__(self, exchange: Exchange, fmt: StreamFormat) -> None:
+        self.exchange = exchange
+        self.fmt = fmt
+        self._parts: list[str] = []
+
+    async def write(self, batch: list[OutputItem]) -> bool:
+        parts = self._parts
+        for item in batch:
+            if item.error is not None:
+                raise engine_error(item)
+            if item.data:
+                parts.append(item.data if isinstance(item.data, str) else item.data.decode())
+            if item.finish_reason is not None:
+                body = self.fmt.complete("".join(parts), item.finish_reason, item.usage)
+                await self.exchange.respond(200, body, JSON_HEADERS)
+                return True
+        return False
+
+    async def fail(self, error: HTTPError) -> None:
+        if not self.exchange.started:
+            await self.exchange.respond_error(error)
+
+
+class SSEWriter:
+    """``text/event-stream``: one ``data:`` event per chunk, ``data: [DONE]`` at the end.
+
+    The response starts with the first output, so an engine error before any token still
+    becomes the error's own HTTP status.
+    """
+
+    def __init__(self, exchange: Exchange, fmt: StreamFormat) -> None:
+        self.exchange = exchange
+        self.fmt = fmt
+
+    async def write(self, batch: list[OutputItem]) -> bool:
+        fmt = self.fmt
+        out: list[bytes] = []
+        done = False
+        failure: EngineItemError | None = None
+        for item in batch:
+            if item.error is not None:
+                failure = engine_error(item)
+                break
+            if item.data:
+                text = item.data if isinstance(item.data, str) else item.data.decode()
+                out += (b"data: ", fmt.delta(text), b"\n\n")
+            if item.finish_reason is not None:
+                out += (b"data: ", fmt.finish(item.finish_reason), b"\n\n")
+                if fmt.include_usage:
+                    out += (b"data: ", fmt.usage(item.usage), b"\n\n")
+                out.append(SSE_DONE)
+                done = True
+                break
+        if failure is not None and not self.exchange.started:
+            raise failure  # nothing sent yet: the error's own status
+        if out:
+            await self._send(b"".join(out), more=not done)
+        if failure is not None:
+            raise failure
+        return done
+
+    async def _send(self, data: bytes, more: bool) -> None:
+        exchange = self.exchange
+        if not exchange.started:
+            await exchange.start(200, SSE_HEADERS)
+        await exchange.body(data, more)
+
+    async def fail(self, error: HTTPError) -> None:
+        exchange = self.exchange
+        if not exchange.started:
+            await exchange.respond_error(error)
+        else:
+            # A plain data event (as other OpenAI-compatible servers send it) with an
+            # "error" object, and no [DONE]: the official client raises APIError on it.
+            await exchange.body(b"data: " + error.body() + b"\n\n", more=False)

@@ -1,0 +1,54 @@
+"""Prometheus metrics (prometheus-client), in one registry of trioserve's own."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+REQUESTS_IN_FLIGHT = Gauge(
+    "trioserve_requests_in_flight",
+    "Generation requests being served right now (submitted or about to be).",
+    registry=REGISTRY,
+)
+REQUESTS = Counter(
+    "trioserve_requests",
+    "Generation requests by how they ended.",
+    ["outcome"],
+    registry=REGISTRY,
+)
+ENGINE_ABORTS = Counter(
+    "trioserve_engine_aborts",
+    "Aborts sent to engines, by why the request ended early.",
+    ["reason"],
+    registry=REGISTRY,
+)
+ENGINE_RUNNING = Gauge(
+    "trioserve_engine_requests_running",
+    "Requests each engine reports running in its last pong.",
+    ["engine"],
+    registry=REGISTRY,
+)
+ENGINE_QUEUED = Gauge(
+    "trioserve_engine_requests_queued",
+    "Requests each engine reports queued in its last pong.",
+    ["engine"],
+    registry=REGISTRY,
+)
+ENGINE_CONNECTED = Gauge(
+    "trioserve_engine_connected",
+    "1 while the engine at this address has completed its handshake and answers pings.",
+    ["engine"],
+    registry=REGISTRY,
+)
+DRAINING = Gauge("trioserve_draining", "1 once a drain (SIGTERM) has begun.", registry=REGISTRY)
+
+ABORT_REASONS = ("disconnect", "deadline", "engine_lost", "cancel", "slow_client", "drain")
+for _reason in ABORT_REASONS:
+    ENGINE_ABORTS.labels(reason=_reason)
+
+
+def render() -> tuple[bytes, str]:
+    """The exposition text and its content type."""
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST

@@ -1,0 +1,87 @@
+"""Encode and decode engine-protocol frames: cattrs for shape, msgpack for bytes.
+
+A frame is one ZeroMQ message part holding a msgpack array ``[tag, body]``: ``tag`` is a
+string naming the message (see :data:`~trioserve.protocol.messages.TAGS`), ``body`` a map
+of the message's fields. Fields whose value is nil/None may be left out. Unknown fields are
+ignored, so a newer peer may add optional fields without a version bump.
+
+Sans-io: no sockets, no event loop. :func:`decode` raises :class:`ProtocolError` on
+anything it cannot turn into a message; peers log and drop such frames.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cattrs
+import msgpack
+from cattrs.gen import make_dict_unstructure_fn
+
+from .messages import TAGS, ErrorInfo, Message, OutputItem, Usage
+
+_CLASSES = {tag: cls for cls, tag in TAGS.items()}
+
+
+class ProtocolError(ValueError):
+    """A frame that is not a valid message of this protocol version."""
+
+
+def _make_converter() -> cattrs.Converter:
+    conv = cattrs.Converter(forbid_extra_keys=False)
+    # The per-token hot path: leave out empty optional fields of output items.
+    for cls in (OutputItem, Usage, ErrorInfo):
+        conv.register_unstructure_hook(
+            cls, make_dict_unstructure_fn(cls, conv, _cattrs_omit_if_default=True)
+        )
+
+    # Strict scalars: a peer that sends a string where an int belongs is malformed, not
+    # something to coerce silently.
+    def _exact(kind: type) -> Any:
+        def hook(value: Any, _: type) -> Any:
+            if type(value) is kind or (kind is float and type(value) is int):
+                return value
+            raise TypeError(f"expected {kind.__name__}, got {type(value).__name__}")
+
+        return hook
+
+    for kind in (int, float, str, bool, bytes):
+        conv.register_structure_hook(kind, _exact(kind))
+
+    def _str_or_bytes(value: Any, _: Any) -> str | bytes | None:
+        if value is None or isinstance(value, str | bytes):
+            return value
+        raise TypeError(f"expected str, bin or nil, got {type(value).__name__}")
+
+    conv.register_structure_hook(str | bytes | None, _str_or_bytes)
+    conv.register_structure_hook(Any, lambda value, _: value)
+    return conv
+
+
+converter = _make_converter()
+_packer = msgpack.Packer(use_bin_type=True)
+
+
+def encode(message: Message) -> bytes:
+    """Serialize one message into one frame."""
+    return _packer.pack([TAGS[type(message)], converter.unstructure(message)])
+
+
+def decode(frame: bytes) -> Message:
+    """Parse one frame. Raises :class:`ProtocolError` for anything malformed."""
+    try:
+        obj = msgpack.unpackb(frame, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise ProtocolError(f"not msgpack ({type(exc).__name__}: {exc})") from None
+    if not isinstance(obj, list) or len(obj) != 2 or not isinstance(obj[0], str):
+        raise ProtocolError("a frame must be a msgpack array [tag, body]")
+    tag, body = obj
+    cls = _CLASSES.get(tag)
+    if cls is None:
+        raise ProtocolError(f"unknown message tag {tag!r}")
+    if not isinstance(body, dict):
+        raise ProtocolError(f"body of {tag!r} must be a map")
+    try:
+        return converter.structure(body, cls)
+    except Exception as exc:
+        details = "; ".join(cattrs.transform_error(exc, path=tag))
+        raise ProtocolError(f"malformed {tag!r}: {details}") from None

@@ -1,0 +1,156 @@
+"""The engine protocol's messages, as plain attrs classes.
+
+Sans-io: nothing here knows about trio, ZeroMQ or HTTP. ``docs/protocol.md`` is the
+authority on the wire format; the field names below are the wire names.
+
+Direction:
+
+- frontend → engine: :class:`Hello`, :class:`Submit`, :class:`Abort`, :class:`Ping`
+- engine → frontend: :class:`Welcome`, :class:`Reject`, :class:`Outputs`, :class:`Pong`
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+#: Bumped on any incompatible change of the wire format. Peers with different versions
+#: refuse each other at handshake time (the engine answers :class:`Reject`).
+PROTOCOL_VERSION = 1
+
+
+@attrs.frozen
+class Hello:
+    """First message of a frontend; also re-sent while the frontend waits for a welcome."""
+
+    protocol_version: int
+    frontend_id: str
+
+
+@attrs.frozen
+class ModelCard:
+    id: str
+    owned_by: str = "trioserve"
+
+
+@attrs.frozen
+class Limits:
+    #: Requests the engine will hold at once (running + queued); 0 means no stated limit.
+    max_requests: int = 0
+    #: Largest ``max_tokens`` the engine accepts; 0 means no stated limit.
+    max_tokens: int = 0
+
+
+@attrs.frozen
+class Welcome:
+    protocol_version: int
+    engine_id: str
+    #: Random id of this engine process's lifetime: a new one after every restart, so a
+    #: frontend notices a restart even when it happened between two heartbeats.
+    session: str
+    models: list[ModelCard]
+    #: What the engine can do, e.g. ``["chat", "completion"]``; routes check this list.
+    capabilities: list[str]
+    limits: Limits = Limits()
+    #: How long the engine waits without hearing from a frontend before it aborts that
+    #: frontend's requests itself (orphan cleanup), in seconds.
+    frontend_timeout: float = 0.0
+
+
+@attrs.frozen
+class Reject:
+    """The engine refuses a :class:`Hello` (protocol version mismatch)."""
+
+    protocol_version: int
+    message: str
+
+
+@attrs.frozen
+class Submit:
+    request_id: str
+    model: str
+    #: What to do: ``"chat"`` (``inputs.messages``) or ``"completion"`` (``inputs.prompt``).
+    task: str
+    inputs: dict[str, Any]
+    #: Generation parameters: ``max_tokens``, ``temperature``, ``seed``, ... and, for the
+    #: mock engine, ``mock_*`` fault knobs. Unknown keys are the engine's to ignore.
+    params: dict[str, Any] = attrs.Factory(dict)
+
+
+@attrs.frozen
+class Abort:
+    request_ids: list[str]
+
+
+@attrs.frozen
+class Ping:
+    seq: int
+
+
+@attrs.frozen
+class Pong:
+    seq: int
+    session: str
+    #: Requests the engine is generating for right now (all frontends).
+    running: int
+    #: Requests accepted but not yet started.
+    queued: int
+
+
+@attrs.frozen
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@attrs.frozen
+class ErrorInfo:
+    #: The HTTP status the frontend should answer with (4xx: the request's fault,
+    #: 5xx: the engine's).
+    status: int
+    message: str
+    type: str = "engine_error"
+
+
+@attrs.frozen
+class OutputItem:
+    """One delta of one request. An item with ``finish_reason`` or ``error`` is the last."""
+
+    request_id: str
+    seq: int
+    modality: str = "text"
+    data: str | bytes | None = None
+    usage: Usage | None = None
+    finish_reason: str | None = None
+    error: ErrorInfo | None = None
+
+    @property
+    def final(self) -> bool:
+        return self.finish_reason is not None or self.error is not None
+
+
+@attrs.frozen
+class Outputs:
+    """A batch: every delta one engine step produced for one frontend."""
+
+    items: list[OutputItem]
+
+
+Message = Hello | Welcome | Reject | Submit | Abort | Ping | Pong | Outputs
+
+#: Wire tag of each message class (the first element of every frame).
+TAGS: dict[type, str] = {
+    Hello: "hello",
+    Welcome: "welcome",
+    Reject: "reject",
+    Submit: "submit",
+    Abort: "abort",
+    Ping: "ping",
+    Pong: "pong",
+    Outputs: "outputs",
+}

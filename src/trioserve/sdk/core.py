@@ -1,0 +1,296 @@
+"""The engine side of the protocol, sans-io: who asked for what, and what to send back.
+
+:class:`EngineCore` is fed frames (``handle``) and outputs (``output``) and answers with
+actions (start this generation, cancel that one) and frames to send (``flush``). The trio
+and asyncio shells (``sdk/trio_shell.py``, ``sdk/asyncio_shell.py``) own the socket, the
+clock and the generation tasks; everything they must agree on lives here, once.
+
+Requests are keyed by ``(frontend identity, request id)``: request ids are the frontend's,
+so two frontends may use the same one.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+import attrs
+
+from ..protocol import (
+    PROTOCOL_VERSION,
+    Abort,
+    ErrorInfo,
+    Hello,
+    Limits,
+    ModelCard,
+    OutputItem,
+    Outputs,
+    Ping,
+    Pong,
+    ProtocolError,
+    Reject,
+    Submit,
+    Usage,
+    Welcome,
+    decode,
+    encode,
+)
+
+log = logging.getLogger("trioserve.engine")
+
+Key = tuple[bytes, str]
+
+#: Output items per frame; a step with more is split (keeps frames and decode time bounded).
+MAX_ITEMS_PER_FRAME = 1024
+
+
+@attrs.frozen
+class Output:
+    """What a backend yields: one delta, optionally the last one."""
+
+    data: str | bytes | None = None
+    modality: str = "text"
+    usage: Usage | None = None
+    finish_reason: str | None = None
+
+
+class RequestError(Exception):
+    """Raised by a backend to end a request with an HTTP status the client will see."""
+
+    def __init__(self, status: int, message: str, type: str = "engine_error") -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+
+
+class Backend(Protocol):
+    """What the SDK serves. ``generate`` is cancelled when the request is aborted."""
+
+    engine_id: str
+    models: list[ModelCard]
+    capabilities: list[str]
+
+    def generate(self, request: Submit) -> Any:  # an async iterator of Output
+        ...
+
+
+@attrs.define
+class Stats:
+    """Engine-side accounting, for operators and tests."""
+
+    submitted: int = 0
+    finished: int = 0  # ended by the engine (finish reason or error)
+    aborted: int = 0  # ended by an abort from the frontend
+    orphaned: int = 0  # ended because their frontend went silent
+    aborts_received: int = 0  # request ids named in abort frames, known or not
+    unknown_aborts: int = 0  # ...of which named no running request
+    malformed_frames: int = 0
+
+
+@attrs.define
+class Start:
+    key: Key
+    request: Submit
+
+
+@attrs.define
+class Cancel:
+    key: Key
+    reason: str
+
+
+@attrs.define
+class _Running:
+    request: Submit
+    seq: int = 0
+
+
+class EngineCore:
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        frontend_timeout: float = 5.0,
+        limits: Limits | None = None,
+        log_aborts: bool = False,
+        track_ends: bool = False,
+    ) -> None:
+        self.backend = backend
+        self.frontend_timeout = frontend_timeout
+        self.limits = limits or Limits()
+        self.log_aborts = log_aborts
+        self.session = uuid.uuid4().hex[:16]
+        self.stats = Stats()
+        self.running: dict[Key, _Running] = {}
+        #: With ``track_ends`` (tests): key -> every end seen, "finished" | "aborted" |
+        #: "orphaned". Unbounded by design, so off by default.
+        self.ends: dict[Key, list[str]] | None = {} if track_ends else None
+        self._last_seen: dict[bytes, float] = {}
+        self._welcomed: set[bytes] = set()
+        self._pending: dict[bytes, list[OutputItem]] = {}
+        self._replies: list[tuple[bytes, bytes]] = []
+
+    # -- input -------------------------------------------------------------------------
+
+    def handle(self, identity: bytes, frame: bytes, now: float) -> list[Start | Cancel]:
+        """One frame from a frontend; returns what the shell must start or cancel."""
+        try:
+            message = decode(frame)
+        except ProtocolError as exc:
+            self.stats.malformed_frames += 1
+            log.warning("dropping malformed frame from %r: %s", identity, exc)
+            return []
+        self._last_seen[identity] = now
+        if isinstance(message, Ping):
+            self._reply(
+                identity, Pong(message.seq, self.session, running=len(self.running), queued=0)
+            )
+        elif isinstance(message, Submit):
+            return self._on_submit(identity, message)
+        elif isinstance(message, Abort):
+            return self._on_abort(identity, message)
+        elif isinstance(message, Hello):
+            self._on_hello(identity, message)
+        else:
+            log.warning("dropping unexpected %s from %r", type(message).__name__, identity)
+        return []
+
+    def _on_hello(self, identity: bytes, hello: Hello) -> None:
+        if hello.protocol_version != PROTOCOL_VERSION:
+            log.error(
+                "refusing frontend %s: it speaks protocol %d, this engine %d",
+                hello.frontend_id,
+                hello.protocol_version,
+                PROTOCOL_VERSION,
+            )
+            self._reply(
+                identity,
+                Reject(PROTOCOL_VERSION, f"this engine speaks protocol {PROTOCOL_VERSION} only"),
+            )
+            return
+        self._welcomed.add(identity)
+        backend = self.backend
+        self._reply(
+            identity,
+            Welcome(
+                protocol_version=PROTOCOL_VERSION,
+                engine_id=backend.engine_id,
+                session=self.session,
+                models=list(backend.models),
+                capabilities=list(backend.capabilities),
+                limits=self.limits,
+                frontend_timeout=self.frontend_timeout,
+            ),
+        )
+
+    def _on_submit(self, identity: bytes, submit: Submit) -> list[Start | Cancel]:
+        key = (identity, submit.request_id)
+        self.stats.submitted += 1
+        if key in self.running:
+            self._error(key, 0, 409, f"request id {submit.request_id!r} is already running")
+            return []
+        limit = self.limits.max_requests
+        if limit and len(self.running) >= limit:
+            self._error(key, 0, 503, f"the engine is at its limit of {limit} requests")
+            self._end(key, "finished")
+            return []
+        self.running[key] = _Running(submit)
+        return [Start(key, submit)]
+
+    def _on_abort(self, identity: bytes, abort: Abort) -> list[Start | Cancel]:
+        actions: list[Start | Cancel] = []
+        self.stats.aborts_received += len(abort.request_ids)
+        for request_id in abort.request_ids:
+            key = (identity, request_id)
+            if key in self.running:
+                if self.log_aborts:
+                    log.info("abort received for %s", request_id)
+                self.stats.aborted += 1
+                self._end(key, "aborted")
+                actions.append(Cancel(key, "abort"))
+            else:
+                self.stats.unknown_aborts += 1
+        return actions
+
+    def expire(self, now: float) -> list[Cancel]:
+        """Cancel the requests of frontends silent for longer than ``frontend_timeout``."""
+        dead = {
+            ident for ident, seen in self._last_seen.items() if now - seen > self.frontend_timeout
+        }
+        if not dead:
+            return []
+        for ident in dead:
+            del self._last_seen[ident]
+            self._welcomed.discard(ident)
+            self._pending.pop(ident, None)
+        actions = []
+        for key in [key for key in self.running if key[0] in dead]:
+            log.warning("frontend %r went silent: aborting its request %s", key[0], key[1])
+            self.stats.orphaned += 1
+            self._end(key, "orphaned")
+            actions.append(Cancel(key, "orphaned"))
+        return actions
+
+    # -- output ------------------------------------------------------------------------
+
+    def output(self, key: Key, out: Output) -> bool:
+        """Record one backend output; False if the request is no longer running."""
+        running = self.running.get(key)
+        if running is None:
+            return False
+        item = OutputItem(
+            request_id=key[1],
+            seq=running.seq,
+            modality=out.modality,
+            data=out.data,
+            usage=out.usage,
+            finish_reason=out.finish_reason,
+        )
+        running.seq += 1
+        self._pending.setdefault(key[0], []).append(item)
+        if out.finish_reason is not None:
+            self.stats.finished += 1
+            self._end(key, "finished")
+        return True
+
+    def fail(self, key: Key, error: RequestError) -> None:
+        """The backend raised: end the request with an error item."""
+        running = self.running.get(key)
+        if running is None:
+            return
+        self._error(key, running.seq, error.status, error.message, error.type)
+        self.stats.finished += 1
+        self._end(key, "finished")
+
+    def generation_ended(self, key: Key) -> None:
+        """The backend's generator returned; a request it left without an end is failed."""
+        if key in self.running:
+            self.fail(key, RequestError(500, "the backend ended without a finish reason"))
+
+    def _error(
+        self, key: Key, seq: int, status: int, message: str, type: str = "engine_error"
+    ) -> None:
+        item = OutputItem(key[1], seq, error=ErrorInfo(status, message, type))
+        self._pending.setdefault(key[0], []).append(item)
+
+    def _end(self, key: Key, how: str) -> None:
+        self.running.pop(key, None)
+        if self.ends is not None:
+            self.ends.setdefault(key, []).append(how)
+
+    def _reply(self, identity: bytes, message: Any) -> None:
+        self._replies.append((identity, encode(message)))
+
+    def flush(self) -> Iterable[tuple[bytes, bytes]]:
+        """Frames to send now: replies first, then one Outputs frame per frontend."""
+        replies, self._replies = self._replies, []
+        yield from replies
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, {}
+        for identity, items in pending.items():
+            for start in range(0, len(items), MAX_ITEMS_PER_FRAME):
+                yield identity, encode(Outputs(items[start : start + MAX_ITEMS_PER_FRAME]))

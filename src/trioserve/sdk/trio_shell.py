@@ -1,0 +1,129 @@
+"""Serve a backend over the engine protocol on Trio."""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+import zmq
+
+from ..zmq_trio import ZmqPump
+from .core import Backend, Cancel, EngineCore, Key, RequestError, Start
+
+log = logging.getLogger("trioserve.engine")
+
+#: Frames queued per frontend connection before ROUTER drops (one frame = one step).
+SNDHWM = 100_000
+
+
+class TrioEngine:
+    """A bound ROUTER socket serving ``backend``; see :func:`serve_engine`."""
+
+    def __init__(self, core: EngineCore, sock: zmq.Socket) -> None:
+        self.core = core
+        self.sock = sock
+        self.address: str = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._scopes: dict[Key, trio.CancelScope] = {}
+        self._pump = ZmqPump(sock, self._on_message, self._flush)
+        self._nursery: trio.Nursery | None = None
+
+    @property
+    def stats(self):
+        return self.core.stats
+
+    def _on_message(self, frames: list[bytes]) -> None:
+        if len(frames) != 2:
+            self.core.stats.malformed_frames += 1
+            return
+        self._apply(self.core.handle(frames[0], frames[1], trio.current_time()))
+        self._pump.wake()
+
+    def _apply(self, actions: list[Start | Cancel]) -> None:
+        assert self._nursery is not None
+        for action in actions:
+            if isinstance(action, Start):
+                scope = trio.CancelScope()
+                self._scopes[action.key] = scope
+                self._nursery.start_soon(self._generate, action.key, action.request, scope)
+            else:
+                scope = self._scopes.pop(action.key, None)
+                if scope is not None:
+                    scope.cancel()
+
+    async def _generate(self, key: Key, request, scope: trio.CancelScope) -> None:
+        core = self.core
+        wake = self._pump.wake
+        try:
+            with scope:
+                try:
+                    async for out in self.core.backend.generate(request):
+                        if not core.output(key, out):
+                            break
+                        wake()
+                except RequestError as exc:
+                    core.fail(key, exc)
+                except Exception as exc:
+                    log.exception("backend failed on %s", key[1])
+                    core.fail(key, RequestError(500, f"backend error: {type(exc).__name__}"))
+                core.generation_ended(key)
+                wake()
+        finally:
+            self._scopes.pop(key, None)
+
+    def _flush(self) -> None:
+        send = self._pump.send
+        for identity, frame in self.core.flush():
+            if not send([identity, frame]):
+                log.warning("dropping output frame: send queue full")
+
+    async def _sweep(self) -> None:
+        period = max(self.core.frontend_timeout / 4, 0.05)
+        while True:
+            await trio.sleep(period)
+            self._apply(self.core.expire(trio.current_time()))
+
+    async def serve(self, *, task_status: trio.TaskStatus[TrioEngine]) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._pump.run)
+                nursery.start_soon(self._sweep)
+                task_status.started(self)
+        finally:
+            self.sock.close(linger=0)
+
+
+def bind_router(ctx: zmq.Context, address: str) -> zmq.Socket:
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    # A frontend that reconnects keeps its identity (it sets ROUTING_ID): hand its
+    # identity over to the new connection instead of refusing it.
+    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+    # Frames for a frontend that went away are dropped by ROUTER (no ROUTER_MANDATORY):
+    # that frontend's requests are orphans and will be cancelled by the sweep. The bound
+    # per frontend is generous because one frame carries a whole step of outputs.
+    sock.setsockopt(zmq.SNDHWM, SNDHWM)
+    sock.bind(address)
+    return sock
+
+
+async def serve_engine(
+    backend: Backend,
+    address: str,
+    *,
+    frontend_timeout: float = 5.0,
+    log_aborts: bool = False,
+    track_ends: bool = False,
+    context: zmq.Context | None = None,
+    task_status: trio.TaskStatus[TrioEngine] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``backend`` on a ROUTER bound to ``address`` until cancelled.
+
+    ``task_status.started`` receives the :class:`TrioEngine` (its ``address`` is the bound
+    endpoint, so ``tcp://127.0.0.1:*`` picks a free port).
+    """
+    core = EngineCore(
+        backend, frontend_timeout=frontend_timeout, log_aborts=log_aborts, track_ends=track_ends
+    )
+    sock = bind_router(context or zmq.Context.instance(), address)
+    await TrioEngine(core, sock).serve(task_status=task_status)

@@ -1,0 +1,73 @@
+"""Serving the application: engines, hypercorn's trio worker, signals and the drain."""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve as hypercorn_serve
+
+from .config import Settings
+from .drain import DrainController
+from .engine import HeartbeatConfig, open_engine_client
+from .http import App
+from .http.lifecycle import ERROR_WRITE_TIMEOUT
+
+log = logging.getLogger("trioserve")
+
+
+def hypercorn_config(settings: Settings) -> Config:
+    config = Config()
+    config.bind = [f"{settings.host}:{settings.port}"]
+    config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")
+    config.include_server_header = False
+    # hypercorn's own hard stop comes after ours: our drain deadline ends what is left
+    # with proper error events and aborts, then hypercorn finds nothing left to cut.
+    config.graceful_timeout = (
+        max(settings.graceful_timeout - settings.drain_delay, 0.0) + ERROR_WRITE_TIMEOUT + 1.0
+    )
+    return config
+
+
+async def serve_frontend(
+    settings: Settings,
+    *,
+    handle_signals: bool = True,
+    task_status: trio.TaskStatus[tuple[App, DrainController, list[str]]] = (
+        trio.TASK_STATUS_IGNORED
+    ),
+) -> None:
+    """Serve until drained. ``task_status`` gets ``(app, drain, bound_urls)``.
+
+    With ``handle_signals`` false (tests), call ``drain.begin()``/``drain.drain()``
+    yourself instead of sending signals.
+    """
+    heartbeat = HeartbeatConfig(settings.heartbeat_interval, settings.heartbeat_timeout)
+    async with open_engine_client(settings.engines, heartbeat=heartbeat) as engines:
+        app = App(engines, settings)
+        drain = DrainController(
+            app, drain_delay=settings.drain_delay, graceful_timeout=settings.graceful_timeout
+        )
+        async with trio.open_nursery() as nursery:
+            if handle_signals:
+                nursery.start_soon(drain.run)
+
+            async def serve_http(task_status: trio.TaskStatus[list[str]]) -> None:
+                await hypercorn_serve(
+                    app,
+                    hypercorn_config(settings),
+                    shutdown_trigger=drain.stop_accepting.wait,
+                    task_status=task_status,
+                )
+                log.info("all connections closed; stopping")
+                nursery.cancel_scope.cancel()
+
+            binds = await nursery.start(serve_http)
+            task_status.started((app, drain, binds))
+
+
+def run_frontend(settings: Settings) -> None:
+    trio.run(partial(serve_frontend, settings))

@@ -1,0 +1,127 @@
+"""One ZeroMQ socket on Trio, owned by exactly one task.
+
+pyzmq has no Trio integration; what it offers is ``zmq.FD``, a descriptor that becomes
+readable when the socket's state *may* have changed. It is edge-triggered: after it fires,
+it does not fire again until the socket has been drained, and sending on the socket can
+consume the edge too. So the owner task
+
+1. receives until ``EAGAIN``,
+2. lets its owner add coalesced messages (``before_flush``) and sends its outbox,
+3. re-reads ``ZMQ_EVENTS`` and only parks on the descriptor when nothing is readable.
+
+Skipping step 3 is the classic bug: a reader that sleeps forever with messages waiting.
+Two tasks waiting on the same descriptor is another (trio raises ``BusyResourceError``),
+which is why every other task only *enqueues* (:meth:`ZmqPump.send`) and wakes the owner.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Callable
+
+import trio
+import zmq
+
+log = logging.getLogger(__name__)
+
+#: Frames a pump holds for sending before :meth:`ZmqPump.send` refuses more.
+OUTBOX_LIMIT = 16_384
+#: Messages received in one go before the owner yields to other tasks.
+RECV_BATCH = 512
+
+
+class ZmqPump:
+    """The single owner of one ZeroMQ socket.
+
+    ``on_message`` is called synchronously, in the owner task, with each multipart message
+    received. ``before_flush`` (optional) is called before each send pass, so an owner can
+    turn accumulated state (pending aborts, a step's outputs) into one message.
+    """
+
+    def __init__(
+        self,
+        sock: zmq.Socket,
+        on_message: Callable[[list[bytes]], None],
+        before_flush: Callable[[], None] | None = None,
+        outbox_limit: int = OUTBOX_LIMIT,
+    ) -> None:
+        self.sock = sock
+        self._on_message = on_message
+        self._before_flush = before_flush
+        self._outbox: collections.deque[list[bytes]] = collections.deque()
+        self._outbox_limit = outbox_limit
+        self._park: trio.CancelScope | None = None
+        self._flush_wanted = False
+
+    def send(self, frames: list[bytes]) -> bool:
+        """Queue a multipart message; False (and nothing queued) when the outbox is full."""
+        if len(self._outbox) >= self._outbox_limit:
+            return False
+        self._outbox.append(frames)
+        self.wake()
+        return True
+
+    def wake(self) -> None:
+        """Ask the owner to run a flush pass soon (cheap; safe to call often)."""
+        self._flush_wanted = True
+        if self._park is not None:
+            self._park.cancel()
+            self._park = None
+
+    @property
+    def pending(self) -> int:
+        return len(self._outbox)
+
+    async def run(self) -> None:
+        """Own the socket until cancelled. Never returns otherwise."""
+        sock = self.sock
+        fd = sock.getsockopt(zmq.FD)
+        while True:
+            received = self._receive_available()
+            self._flush_wanted = False
+            if self._before_flush is not None:
+                self._before_flush()
+            self._send_available()
+            events = sock.getsockopt(zmq.EVENTS)
+            if events & zmq.POLLIN or received >= RECV_BATCH or self._flush_wanted:
+                # More is (or may be) waiting: go round again, letting others run first.
+                await trio.lowlevel.checkpoint()
+                continue
+            with trio.CancelScope() as park:
+                self._park = park
+                await trio.lowlevel.wait_readable(fd)
+            self._park = None
+
+    def _receive_available(self) -> int:
+        sock = self.sock
+        count = 0
+        while count < RECV_BATCH:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                break
+            count += 1
+            try:
+                self._on_message(frames)
+            except Exception:  # one bad message must never kill the socket's owner
+                log.exception("dropping a message its handler could not process")
+        return count
+
+    def _send_available(self) -> None:
+        sock = self.sock
+        outbox = self._outbox
+        while outbox:
+            try:
+                sock.send_multipart(outbox[0], zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                # High-water mark reached, or (with ZMQ_IMMEDIATE) no peer connected. The
+                # descriptor fires when that changes; until then the frames wait here.
+                return
+            outbox.popleft()
+
+    def drop_outbox(self) -> int:
+        """Forget everything queued (e.g. stale frames for a peer that went away)."""
+        count = len(self._outbox)
+        self._outbox.clear()
+        return count
