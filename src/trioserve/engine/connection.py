@@ -223,6 +223,11 @@ class EngineConnection:
             if self.welcome is None:
                 if self._pump.pending == 0:
                     self._pump.send([hello])
+                else:
+                    # The hello is still queued (no peer yet: ZMQ_IMMEDIATE). Whether the
+                    # descriptor fires when the connection completes is not something to
+                    # rely on, so retry the send on every tick.
+                    self._pump.wake()
             else:
                 if now - self._last_heard > self.heartbeat.timeout:
                     self._declare_lost(f"no message for {self.heartbeat.timeout:g} s")
@@ -230,7 +235,10 @@ class EngineConnection:
                     continue
                 self._ping_seq += 1
                 self._pump.send([encode(Ping(self._ping_seq))])
-            await trio.sleep(self.heartbeat.interval)
+            # Until welcomed, say hello often: the engine may just be starting.
+            await trio.sleep(
+                self.heartbeat.interval if self.welcome else min(self.heartbeat.interval, 0.1)
+            )
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run the socket owner and the heartbeat until cancelled."""

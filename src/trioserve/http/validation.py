@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import cattrs
 
+from ..protocol.codec import strict_collections
 from .errors import HTTPError
 
 T = TypeVar("T")
@@ -83,6 +84,7 @@ def _any(value: Any, _: Any) -> Any:
 
 def make_converter() -> cattrs.Converter:
     conv = cattrs.Converter(detailed_validation=True, forbid_extra_keys=False)
+    strict_collections(conv)
     conv.register_structure_hook(int, _int)
     conv.register_structure_hook(float, _float)
     conv.register_structure_hook(bool, lambda value, _: parse_bool(value))

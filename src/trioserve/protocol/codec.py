@@ -26,8 +26,41 @@ class ProtocolError(ValueError):
     """A frame that is not a valid message of this protocol version."""
 
 
+def strict_collections(conv: cattrs.Converter) -> None:
+    """Make ``conv`` structure lists only from arrays and dicts only from maps.
+
+    cattrs' defaults iterate whatever they get, so a string would become a list of
+    characters: for a wire format (or a JSON body) that is a type error, not a list.
+    """
+    from cattrs.cols import is_mapping, is_sequence, list_structure_factory
+
+    def list_factory(type_: Any, converter: cattrs.Converter) -> Any:
+        inner = list_structure_factory(type_, converter)
+
+        def hook(value: Any, type_arg: Any) -> Any:
+            if not isinstance(value, list):
+                raise TypeError(f"expected an array, got {type(value).__name__}")
+            return inner(value, type_arg)
+
+        return hook
+
+    def mapping_factory(type_: Any, converter: cattrs.Converter) -> Any:
+        inner = converter.gen_structure_mapping(type_)
+
+        def hook(value: Any, type_arg: Any) -> Any:
+            if not isinstance(value, dict):
+                raise TypeError(f"expected a map, got {type(value).__name__}")
+            return inner(value, type_arg)
+
+        return hook
+
+    conv.register_structure_hook_factory(is_sequence, list_factory)
+    conv.register_structure_hook_factory(is_mapping, mapping_factory)
+
+
 def _make_converter() -> cattrs.Converter:
     conv = cattrs.Converter(forbid_extra_keys=False)
+    strict_collections(conv)
     # The per-token hot path: leave out empty optional fields of output items.
     for cls in (OutputItem, Usage, ErrorInfo):
         conv.register_unstructure_hook(

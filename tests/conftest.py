@@ -1,0 +1,107 @@
+"""Shared fixtures: the real mock engine over real ZeroMQ, hypercorn on port 0.
+
+Everything runs on 127.0.0.1. Waits are event-driven where possible; where a test must
+poll for an effect in another component (an abort crossing ZeroMQ), ``wait_until`` polls
+under a generous ceiling that only guards against hangs and never measures speed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import httpx
+import pytest
+import trio
+
+from trioserve.config import Settings
+from trioserve.sdk import MockBackend, TrioEngine, serve_engine
+from trioserve.server import serve_frontend
+
+#: Ceiling for waiting on an effect that must happen; hitting it is a failure, not a timing.
+HANG_GUARD = 20.0
+
+
+async def wait_until(condition: Callable[[], bool], what: str = "condition") -> None:
+    with trio.move_on_after(HANG_GUARD):
+        while not condition():
+            await trio.sleep(0.005)
+        return
+    raise AssertionError(f"gave up waiting for {what}")
+
+
+async def start_engine(nursery: trio.Nursery, **backend_options: object) -> TrioEngine:
+    options = {"tokens_per_second": 400.0, "ttft_ms": 2.0, **backend_options}
+    backend = MockBackend(**options)  # type: ignore[arg-type]
+    return await nursery.start(partial(serve_engine, backend, "tcp://127.0.0.1:*", track_ends=True))
+
+
+class Frontend:
+    def __init__(self, app, drain, url: str, engine: TrioEngine | None) -> None:
+        self.app = app
+        self.drain = drain
+        self.url = url
+        self.engine = engine
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        self.host, self.port = host, int(port)
+
+    @property
+    def frontend_id(self) -> bytes:
+        return self.app.engines.connections[0].frontend_id.encode()
+
+    def ends(self, request_id: str) -> list[str]:
+        """How the engine saw request ``request_id`` end: [] while running/unknown."""
+        assert self.engine is not None and self.engine.core.ends is not None
+        return self.engine.core.ends.get((self.frontend_id, request_id), [])
+
+    def client(self, **options: object) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.url, timeout=HANG_GUARD, **options)  # type: ignore[arg-type]
+
+
+async def start_frontend(
+    nursery: trio.Nursery, engine: TrioEngine | None, **settings: object
+) -> Frontend:
+    options = {
+        "port": 0,
+        "engines": [engine.address] if engine else [],
+        "drain_delay": 0.0,
+        "graceful_timeout": 5.0,
+        **settings,
+    }
+    app, drain, binds = await nursery.start(
+        partial(serve_frontend, Settings(**options), handle_signals=False)  # type: ignore[arg-type]
+    )
+    with trio.fail_after(HANG_GUARD):
+        await app.engines.wait_ready()
+    return Frontend(app, drain, binds[0], engine)
+
+
+@pytest.fixture
+async def engine(nursery: trio.Nursery) -> TrioEngine:
+    return await start_engine(nursery)
+
+
+@pytest.fixture
+async def frontend(nursery: trio.Nursery, engine: TrioEngine) -> Frontend:
+    return await start_frontend(nursery, engine)
+
+
+async def raw_request(frontend: Frontend, method: str, path: str, body: bytes, **headers: str):
+    """Open a TCP stream and send one request by hand (for disconnect tests)."""
+    stream = await trio.open_tcp_stream(frontend.host, frontend.port)
+    head = [f"{method} {path} HTTP/1.1", f"host: {frontend.host}", "content-type: application/json"]
+    head += [f"{name.replace('_', '-')}: {value}" for name, value in headers.items()]
+    head.append(f"content-length: {len(body)}")
+    await stream.send_all(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+    return stream
+
+
+async def read_until(stream: trio.SocketStream, marker: bytes) -> bytes:
+    data = b""
+    with trio.fail_after(HANG_GUARD):
+        while marker not in data:
+            chunk = await stream.receive_some(65536)
+            if not chunk:
+                break
+            data += chunk
+    return data

@@ -1,0 +1,211 @@
+"""The engine client against the real mock engine over real ZeroMQ on loopback."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+import trio
+import zmq
+
+from tests.conftest import start_engine, wait_until
+from trioserve.engine import HeartbeatConfig, open_engine_client
+from trioserve.errors import EngineLostError, ProtocolVersionError, SlowClientError
+from trioserve.protocol import (
+    PROTOCOL_VERSION,
+    Hello,
+    ModelCard,
+    OutputItem,
+    Outputs,
+    Submit,
+    Welcome,
+    decode,
+    encode,
+)
+from trioserve.sdk.mock import expected_text
+
+
+def completion(request_id: str, prompt: str = "hello", **params: object) -> Submit:
+    return Submit(request_id, "mock", "completion", {"prompt": prompt}, dict(params))
+
+
+async def collect(sub) -> list[OutputItem]:
+    items = []
+    while batch := await sub.receive_batch():
+        items += batch
+    return items
+
+
+async def test_streams_exactly_max_tokens_in_order_then_finishes(nursery):
+    engine = await start_engine(nursery)
+    async with open_engine_client([engine.address]) as client:
+        await client.wait_ready()
+        async with client.submit(completion("r1", max_tokens=7), "completion") as sub:
+            items = await collect(sub)
+        assert [i.seq for i in items] == list(range(7))
+        assert "".join(i.data for i in items) == expected_text("hello", 7)
+        assert items[-1].finish_reason == "length" and items[-1].usage.completion_tokens == 7
+        assert sub.state == "finished"
+    assert engine.stats.aborts_received == 0
+
+
+async def test_leaving_the_context_early_sends_exactly_one_abort(nursery):
+    engine = await start_engine(nursery)
+    async with open_engine_client([engine.address]) as client:
+        await client.wait_ready()
+        frontend = client.connections[0].frontend_id.encode()
+        async with client.submit(completion("r1", max_tokens=10_000), "completion") as sub:
+            await sub.receive_batch()
+        assert sub.state == "aborted"
+        assert sub.abort("again") is False  # idempotent
+        await wait_until(lambda: engine.core.ends.get((frontend, "r1")), "the abort")
+        assert engine.core.ends[(frontend, "r1")] == ["aborted"]
+        assert engine.stats.aborts_received == 1 and not engine.core.running
+
+
+async def test_aborts_of_one_scheduling_round_leave_in_one_frame(nursery):
+    engine = await start_engine(nursery)
+    async with open_engine_client([engine.address]) as client:
+        await client.wait_ready()
+        subs = [
+            client.submit(completion(f"r{i}", max_tokens=10_000), "completion") for i in range(20)
+        ]
+        await wait_until(lambda: len(engine.core.running) == 20, "20 running requests")
+        frames_before = engine.core.stats.aborts_received
+        for sub in subs:
+            sub.abort("disconnect")
+        await wait_until(lambda: not engine.core.running, "all aborted")
+        assert engine.core.stats.aborts_received - frames_before == 20
+        assert engine.core.stats.unknown_aborts == 0
+
+
+async def test_a_slow_subscriber_never_blocks_the_others(nursery):
+    engine = await start_engine(nursery, tokens_per_second=2000)
+    async with open_engine_client([engine.address]) as client:
+        await client.wait_ready()
+        frontend = client.connections[0].frontend_id.encode()
+        failures = []
+        slow = client.submit(
+            completion("slow", max_tokens=500), "completion", buffer=4, on_failure=failures.append
+        )
+        async with client.submit(completion("fast", max_tokens=200), "completion") as fast:
+            items = await collect(fast)  # never reads `slow`
+        assert len(items) == 200
+        await wait_until(lambda: slow.done, "the slow subscriber to be ended")
+        assert isinstance(slow.error, SlowClientError) and len(failures) == 1
+        with pytest.raises(SlowClientError):
+            await slow.receive_batch()
+        await wait_until(lambda: engine.core.ends.get((frontend, "slow")), "the abort")
+        assert engine.core.ends[(frontend, "slow")] == ["aborted"]
+
+
+async def test_engine_error_item_ends_the_request_without_an_abort(nursery):
+    engine = await start_engine(nursery)
+    async with open_engine_client([engine.address]) as client:
+        await client.wait_ready()
+        sub = client.submit(
+            completion("e1", mock_error_after=2, mock_error_status=429), "completion"
+        )
+        async with sub:
+            items = await collect(sub)
+        assert [i.data is not None for i in items] == [True, True, False]
+        assert items[-1].error.status == 429
+        assert engine.stats.aborts_received == 0
+
+
+async def test_two_engines_share_the_load_and_models_are_merged(nursery):
+    first = await start_engine(nursery, model="m1")
+    second = await start_engine(nursery, model="m2")
+    async with open_engine_client([first.address, second.address]) as client:
+        await client.wait_ready()
+        assert {m.id for m in client.models()} == {"m1", "m2"}
+        sub = client.submit(Submit("x", "m2", "completion", {"prompt": "p"}), "completion")
+        async with sub:
+            await collect(sub)
+        assert second.stats.finished == 1 and first.stats.submitted == 0
+
+
+class FakeEngine:
+    """A raw ROUTER socket driven by hand, for misbehaving engines."""
+
+    def __init__(self) -> None:
+        self.sock = zmq.Context.instance().socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind("tcp://127.0.0.1:*")
+        self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    async def receive(self) -> tuple[bytes, object]:
+        while True:
+            try:
+                ident, frame = self.sock.recv_multipart(zmq.NOBLOCK)
+                return ident, decode(frame)
+            except zmq.Again:
+                await trio.sleep(0.005)
+
+    def send(self, ident: bytes, frame: bytes) -> None:
+        self.sock.send_multipart([ident, frame])
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+
+def welcome(version: int = PROTOCOL_VERSION, session: str = "s1") -> bytes:
+    return encode(Welcome(version, "fake", session, [ModelCard("mock")], ["completion"]))
+
+
+async def test_protocol_version_mismatch_is_a_clear_error_at_connect():
+    fake = FakeEngine()
+    try:
+        async with open_engine_client([fake.address]) as client:
+            ident, hello = await fake.receive()
+            assert isinstance(hello, Hello)
+            fake.send(ident, welcome(version=PROTOCOL_VERSION + 1))
+            with pytest.raises(ProtocolVersionError, match="speaks protocol version"):
+                await client.wait_ready()
+    finally:
+        fake.close()
+
+
+async def test_malformed_frames_from_an_engine_are_dropped_and_serving_goes_on():
+    fake = FakeEngine()
+    try:
+        async with open_engine_client([fake.address]) as client:
+            ident, _ = await fake.receive()
+            fake.send(ident, welcome())
+            await client.wait_ready()
+            sub = client.submit(completion("r1"), "completion")
+            for junk in [b"\xc1", msgpack.packb(["nope", {}]), msgpack.packb(["pong", {}])]:
+                fake.send(ident, junk)
+            fake.send(
+                ident, encode(Outputs([OutputItem("r1", 0, data="ok", finish_reason="stop")]))
+            )
+            async with sub:
+                items = await collect(sub)
+            assert [i.data for i in items] == ["ok"]
+    finally:
+        fake.close()
+
+
+async def test_a_silent_engine_is_declared_lost_and_its_requests_fail():
+    fake = FakeEngine()
+    try:
+        heartbeat = HeartbeatConfig(interval=0.05, timeout=0.3)
+        async with open_engine_client([fake.address], heartbeat=heartbeat) as client:
+            ident, _ = await fake.receive()
+            fake.send(ident, welcome())
+            await client.wait_ready()
+            failures = []
+            sub = client.submit(completion("r1"), "completion", on_failure=failures.append)
+            # The fake never answers pings: the heartbeat must give up on it.
+            with pytest.raises(EngineLostError):
+                await sub.receive_batch()
+            assert not client.ready and len(failures) == 1 and sub.state == "lost"
+            # ...and the client says hello again; a welcome brings it back.
+            while True:
+                ident, message = await fake.receive()
+                if isinstance(message, Hello):
+                    break
+            fake.send(ident, welcome(session="s2"))
+            await client.wait_ready()
+            assert client.ready
+    finally:
+        fake.close()

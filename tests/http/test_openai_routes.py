@@ -1,0 +1,200 @@
+"""The OpenAI-compatible surface end to end: hypercorn on port 0, real mock engine."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from trioserve.sdk.mock import expected_text
+
+CHAT = {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 5}
+
+
+def sse_events(text: str) -> list[str]:
+    return [line.removeprefix("data: ") for line in text.split("\n\n") if line.startswith("data: ")]
+
+
+async def test_chat_completion_json(frontend):
+    async with frontend.client() as client:
+        response = await client.post("/v1/chat/completions", json=CHAT)
+    assert response.status_code == 200
+    body = response.json()
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0]["message"] == {
+        "role": "assistant",
+        "content": expected_text("hello there", 5),
+    }
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 5, "total_tokens": 7}
+    assert response.headers["x-request-id"]
+
+
+async def test_completion_json_defaults_to_16_tokens(frontend):
+    async with frontend.client() as client:
+        response = await client.post("/v1/completions", json={"prompt": "abc"})
+    body = response.json()
+    assert body["object"] == "text_completion"
+    assert body["choices"][0]["text"] == expected_text("abc", 16)
+    assert body["usage"]["completion_tokens"] == 16
+
+
+async def test_chat_stream_is_sse_ending_in_done_with_usage(frontend):
+    body = {**CHAT, "stream": True, "stream_options": {"include_usage": True}}
+    async with frontend.client() as client:
+        response = await client.post("/v1/chat/completions", json=body)
+    assert response.headers["content-type"].startswith("text/event-stream")
+    assert response.headers["cache-control"] == "no-cache"
+    events = sse_events(response.text)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text == expected_text("hello there", 5)
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 5
+    assert len({c["id"] for c in chunks}) == 1
+
+
+async def test_stream_without_include_usage_has_no_usage_chunk(frontend):
+    async with frontend.client() as client:
+        response = await client.post("/v1/completions", json={"prompt": "p", "stream": True})
+    chunks = [json.loads(e) for e in sse_events(response.text)[:-1]]
+    assert all("usage" not in c for c in chunks)
+    assert "".join(c["choices"][0]["text"] for c in chunks) == expected_text("p", 16)
+
+
+async def test_models_health_live_and_metrics(frontend):
+    async with frontend.client() as client:
+        models = (await client.get("/v1/models")).json()
+        assert [m["id"] for m in models["data"]] == ["mock"]
+        assert (await client.get("/health")).status_code == 200
+        assert (await client.get("/live")).status_code == 200
+        metrics = (await client.get("/metrics")).text
+    for name in (
+        "trioserve_requests_in_flight",
+        'trioserve_engine_aborts_total{reason="disconnect"}',
+        "trioserve_engine_requests_running{",
+    ):
+        assert name in metrics
+
+
+@pytest.mark.parametrize(
+    ("body", "loc"),
+    [
+        ({"messages": [{"content": "no role"}]}, "$.messages[0].role"),
+        ({}, "$.messages"),
+        ({"messages": "not a list"}, "$.messages"),
+        ({**CHAT, "max_tokens": "many"}, "$.max_tokens"),
+        ({**CHAT, "max_tokens": 0}, "$.max_tokens"),
+        ({**CHAT, "temperature": 9}, "$.temperature"),
+        ({**CHAT, "stream": "maybe"}, "$.stream"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "$.messages[0].role"),
+        ({"messages": [{"role": "user", "content": 5}]}, "$.messages[0].content"),
+    ],
+)
+async def test_schema_violations_get_422_with_the_field_path(frontend, body, loc):
+    async with frontend.client() as client:
+        response = await client.post("/v1/chat/completions", json=body)
+        assert response.status_code == 422
+        error = response.json()["error"]
+        assert error["type"] == "invalid_request_error"
+        assert loc in [d["loc"] for d in error["details"]]
+        # ...and the server keeps serving.
+        assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+
+
+async def test_malformed_json_gets_422(frontend):
+    async with frontend.client() as client:
+        response = await client.post("/v1/chat/completions", content=b'{"messages": [')
+    assert response.status_code == 422
+    assert "malformed JSON" in response.json()["error"]["message"]
+
+
+async def test_strings_for_numbers_and_booleans_are_accepted(frontend):
+    body = {**CHAT, "max_tokens": "3", "temperature": "0.5", "stream": "false"}
+    async with frontend.client() as client:
+        response = await client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200
+    assert response.json()["usage"]["completion_tokens"] == 3
+
+
+async def test_unknown_model_route_and_method(frontend):
+    async with frontend.client() as client:
+        response = await client.post("/v1/chat/completions", json={**CHAT, "model": "gpt-9"})
+        assert response.status_code == 404
+        assert response.json()["error"]["code"] == "model_not_found"
+        assert (await client.get("/nowhere")).status_code == 404
+        assert (await client.get("/v1/chat/completions")).status_code == 405
+
+
+async def test_client_supplied_request_id_is_echoed(frontend):
+    async with frontend.client() as client:
+        response = await client.post(
+            "/v1/chat/completions", json=CHAT, headers={"x-request-id": "my-id.1"}
+        )
+        assert response.headers["x-request-id"] == "my-id.1"
+        assert response.json()["id"] == "chatcmpl-my-id.1"
+        hostile = await client.post(
+            "/v1/chat/completions", json=CHAT, headers={"x-request-id": "x" * 500}
+        )
+        assert len(hostile.headers["x-request-id"]) == 32
+
+
+async def test_engine_error_before_output_keeps_its_status_and_sends_no_abort(frontend):
+    body = {**CHAT, "mock_error_after": 0, "mock_error_status": 400, "mock_error_message": "bad"}
+    async with frontend.client() as client:
+        response = await client.post("/v1/chat/completions", json=body)
+        streamed = await client.post("/v1/chat/completions", json={**body, "stream": True})
+    assert response.status_code == 400 and response.json()["error"]["message"] == "bad"
+    assert streamed.status_code == 400
+    assert frontend.engine.stats.aborts_received == 0
+
+
+async def test_engine_error_mid_stream_ends_sse_with_an_error_event_and_no_done(frontend):
+    body = {**CHAT, "stream": True, "mock_error_after": 2, "mock_error_status": 500}
+    async with frontend.client() as client:
+        response = await client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200
+    events = sse_events(response.text)
+    assert "[DONE]" not in events
+    assert json.loads(events[-1])["error"]["message"] == "mock engine failure"
+    assert len(events) == 3
+    assert frontend.engine.stats.aborts_received == 0
+
+
+async def test_engine_error_mid_json_keeps_its_status(frontend):
+    body = {**CHAT, "mock_error_after": 2, "mock_error_status": 503}
+    async with frontend.client() as client:
+        response = await client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 503
+
+
+async def test_official_openai_client_streaming_and_not(frontend):
+    client = openai.AsyncOpenAI(base_url=f"{frontend.url}/v1", api_key="unused", max_retries=0)
+    async with client:
+        answer = await client.chat.completions.create(
+            model="mock", messages=[{"role": "user", "content": "hello there"}], max_tokens=5
+        )
+        assert answer.choices[0].message.content == expected_text("hello there", 5)
+        stream = await client.chat.completions.create(
+            model="mock",
+            messages=[{"role": "user", "content": "hello there"}],
+            max_tokens=5,
+            stream=True,
+        )
+        text = ""
+        async for chunk in stream:
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+        assert text == expected_text("hello there", 5)
+        with pytest.raises(openai.APIError, match="mock engine failure"):
+            broken = await client.chat.completions.create(
+                model="mock",
+                messages=[{"role": "user", "content": "x"}],
+                stream=True,
+                extra_body={"mock_error_after": 1},
+            )
+            async for _ in broken:
+                pass

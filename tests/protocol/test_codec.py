@@ -1,0 +1,117 @@
+"""The codec, without any event loop: round trips and malformed frames."""
+
+from __future__ import annotations
+
+import random
+
+import msgpack
+import pytest
+
+from trioserve.protocol import (
+    PROTOCOL_VERSION,
+    Abort,
+    ErrorInfo,
+    Hello,
+    Limits,
+    ModelCard,
+    OutputItem,
+    Outputs,
+    Ping,
+    Pong,
+    ProtocolError,
+    Reject,
+    Submit,
+    Usage,
+    Welcome,
+    decode,
+    encode,
+)
+
+EVERY_MESSAGE = [
+    Hello(PROTOCOL_VERSION, "frontend-1"),
+    Welcome(
+        PROTOCOL_VERSION,
+        "engine-a",
+        "sess",
+        [ModelCard("m1"), ModelCard("m2", owned_by="me")],
+        ["chat", "completion"],
+        Limits(max_requests=8, max_tokens=4096),
+        frontend_timeout=5.0,
+    ),
+    Reject(PROTOCOL_VERSION, "no"),
+    Submit("r1", "m1", "chat", {"messages": [{"role": "user", "content": "hi"}]}, {"seed": 3}),
+    Abort(["r1", "r2"]),
+    Ping(7),
+    Pong(7, "sess", running=3, queued=1),
+    Outputs(
+        [
+            OutputItem("r1", 0, data="hello"),
+            OutputItem("r2", 4, modality="audio", data=b"\x00\x01\xff"),
+            OutputItem("r1", 1, data=None, usage=Usage(2, 3), finish_reason="stop"),
+            OutputItem("r3", 0, error=ErrorInfo(429, "too many", "rate_limit")),
+        ]
+    ),
+]
+
+
+@pytest.mark.parametrize("message", EVERY_MESSAGE, ids=lambda m: type(m).__name__)
+def test_every_message_round_trips(message):
+    assert decode(encode(message)) == message
+
+
+def test_frame_is_tag_and_map():
+    tag, body = msgpack.unpackb(encode(Ping(1)))
+    assert tag == "ping" and body == {"seq": 1}
+
+
+def test_output_items_leave_out_empty_fields():
+    _, body = msgpack.unpackb(encode(Outputs([OutputItem("r", 0, data="x")])))
+    assert body["items"] == [{"request_id": "r", "seq": 0, "data": "x"}]
+
+
+def test_unknown_fields_are_ignored_for_forward_compatibility():
+    frame = msgpack.packb(["ping", {"seq": 2, "added_in_a_later_version": [1, 2]}])
+    assert decode(frame) == Ping(2)
+
+
+def test_binary_data_stays_binary():
+    item = decode(encode(Outputs([OutputItem("r", 0, data=b"\x89PNG")]))).items[0]
+    assert item.data == b"\x89PNG"
+
+
+@pytest.mark.parametrize(
+    ("frame", "says"),
+    [
+        (b"\xc1", "not msgpack"),
+        (encode(Ping(1))[:-1], "not msgpack"),
+        (msgpack.packb({"seq": 1}), "array"),
+        (msgpack.packb(["ping"]), "array"),
+        (msgpack.packb(["nope", {}]), "unknown message tag 'nope'"),
+        (msgpack.packb(["ping", [1]]), "must be a map"),
+        (msgpack.packb(["ping", {"seq": "1"}]), "ping.seq"),
+        (msgpack.packb(["ping", {}]), "ping.seq"),
+        (msgpack.packb(["abort", {"request_ids": "r1"}]), "abort.request_ids"),
+        (msgpack.packb(["outputs", {"items": [{"request_id": "r"}]}]), "outputs.items[0].seq"),
+        (
+            msgpack.packb(["outputs", {"items": [{"request_id": "r", "seq": 0, "data": 5}]}]),
+            "outputs.items[0].data",
+        ),
+    ],
+)
+def test_malformed_frames_raise_protocol_error_naming_the_problem(frame, says):
+    with pytest.raises(ProtocolError, match=None) as info:
+        decode(frame)
+    assert says in str(info.value)
+
+
+def test_random_bytes_never_raise_anything_but_protocol_error():
+    rng = random.Random(1234)
+    valid = [encode(m) for m in EVERY_MESSAGE]
+    for _ in range(3000):
+        base = bytearray(rng.choice(valid))
+        for _ in range(rng.randint(1, 4)):
+            base[rng.randrange(len(base))] = rng.randrange(256)
+        try:
+            decode(bytes(base))
+        except ProtocolError:
+            pass

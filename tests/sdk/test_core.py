@@ -1,0 +1,122 @@
+"""The engine side's protocol logic, sans-io: frames in, actions and frames out."""
+
+from __future__ import annotations
+
+import pytest
+
+from trioserve.protocol import (
+    PROTOCOL_VERSION,
+    Abort,
+    Hello,
+    Outputs,
+    Ping,
+    Pong,
+    Reject,
+    Submit,
+    Welcome,
+    decode,
+    encode,
+)
+from trioserve.sdk import EngineCore, MockBackend, Output
+from trioserve.sdk.core import Cancel, Start
+
+A, B = b"frontend-a", b"frontend-b"
+
+
+def sent(core: EngineCore) -> list[tuple[bytes, object]]:
+    return [(ident, decode(frame)) for ident, frame in core.flush()]
+
+
+@pytest.fixture
+def core() -> EngineCore:
+    return EngineCore(MockBackend(), frontend_timeout=5.0, track_ends=True)
+
+
+def submit(request_id: str) -> bytes:
+    return encode(Submit(request_id, "mock", "completion", {"prompt": "x"}))
+
+
+def test_hello_is_welcomed_with_models_capabilities_and_session(core):
+    assert core.handle(A, encode(Hello(PROTOCOL_VERSION, "a")), now=0) == []
+    [(ident, welcome)] = sent(core)
+    assert ident == A and isinstance(welcome, Welcome)
+    assert [m.id for m in welcome.models] == ["mock"]
+    assert welcome.capabilities == ["chat", "completion"]
+    assert welcome.session == core.session and welcome.frontend_timeout == 5.0
+
+
+def test_other_protocol_version_is_rejected(core):
+    core.handle(A, encode(Hello(PROTOCOL_VERSION + 1, "a")), now=0)
+    [(_, reject)] = sent(core)
+    assert isinstance(reject, Reject) and reject.protocol_version == PROTOCOL_VERSION
+
+
+def test_ping_reports_load(core):
+    core.handle(A, submit("r1"), now=0)
+    core.handle(A, encode(Ping(3)), now=0)
+    [(_, pong)] = sent(core)
+    assert pong == Pong(3, core.session, running=1, queued=0)
+
+
+def test_outputs_of_one_step_leave_in_one_frame_per_frontend(core):
+    for ident, rid in [(A, "r1"), (A, "r2"), (B, "r1")]:
+        [start] = core.handle(ident, submit(rid), now=0)
+        assert isinstance(start, Start)
+    for key in [(A, "r1"), (A, "r2"), (B, "r1")]:
+        assert core.output(key, Output("tok"))
+    frames = sent(core)
+    assert len(frames) == 2
+    by_ident = dict(frames)
+    assert [i.request_id for i in by_ident[A].items] == ["r1", "r2"]
+    assert [i.request_id for i in by_ident[B].items] == ["r1"]
+
+
+def test_sequence_numbers_count_per_request(core):
+    core.handle(A, submit("r1"), now=0)
+    core.output((A, "r1"), Output("a"))
+    core.output((A, "r1"), Output("b", finish_reason="stop"))
+    [(_, outputs)] = sent(core)
+    assert isinstance(outputs, Outputs)
+    assert [(i.seq, i.finish_reason) for i in outputs.items] == [(0, None), (1, "stop")]
+    assert core.ends[(A, "r1")] == ["finished"]
+    assert not core.output((A, "r1"), Output("late"))
+
+
+def test_abort_cancels_once_and_ignores_unknown_ids(core):
+    core.handle(A, submit("r1"), now=0)
+    actions = core.handle(A, encode(Abort(["r1", "ghost"])), now=0)
+    assert actions == [Cancel((A, "r1"), "abort")]
+    assert core.handle(A, encode(Abort(["r1"])), now=0) == []
+    assert core.ends[(A, "r1")] == ["aborted"]
+    assert (core.stats.aborted, core.stats.unknown_aborts) == (1, 2)
+
+
+def test_same_request_id_from_two_frontends_are_two_requests(core):
+    core.handle(A, submit("r1"), now=0)
+    core.handle(B, submit("r1"), now=0)
+    core.handle(A, encode(Abort(["r1"])), now=0)
+    assert (B, "r1") in core.running and (A, "r1") not in core.running
+
+
+def test_duplicate_request_id_gets_a_409_error_item(core):
+    core.handle(A, submit("r1"), now=0)
+    assert core.handle(A, submit("r1"), now=0) == []
+    [(_, outputs)] = sent(core)
+    assert outputs.items[0].error.status == 409
+    assert (A, "r1") in core.running  # the first one keeps running
+
+
+def test_silent_frontend_has_its_requests_aborted_by_the_engine(core):
+    core.handle(A, submit("r1"), now=0)
+    core.handle(B, submit("r2"), now=0)
+    core.handle(B, encode(Ping(1)), now=4.0)
+    assert core.expire(now=4.9) == []
+    assert core.expire(now=5.5) == [Cancel((A, "r1"), "orphaned")]
+    assert core.ends[(A, "r1")] == ["orphaned"] and (B, "r2") in core.running
+    assert core.stats.orphaned == 1
+
+
+def test_malformed_frame_is_counted_and_dropped(core):
+    assert core.handle(A, b"\x00garbage", now=0) == []
+    assert core.stats.malformed_frames == 1
+    assert list(core.flush()) == []

@@ -1,0 +1,64 @@
+"""`trioserve` as a user runs it: real processes, real ports on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import httpx
+import pytest
+import trio
+
+from tests.conftest import HANG_GUARD
+from tests.processes import start_frontend_process
+from trioserve.sdk.mock import expected_text
+
+pytestmark = pytest.mark.integration
+
+
+def test_help_lists_every_option():
+    out = subprocess.run(
+        [sys.executable, "-m", "trioserve", "run", "--help"], capture_output=True, text=True
+    ).stdout
+    for option in (
+        "--host",
+        "--port",
+        "--engine",
+        "--request-timeout",
+        "--stream-buffer",
+        "--heartbeat-timeout",
+        "--drain-delay",
+        "--graceful-timeout",
+    ):
+        assert option in out
+    engine = subprocess.run(
+        [sys.executable, "-m", "trioserve", "engine", "mock", "--help"],
+        capture_output=True,
+        text=True,
+    ).stdout
+    for option in ("--bind", "--tokens-per-second", "--ttft-ms", "--log-aborts", "--loop"):
+        assert option in engine
+
+
+async def test_run_without_engine_starts_the_mock_and_ctrl_c_stops_everything(nursery):
+    frontend, url = await start_frontend_process(nursery, "--drain-delay", "0.2")
+    async with httpx.AsyncClient(base_url=url, timeout=HANG_GUARD) as client:
+        with trio.fail_after(HANG_GUARD):
+            while (await client.get("/health")).status_code != 200:
+                await trio.sleep(0.05)
+        response = await client.post(
+            "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "hi"}], "stream": True},
+        )
+        assert response.text.endswith("data: [DONE]\n\n")
+        assert expected_text("hi", 16).split()[0] in response.text
+    engine_pid = int(
+        (await frontend.wait_for_output(r"started the mock engine \(pid (\d+)\)")).group(1)
+    )
+    frontend.signal(signal.SIGINT)
+    assert await frontend.wait() == 0
+    await frontend.wait_for_output(r"mock engine stopped \(exit code 0\)")
+    with pytest.raises(ProcessLookupError):
+        os.kill(engine_pid, 0)
