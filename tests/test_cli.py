@@ -62,3 +62,29 @@ async def test_run_without_engine_starts_the_mock_and_ctrl_c_stops_everything(nu
     await frontend.wait_for_output(r"mock engine stopped \(exit code 0\)")
     with pytest.raises(ProcessLookupError):
         os.kill(engine_pid, 0)
+
+
+async def test_engine_with_another_protocol_version_stops_run_with_a_clear_error(nursery):
+    import zmq
+
+    from trioserve.protocol import PROTOCOL_VERSION, ModelCard, Welcome, encode
+
+    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.bind("tcp://127.0.0.1:*")
+    address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+    try:
+        frontend, _ = await start_frontend_process(nursery, "--engine", address)
+        with trio.fail_after(HANG_GUARD):
+            while True:
+                try:
+                    ident, _hello = sock.recv_multipart(zmq.NOBLOCK)
+                    break
+                except zmq.Again:
+                    await trio.sleep(0.01)
+        welcome = Welcome(PROTOCOL_VERSION + 1, "future", "s", [ModelCard("m")], ["chat"])
+        sock.send_multipart([ident, encode(welcome)])
+        assert await frontend.wait() == 2
+        assert b"speaks protocol version" in frontend.output
+    finally:
+        sock.close(linger=0)

@@ -106,6 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest request body in MiB (413 past it)",
     )
     run.add_argument(
+        "--keep-alive-timeout",
+        type=_positive(float),
+        default=DEFAULTS.keep_alive_timeout,
+        help="seconds an idle keep-alive connection stays open",
+    )
+    run.add_argument(
         "--heartbeat-interval",
         type=_positive(float),
         default=DEFAULTS.heartbeat_interval,
@@ -200,6 +206,7 @@ def _run(args: argparse.Namespace) -> int:
         max_request_timeout=args.max_request_timeout,
         stream_buffer=args.stream_buffer,
         max_body_bytes=int(args.max_body_mb * 2**20),
+        keep_alive_timeout=args.keep_alive_timeout,
         heartbeat_interval=args.heartbeat_interval,
         heartbeat_timeout=args.heartbeat_timeout,
         drain_delay=args.drain_delay,
@@ -241,12 +248,14 @@ def _run(args: argparse.Namespace) -> int:
                 with trio.CancelScope(shield=True):
                     await _stop_child(process)
 
+    status = 0
     try:
         trio.run(main_task)
-    except ProtocolVersionError as exc:
-        log.error("%s", exc)
-        return 2
-    return 0
+    except* ProtocolVersionError as group:
+        for exc in group.exceptions:
+            log.error("stopping: %s", exc)
+        status = 2
+    return status
 
 
 async def _stop_child(process: trio.Process) -> None:

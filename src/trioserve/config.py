@@ -18,6 +18,8 @@ class Settings:
     #: Per-request buffer of engine outputs (items) before the client counts as too slow.
     stream_buffer: int = 256
     max_body_bytes: int = 128 * 1024 * 1024
+    #: Seconds an idle keep-alive connection stays open.
+    keep_alive_timeout: float = 5.0
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 3.0
     #: Seconds to keep serving after SIGTERM before the listener closes.

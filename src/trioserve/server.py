@@ -24,6 +24,7 @@ def hypercorn_config(settings: Settings) -> Config:
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
     config.include_server_header = False
+    config.keep_alive_timeout = settings.keep_alive_timeout
     # hypercorn's own hard stop comes after ours: our drain deadline ends what is left
     # with proper error events and aborts, then hypercorn finds nothing left to cut.
     config.graceful_timeout = (
@@ -54,6 +55,9 @@ async def serve_frontend(
         async with trio.open_nursery() as nursery:
             if handle_signals:
                 nursery.start_soon(drain.run)
+            # An engine that speaks another protocol version is a deployment error: stop
+            # with a clear message rather than serve 503s forever.
+            nursery.start_soon(engines.check_versions)
 
             async def serve_http(task_status: trio.TaskStatus[list[str]]) -> None:
                 await hypercorn_serve(

@@ -115,3 +115,20 @@ def test_random_bytes_never_raise_anything_but_protocol_error():
             decode(bytes(base))
         except ProtocolError:
             pass
+
+
+def test_nil_means_the_fields_default():
+    # Encoders in other languages often write nil for an empty map or list.
+    frame = msgpack.packb(
+        ["submit", {"request_id": "r", "model": "m", "task": "chat", "inputs": {}, "params": None}]
+    )
+    assert decode(frame).params == {}
+    item = {"request_id": "r", "seq": 0, "modality": None, "data": "x", "usage": None}
+    assert decode(msgpack.packb(["outputs", {"items": [item]}])).items[0].modality == "text"
+    with pytest.raises(ProtocolError, match="ping.seq"):
+        decode(msgpack.packb(["ping", {"seq": None}]))
+
+
+def test_error_items_leave_out_the_default_error_type():
+    _, body = msgpack.unpackb(encode(Outputs([OutputItem("r", 0, error=ErrorInfo(500, "x"))])))
+    assert body["items"][0]["error"] == {"status": 500, "message": "x"}

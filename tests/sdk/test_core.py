@@ -114,6 +114,10 @@ def test_silent_frontend_has_its_requests_aborted_by_the_engine(core):
     assert core.expire(now=5.5) == [Cancel((A, "r1"), "orphaned")]
     assert core.ends[(A, "r1")] == ["orphaned"] and (B, "r2") in core.running
     assert core.stats.orphaned == 1
+    # Should the frontend only have been slow, it is told the request is over.
+    [outputs] = [message for ident, message in sent(core) if ident == A]
+    assert outputs.items[0].error.status == 503
+    assert outputs.items[0].error.type == "frontend_timeout"
 
 
 def test_malformed_frame_is_counted_and_dropped(core):

@@ -20,8 +20,14 @@ log = logging.getLogger(__name__)
 class EngineClient:
     """Routes requests to connected engines. Obtain one with :func:`open_engine_client`."""
 
-    def __init__(self, connections: list[EngineConnection]) -> None:
-        self.connections = connections
+    def __init__(self) -> None:
+        self.connections: list[EngineConnection] = []
+        self._changed = trio.Event()
+
+    def _notify(self) -> None:
+        """Some engine connected, was lost, or refused us."""
+        self._changed.set()
+        self._changed = trio.Event()
 
     @property
     def ready(self) -> bool:
@@ -73,10 +79,17 @@ class EngineClient:
             for conn in self.connections:
                 if conn.fatal is not None:
                     raise conn.fatal
-            pending = [conn for conn in self.connections if not conn.ready]
-            if not pending:
+            if all(conn.ready for conn in self.connections):
                 return
-            await pending[0].wait_state_change()
+            await self._changed.wait()
+
+    async def check_versions(self) -> None:
+        """Raise :class:`ProtocolVersionError` as soon as any engine refuses our version."""
+        while True:
+            for conn in self.connections:
+                if conn.fatal is not None:
+                    raise conn.fatal
+            await self._changed.wait()
 
 
 @contextlib.asynccontextmanager
@@ -98,12 +111,15 @@ async def open_engine_client(
     ctx = context or zmq.Context.instance()
     frontend_id = frontend_id or new_frontend_id()
     heartbeat = heartbeat or HeartbeatConfig()
-    connections = [EngineConnection(ctx, addr, frontend_id, heartbeat) for addr in addresses]
+    client = EngineClient()
+    client.connections = [
+        EngineConnection(ctx, addr, frontend_id, heartbeat, client._notify) for addr in addresses
+    ]
     async with trio.open_nursery() as nursery:
-        for conn in connections:
+        for conn in client.connections:
             await nursery.start(conn.serve)
         try:
-            yield EngineClient(connections)
+            yield client
         finally:
             nursery.cancel_scope.cancel()
 

@@ -62,8 +62,10 @@ class EngineConnection:
         address: str,
         frontend_id: str,
         heartbeat: HeartbeatConfig,
+        on_change: Callable[[], None] | None = None,
     ) -> None:
         self.address = address
+        self._on_change = on_change
         self.frontend_id = frontend_id
         self.heartbeat = heartbeat
         self.welcome: Welcome | None = None
@@ -75,7 +77,6 @@ class EngineConnection:
         self._pending_aborts: list[str] = []
         self._last_heard = 0.0
         self._ping_seq = 0
-        self._state_changed = trio.Event()
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         # Queue nothing for a peer that is not connected: frames sent to a dead engine
@@ -108,12 +109,9 @@ class EngineConnection:
             return False
         return model is None or any(card.id == model for card in welcome.models)
 
-    async def wait_state_change(self) -> None:
-        await self._state_changed.wait()
-
     def _changed(self) -> None:
-        self._state_changed.set()
-        self._state_changed = trio.Event()
+        if self._on_change is not None:
+            self._on_change()
 
     # -- requests --------------------------------------------------------------------------
 
@@ -127,6 +125,9 @@ class EngineConnection:
         if message.request_id in self._subs:
             raise ValueError(f"request id {message.request_id!r} is already in flight")
         sub = Subscription(self, message.request_id, buffer, on_failure)
+        # Aborts queued earlier leave first: a request id reused right after its abort
+        # must not have that abort overtake its new submit.
+        self._flush_aborts()
         if not self._pump.send([encode(message)]):
             raise EngineOverloadedError(f"engine {self.address} is not accepting frames")
         self._subs[message.request_id] = sub
@@ -175,6 +176,8 @@ class EngineConnection:
         elif isinstance(message, Welcome):
             self._on_welcome(message)
         elif isinstance(message, Reject):
+            self.welcome = None
+            self._gauge_connected.set(0)
             self.fatal = ProtocolVersionError(
                 f"engine {self.address} refused protocol version {PROTOCOL_VERSION}: "
                 f"{message.message} (the engine speaks version {message.protocol_version})"
@@ -201,6 +204,14 @@ class EngineConnection:
                 [card.id for card in welcome.models],
                 welcome.capabilities,
             )
+            if welcome.frontend_timeout and self.heartbeat.interval * 2 > welcome.frontend_timeout:
+                log.warning(
+                    "engine %s drops frontends silent for %g s, but this frontend pings every "
+                    "%g s: its requests may be cancelled as orphans",
+                    self.address,
+                    welcome.frontend_timeout,
+                    self.heartbeat.interval,
+                )
         self.welcome = welcome
         self._gauge_connected.set(1)
         self._changed()

@@ -31,6 +31,10 @@ class EngineItemError(Exception):
         self.error = error
 
 
+def text_of(data: str | bytes) -> str:
+    return data if isinstance(data, str) else data.decode(errors="replace")
+
+
 def engine_error(item: OutputItem) -> EngineItemError:
     assert item.error is not None
     return EngineItemError(from_engine(item.error.status, item.error.message, item.error.type))
@@ -60,7 +64,7 @@ class JSONWriter:
             if item.error is not None:
                 raise engine_error(item)
             if item.data:
-                parts.append(item.data if isinstance(item.data, str) else item.data.decode())
+                parts.append(text_of(item.data))
             if item.finish_reason is not None:
                 body = self.fmt.complete("".join(parts), item.finish_reason, item.usage)
                 await self.exchange.respond(200, body, JSON_HEADERS)
@@ -93,7 +97,7 @@ class SSEWriter:
                 failure = engine_error(item)
                 break
             if item.data:
-                text = item.data if isinstance(item.data, str) else item.data.decode()
+                text = text_of(item.data)
                 out += (b"data: ", fmt.delta(text), b"\n\n")
             if item.finish_reason is not None:
                 out += (b"data: ", fmt.finish(item.finish_reason), b"\n\n")

@@ -15,9 +15,9 @@ from typing import Any
 
 import cattrs
 import msgpack
-from cattrs.gen import make_dict_unstructure_fn
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn
 
-from .messages import TAGS, ErrorInfo, Message, OutputItem, Usage
+from .messages import TAGS, ErrorInfo, Limits, Message, ModelCard, OutputItem, Usage
 
 _CLASSES = {tag: cls for cls, tag in TAGS.items()}
 
@@ -61,8 +61,9 @@ def strict_collections(conv: cattrs.Converter) -> None:
 def _make_converter() -> cattrs.Converter:
     conv = cattrs.Converter(forbid_extra_keys=False)
     strict_collections(conv)
-    # The per-token hot path: leave out empty optional fields of output items.
-    for cls in (OutputItem, Usage, ErrorInfo):
+    # The per-token hot path: leave out empty optional fields of output items (nested
+    # classes first, so the item's hook picks up theirs).
+    for cls in (Usage, ErrorInfo, OutputItem):
         conv.register_unstructure_hook(
             cls, make_dict_unstructure_fn(cls, conv, _cattrs_omit_if_default=True)
         )
@@ -87,6 +88,18 @@ def _make_converter() -> cattrs.Converter:
 
     conv.register_structure_hook(str | bytes | None, _str_or_bytes)
     conv.register_structure_hook(Any, lambda value, _: value)
+
+    # nil means "not given" for every field: an engine written in a language whose
+    # encoder writes nil for empty maps and lists gets the field's default, not an error.
+    for cls in (Usage, ErrorInfo, ModelCard, Limits, OutputItem, *TAGS):
+        inner = make_dict_structure_fn(cls, conv)
+
+        def hook(value: Any, type_: Any, inner: Any = inner) -> Any:
+            if isinstance(value, dict) and None in value.values():
+                value = {k: v for k, v in value.items() if v is not None}
+            return inner(value, type_)
+
+        conv.register_structure_hook(cls, hook)
     return conv
 
 

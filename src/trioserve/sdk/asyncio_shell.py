@@ -16,6 +16,7 @@ import logging
 
 import zmq
 
+from ..protocol import Limits
 from .core import Backend, Cancel, EngineCore, Key, RequestError, Start
 from .trio_shell import bind_router
 
@@ -130,6 +131,7 @@ async def serve_engine_asyncio(
     frontend_timeout: float = 5.0,
     log_aborts: bool = False,
     track_ends: bool = False,
+    limits: Limits | None = None,
     context: zmq.Context | None = None,
     started: asyncio.Future[AsyncioEngine] | None = None,
 ) -> None:
@@ -138,7 +140,11 @@ async def serve_engine_asyncio(
     ``started`` (optional) receives the :class:`AsyncioEngine` once bound.
     """
     core = EngineCore(
-        backend, frontend_timeout=frontend_timeout, log_aborts=log_aborts, track_ends=track_ends
+        backend,
+        frontend_timeout=frontend_timeout,
+        log_aborts=log_aborts,
+        track_ends=track_ends,
+        limits=limits,
     )
     sock = bind_router(context or zmq.Context.instance(), address)
     await AsyncioEngine(core, sock).serve(started)

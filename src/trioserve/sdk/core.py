@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import attrs
@@ -117,6 +117,7 @@ class EngineCore:
         limits: Limits | None = None,
         log_aborts: bool = False,
         track_ends: bool = False,
+        on_end: Callable[[Key, str], None] | None = None,
     ) -> None:
         self.backend = backend
         self.frontend_timeout = frontend_timeout
@@ -128,8 +129,9 @@ class EngineCore:
         #: With ``track_ends`` (tests): key -> every end seen, "finished" | "aborted" |
         #: "orphaned". Unbounded by design, so off by default.
         self.ends: dict[Key, list[str]] | None = {} if track_ends else None
+        #: Called with (key, how) whenever a request ends; for measurements.
+        self.on_end = on_end
         self._last_seen: dict[bytes, float] = {}
-        self._welcomed: set[bytes] = set()
         self._pending: dict[bytes, list[OutputItem]] = {}
         self._replies: list[tuple[bytes, bytes]] = []
 
@@ -171,7 +173,6 @@ class EngineCore:
                 Reject(PROTOCOL_VERSION, f"this engine speaks protocol {PROTOCOL_VERSION} only"),
             )
             return
-        self._welcomed.add(identity)
         backend = self.backend
         self._reply(
             identity,
@@ -195,6 +196,7 @@ class EngineCore:
         limit = self.limits.max_requests
         if limit and len(self.running) >= limit:
             self._error(key, 0, 503, f"the engine is at its limit of {limit} requests")
+            self.stats.finished += 1
             self._end(key, "finished")
             return []
         self.running[key] = _Running(submit)
@@ -224,12 +226,21 @@ class EngineCore:
             return []
         for ident in dead:
             del self._last_seen[ident]
-            self._welcomed.discard(ident)
             self._pending.pop(ident, None)
         actions = []
         for key in [key for key in self.running if key[0] in dead]:
             log.warning("frontend %r went silent: aborting its request %s", key[0], key[1])
             self.stats.orphaned += 1
+            # If the frontend was only slow, not dead, this tells it the request is over;
+            # if it is dead, ROUTER drops the frame.
+            self._error(
+                key,
+                self.running[key].seq,
+                503,
+                f"the engine heard nothing from this frontend for {self.frontend_timeout:g} s "
+                "and aborted the request",
+                "frontend_timeout",
+            )
             self._end(key, "orphaned")
             actions.append(Cancel(key, "orphaned"))
         return actions
@@ -280,6 +291,8 @@ class EngineCore:
         self.running.pop(key, None)
         if self.ends is not None:
             self.ends.setdefault(key, []).append(how)
+        if self.on_end is not None:
+            self.on_end(key, how)
 
     def _reply(self, identity: bytes, message: Any) -> None:
         self._replies.append((identity, encode(message)))

@@ -5,8 +5,8 @@ token. Timing: the first token after ``ttft_ms``, then one token per ``1/tokens_
 seconds, aligned to a shared step grid so that concurrent requests produce their tokens in
 the same step and leave in one frame, as a real batching engine's would.
 
-Per-request knobs, read from ``Submit.params`` (the HTTP routes pass body fields starting
-with ``mock_`` through):
+Per-request knobs, read from ``Submit.params`` (the HTTP routes pass every body field they
+do not know through to the engine, these included):
 
 - ``mock_ttft_ms``, ``mock_tokens_per_second``: override the engine's timing;
 - ``mock_error_after`` (tokens) with ``mock_error_status`` (default 500) and

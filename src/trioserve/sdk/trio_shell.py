@@ -7,6 +7,7 @@ import logging
 import trio
 import zmq
 
+from ..protocol import Limits
 from ..zmq_trio import ZmqPump
 from .core import Backend, Cancel, EngineCore, Key, RequestError, Start
 
@@ -14,6 +15,8 @@ log = logging.getLogger("trioserve.engine")
 
 #: Frames queued per frontend connection before ROUTER drops (one frame = one step).
 SNDHWM = 100_000
+#: Frames held while frozen (see :meth:`TrioEngine.freeze`); later ones are dropped.
+FROZEN_HOLD_LIMIT = 100_000
 
 
 class TrioEngine:
@@ -26,12 +29,33 @@ class TrioEngine:
         self._scopes: dict[Key, trio.CancelScope] = {}
         self._pump = ZmqPump(sock, self._on_message, self._flush)
         self._nursery: trio.Nursery | None = None
+        self._held: list[list[bytes]] | None = None
+
+    def freeze(self) -> None:
+        """Act hung: hold every incoming frame and send nothing until :meth:`thaw`.
+
+        Generations keep running and their outputs queue up, as on a GPU whose host
+        process stopped answering. For fault drills and tests.
+        """
+        if self._held is None:
+            self._held = []
+
+    def thaw(self) -> None:
+        """Process what arrived while frozen, in order, and resume sending."""
+        held, self._held = self._held, None
+        for frames in held or ():
+            self._on_message(frames)
+        self._pump.wake()
 
     @property
     def stats(self):
         return self.core.stats
 
     def _on_message(self, frames: list[bytes]) -> None:
+        if self._held is not None:
+            if len(self._held) < FROZEN_HOLD_LIMIT:
+                self._held.append(frames)
+            return
         if len(frames) != 2:
             self.core.stats.malformed_frames += 1
             return
@@ -71,6 +95,8 @@ class TrioEngine:
             self._scopes.pop(key, None)
 
     def _flush(self) -> None:
+        if self._held is not None:
+            return
         send = self._pump.send
         for identity, frame in self.core.flush():
             if not send([identity, frame]):
@@ -114,6 +140,7 @@ async def serve_engine(
     frontend_timeout: float = 5.0,
     log_aborts: bool = False,
     track_ends: bool = False,
+    limits: Limits | None = None,
     context: zmq.Context | None = None,
     task_status: trio.TaskStatus[TrioEngine] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -123,7 +150,11 @@ async def serve_engine(
     endpoint, so ``tcp://127.0.0.1:*`` picks a free port).
     """
     core = EngineCore(
-        backend, frontend_timeout=frontend_timeout, log_aborts=log_aborts, track_ends=track_ends
+        backend,
+        frontend_timeout=frontend_timeout,
+        log_aborts=log_aborts,
+        track_ends=track_ends,
+        limits=limits,
     )
     sock = bind_router(context or zmq.Context.instance(), address)
     await TrioEngine(core, sock).serve(task_status=task_status)
