@@ -215,4 +215,5 @@ async def test_in_flight_gauge_returns_to_zero(frontend):
         lambda: metrics.REGISTRY.get_sample_value("trioserve_requests_in_flight") == 0,
         "the in-flight gauge to read zero",
     )
+    await wait_until(lambda: all(frontend.ends(f"g{i}") for i in range(5)), "five aborts")
     assert [frontend.ends(f"g{i}") for i in range(5)] == [["aborted"]] * 5

@@ -90,27 +90,39 @@ async def test_request_ends_exactly_once(setup, kind, path, phase):
     aborts_before = engine.core.stats.aborts_received
     result: dict[str, object] = {}
 
+    relayed = trio.Event()  # the client has received n outputs (SSE)
+
     async def reached_phase() -> None:
         await wait_until(
             lambda: key in engine.core.running and engine.core.running[key].seq >= n,
             f"{request_id} to produce {n} outputs",
         )
+        if kind == "sse" and n:
+            with trio.fail_after(20):
+                await relayed.wait()
 
     if path == "disconnect":
         stream = await raw_request(
             frontend, "POST", "/v1/completions", json.dumps(body).encode(), **headers
         )
-        await reached_phase()
         if kind == "sse" and n:
-            await read_until(stream, b"data: ")
+            await read_until(stream, b"data: ")  # the client has seen output
+        else:
+            await reached_phase()
         await stream.aclose()
     else:
 
         async def call() -> None:
             async with frontend.client() as client:
-                result["response"] = await client.post(
-                    "/v1/completions", json=body, headers=headers
-                )
+                async with client.stream(
+                    "POST", "/v1/completions", json=body, headers=headers
+                ) as response:
+                    text = ""
+                    async for chunk in response.aiter_text():
+                        text += chunk
+                        if n and text.count("data: ") >= n:
+                            relayed.set()
+                result["status"], result["text"] = response.status_code, text
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(call)
@@ -121,7 +133,7 @@ async def test_request_ends_exactly_once(setup, kind, path, phase):
                     assert (await client.delete(f"/v1/requests/{request_id}")).status_code == 200
             elif path == "engine_lost":
                 engine.freeze()
-                await wait_until(lambda: "response" in result, "the client to be answered")
+                await wait_until(lambda: "status" in result, "the client to be answered")
                 engine.thaw()
 
     # The engine saw exactly one end of the request.
@@ -134,7 +146,6 @@ async def test_request_ends_exactly_once(setup, kind, path, phase):
 
     # The client was told what happened.
     if path != "disconnect":
-        response = result["response"]
         code = {
             "deadline": "deadline_exceeded",
             "engine_error": "engine_error",
@@ -143,14 +154,14 @@ async def test_request_ends_exactly_once(setup, kind, path, phase):
         }[path]
         status = {"deadline": 504, "engine_error": 502, "engine_lost": 503, "cancel": 499}[path]
         if kind == "sse" and n:
-            assert response.status_code == 200
-            events = events_of(response.text)
+            assert result["status"] == 200
+            events = events_of(result["text"])
             assert "[DONE]" not in events
             assert len(events) == n + 1
             assert events[-1]["error"]["code"] == code
         else:
-            assert response.status_code == status
-            assert response.json()["error"]["code"] == code
+            assert result["status"] == status
+            assert json.loads(result["text"])["error"]["code"] == code
 
     # Nothing is left behind, and the server keeps serving.
     await wait_until(lambda: len(frontend.app.registry) == 0, "the registry to empty")

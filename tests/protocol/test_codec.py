@@ -125,7 +125,7 @@ def test_nil_means_the_fields_default():
     assert decode(frame).params == {}
     item = {"request_id": "r", "seq": 0, "modality": None, "data": "x", "usage": None}
     assert decode(msgpack.packb(["outputs", {"items": [item]}])).items[0].modality == "text"
-    with pytest.raises(ProtocolError, match="ping.seq"):
+    with pytest.raises(ProtocolError, match=r"ping\.seq"):
         decode(msgpack.packb(["ping", {"seq": None}]))
 
 

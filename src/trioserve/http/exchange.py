@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
+import trio
 
 from .errors import HTTPError
 
@@ -103,9 +104,16 @@ class Exchange:
             out.append((b"connection", b"close"))
         return out
 
+    async def _send(self, message: dict[str, Any]) -> None:
+        # Shielded: hypercorn updates its h11 and stream state before it writes, so a
+        # cancellation inside send() leaves the two disagreeing and every later send fails.
+        # (hypercorn shields its socket writes too, so this costs no responsiveness.)
+        with trio.CancelScope(shield=True):
+            await self.send(message)
+
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.started = True
-        await self.send(
+        await self._send(
             {
                 "type": "http.response.start",
                 "status": status,
@@ -114,13 +122,15 @@ class Exchange:
         )
 
     async def body(self, data: bytes, more: bool = True) -> None:
-        await self.send({"type": "http.response.body", "body": data, "more_body": more})
+        await self._send({"type": "http.response.body", "body": data, "more_body": more})
 
     async def respond(
         self, status: int, body: bytes, headers: list[tuple[bytes, bytes]] = JSON_HEADERS
     ) -> None:
-        await self.start(status, [*headers, (b"content-length", str(len(body)).encode())])
-        await self.body(body, more=False)
+        """Send a whole response, head and body, with no cancellation point between."""
+        with trio.CancelScope(shield=True):
+            await self.start(status, [*headers, (b"content-length", str(len(body)).encode())])
+            await self.body(body, more=False)
 
     async def respond_json(self, status: int, obj: Any) -> None:
         await self.respond(status, json.dumps(obj).encode())
