@@ -40,6 +40,8 @@ class Frontend:
     def __init__(self, app, drain, url: str, engine: TrioEngine | None) -> None:
         self.app = app
         self.drain = drain
+        #: Set when serve_frontend has returned (the drain completed).
+        self.stopped = trio.Event()
         self.url = url
         self.engine = engine
         host, port = url.removeprefix("http://").rsplit(":", 1)
@@ -68,12 +70,18 @@ async def start_frontend(
         "graceful_timeout": 5.0,
         **settings,
     }
-    app, drain, binds = await nursery.start(
-        partial(serve_frontend, Settings(**options), handle_signals=False)  # type: ignore[arg-type]
-    )
+    stopped = trio.Event()
+
+    async def serve(task_status: trio.TaskStatus) -> None:
+        await serve_frontend(Settings(**options), handle_signals=False, task_status=task_status)  # type: ignore[arg-type]
+        stopped.set()
+
+    app, drain, binds = await nursery.start(serve)
     with trio.fail_after(HANG_GUARD):
         await app.engines.wait_ready()
-    return Frontend(app, drain, binds[0], engine)
+    frontend = Frontend(app, drain, binds[0], engine)
+    frontend.stopped = stopped
+    return frontend
 
 
 @pytest.fixture

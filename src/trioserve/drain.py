@@ -36,6 +36,7 @@ class DrainController:
         self.deadline_reached = trio.Event()
         self._skip = trio.Event()
         self._started = False
+        metrics.DRAINING.set(0)
 
     def begin(self) -> None:
         """Start draining (first call), or skip to the deadline (any later call)."""
