@@ -198,3 +198,53 @@ async def test_official_openai_client_streaming_and_not(frontend):
             )
             async for _ in broken:
                 pass
+
+
+@pytest.mark.parametrize(
+    ("body", "loc", "says"),
+    [
+        ({"messages": ["x"]}, "$.messages[0]", "expected an object, got a string"),
+        ({**CHAT, "stream_options": True}, "$.stream_options", "expected an object"),
+    ],
+)
+async def test_wrong_json_types_are_named_not_python_errors(frontend, body, loc, says):
+    async with frontend.client() as client:
+        response = await client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 422
+    [detail] = response.json()["error"]["details"]
+    assert detail == {"loc": loc, "msg": says} or (detail["loc"] == loc and says in detail["msg"])
+
+
+async def test_message_fields_reach_the_engine_untouched(frontend):
+    seen = []
+    core = frontend.engine.core
+    original = core.handle
+
+    def spy(identity, frame, now):  # noqa: ANN001
+        from trioserve.protocol import Submit, decode
+
+        message = decode(frame)
+        if isinstance(message, Submit):
+            seen.append(message)
+        return original(identity, frame, now)
+
+    core.handle = spy
+    messages = [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function"}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+    ]
+    async with frontend.client() as client:
+        response = await client.post(
+            "/v1/chat/completions",
+            json={"messages": messages, "max_tokens": 2, "max_completion_tokens": 3},
+        )
+    assert response.status_code == 200
+    assert seen[0].inputs["messages"] == messages
+    assert seen[0].params["max_tokens"] == 3  # the current name wins
+
+
+async def test_405_says_which_methods_are_allowed(frontend):
+    async with frontend.client() as client:
+        response = await client.get("/v1/chat/completions")
+    assert response.status_code == 405 and response.headers["allow"] == "POST"

@@ -73,8 +73,12 @@ class App:
         if path.startswith("/v1/requests/") and exchange.method == "DELETE":
             return self.cancel_request
         if path in self._paths or path.startswith("/v1/requests/"):
+            allowed = sorted(m for m, p in self._routes if p == path) or ["DELETE"]
             raise HTTPError(
-                405, f"method {exchange.method} not allowed on {path}", "method_not_allowed"
+                405,
+                f"method {exchange.method} not allowed on {path}",
+                "method_not_allowed",
+                headers=[(b"allow", ", ".join(allowed).encode())],
             )
         raise HTTPError(404, f"no route {exchange.method} {path}", "not_found")
 

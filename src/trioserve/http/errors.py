@@ -54,7 +54,7 @@ class HTTPError(Exception):
         return {"error": error}
 
     def body(self) -> bytes:
-        return json.dumps(self.payload()).encode()
+        return json.dumps(self.payload(), separators=(",", ":")).encode()
 
 
 def from_engine(status: int, message: str, type: str) -> HTTPError:

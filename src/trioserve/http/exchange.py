@@ -133,7 +133,7 @@ class Exchange:
             await self.body(body, more=False)
 
     async def respond_json(self, status: int, obj: Any) -> None:
-        await self.respond(status, json.dumps(obj).encode())
+        await self.respond(status, json.dumps(obj, separators=(",", ":")).encode())
 
     async def respond_error(self, error: HTTPError) -> None:
         await self.respond(error.status, error.body(), [*JSON_HEADERS, *error.headers])

@@ -115,6 +115,7 @@ async def run_generation(
         try:
             sub = engines.submit(submit, capability, buffer=buffer, on_failure=on_failure)
         except EngineError as exc:
+            outcome = exc.code
             await writer.fail(HTTPError(exc.status, str(exc), exc.code))
             return
         error: HTTPError | None = None

@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 
 from ..protocol import Submit, Usage
-from .validation import converter, invalid, structure
+from .validation import invalid, structure
 
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer", "function"})
 
@@ -138,18 +138,18 @@ def engine_params(req: _Common, body: dict[str, Any]) -> dict[str, Any]:
         value = getattr(req, name)
         if value is not None:
             params[name] = value
-    if req.max_completion_tokens is not None and req.max_tokens is None:
+    if req.max_completion_tokens is not None:  # the current name wins over the old one
         params["max_tokens"] = req.max_completion_tokens
     params.pop("max_completion_tokens", None)
     return params
 
 
 def chat_submit(request_id: str, model: str, req: ChatCompletionRequest, body: dict) -> Submit:
-    messages = [converter.unstructure(m) for m in req.messages]
-    for message in messages:
-        if message.get("name") is None:
-            message.pop("name", None)
-    return Submit(request_id, model, "chat", {"messages": messages}, engine_params(req, body))
+    # The messages as the client sent them (validated above): fields this frontend does
+    # not check, such as tool_calls and tool_call_id, are the engine's to read.
+    return Submit(
+        request_id, model, "chat", {"messages": body["messages"]}, engine_params(req, body)
+    )
 
 
 def completion_submit(request_id: str, model: str, req: CompletionRequest, body: dict) -> Submit:

@@ -12,6 +12,7 @@ import json
 import math
 from typing import Any, TypeVar
 
+import attrs
 import cattrs
 
 from ..protocol.codec import strict_collections
@@ -90,7 +91,33 @@ def make_converter() -> cattrs.Converter:
     conv.register_structure_hook(bool, lambda value, _: parse_bool(value))
     conv.register_structure_hook(str, _str)
     conv.register_structure_hook(Any, _any)
+
+    def object_factory(cls: type, converter: cattrs.Converter) -> Any:
+        from cattrs.gen import make_dict_structure_fn
+
+        inner = make_dict_structure_fn(cls, converter)
+
+        def hook(value: Any, type_: Any) -> Any:
+            if not isinstance(value, dict):
+                raise ValueError(f"expected an object, got {_json_type(value)}")
+            return inner(value, type_)
+
+        return hook
+
+    conv.register_structure_hook_factory(attrs.has, object_factory)
     return conv
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "null" if value is None else type(value).__name__
 
 
 converter = make_converter()

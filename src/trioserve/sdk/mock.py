@@ -96,6 +96,15 @@ def _number(params: dict[str, Any], name: str, default: float) -> float:
     return value
 
 
+def _optional_int(params: dict[str, Any], name: str) -> int | None:
+    value = params.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise RequestError(400, f"{name} must be a number of tokens")
+    return int(value)
+
+
 class MockBackend:
     """See the module docstring. ``engine_id`` names it in the welcome."""
 
@@ -123,8 +132,8 @@ class MockBackend:
             raise RequestError(400, "max_tokens must be a positive integer", "invalid_request")
         rate = _number(params, "mock_tokens_per_second", self.tokens_per_second)
         ttft = _number(params, "mock_ttft_ms", self.ttft_ms) / 1000
-        error_after = params.get("mock_error_after")
-        hang_after = params.get("mock_hang_after")
+        error_after = _optional_int(params, "mock_error_after")
+        hang_after = _optional_int(params, "mock_hang_after")
         stall = _number(params, "mock_stall_s", 0)
 
         prompt = prompt_text(request)
