@@ -1,6 +1,7 @@
 """``trioserve``: the command line.
 
 - ``trioserve run``: the frontend (starts the mock engine as a child when no --engine);
+- ``trioserve client``: stream one answer to the terminal;
 - ``trioserve engine mock``: the mock engine alone.
 """
 
@@ -106,6 +107,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest request body in MiB (413 past it)",
     )
     run.add_argument(
+        "--ws-max-requests",
+        type=_positive(int),
+        default=DEFAULTS.ws_max_requests,
+        help="generation requests one WebSocket may run at once",
+    )
+    run.add_argument(
+        "--ws-max-message-kb",
+        type=_positive(float),
+        default=DEFAULTS.ws_max_message_bytes / 1024,
+        help="largest WebSocket message; a larger one closes the socket with 1009",
+    )
+    run.add_argument(
+        "--ws-ping-interval",
+        type=_non_negative,
+        default=DEFAULTS.ws_ping_interval,
+        help="seconds between WebSocket pings (0: none)",
+    )
+    run.add_argument(
         "--keep-alive-timeout",
         type=_positive(float),
         default=DEFAULTS.keep_alive_timeout,
@@ -141,6 +160,22 @@ def build_parser() -> argparse.ArgumentParser:
     mock.add_argument("--mock-tokens-per-second", type=_positive(float), default=50.0)
     mock.add_argument("--mock-ttft-ms", type=_non_negative, default=20.0)
     mock.add_argument("--mock-model", default="mock")
+
+    client = commands.add_parser(
+        "client",
+        help="send a prompt and print the answer as it streams",
+        description="Send a prompt to a trioserve server and print tokens as they arrive, "
+        "over WebSocket (default) or SSE. Ctrl-C cancels the request cleanly.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    client.add_argument("prompt", help="the prompt (a user message for chat)")
+    client.add_argument("--url", default="http://127.0.0.1:8000", help="the server")
+    client.add_argument("--sse", action="store_true", help="use SSE instead of WebSocket")
+    client.add_argument(
+        "--completion", action="store_true", help="use the completions endpoint, not chat"
+    )
+    client.add_argument("--max-tokens", type=_positive(int), default=None)
+    client.add_argument("--model", default=None, help="model name (default: the server's first)")
 
     engine = commands.add_parser("engine", help="run an engine")
     kinds = engine.add_subparsers(dest="engine_kind", required=True, metavar="KIND")
@@ -188,6 +223,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.command == "run":
         return _run(args)
+    if args.command == "client":
+        from .client import run_client
+
+        return trio.run(
+            partial(
+                run_client,
+                args.url,
+                args.prompt,
+                sse=args.sse,
+                endpoint="completion" if args.completion else "chat",
+                max_tokens=args.max_tokens,
+                model=args.model,
+            )
+        )
     return _engine_mock(args)
 
 
@@ -207,6 +256,9 @@ def _run(args: argparse.Namespace) -> int:
         stream_buffer=args.stream_buffer,
         max_body_bytes=int(args.max_body_mb * 2**20),
         keep_alive_timeout=args.keep_alive_timeout,
+        ws_max_requests=args.ws_max_requests,
+        ws_max_message_bytes=int(args.ws_max_message_kb * 1024),
+        ws_ping_interval=args.ws_ping_interval,
         heartbeat_interval=args.heartbeat_interval,
         heartbeat_timeout=args.heartbeat_timeout,
         drain_delay=args.drain_delay,

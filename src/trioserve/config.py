@@ -20,6 +20,12 @@ class Settings:
     max_body_bytes: int = 128 * 1024 * 1024
     #: Seconds an idle keep-alive connection stays open.
     keep_alive_timeout: float = 5.0
+    #: Generation requests one WebSocket may run at once.
+    ws_max_requests: int = 64
+    #: Largest WebSocket message accepted; a larger one closes the socket with 1009.
+    ws_max_message_bytes: int = 1024 * 1024
+    #: Seconds between WebSocket pings (0: none).
+    ws_ping_interval: float = 20.0
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 3.0
     #: Seconds to keep serving after SIGTERM before the listener closes.

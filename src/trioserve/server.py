@@ -25,6 +25,8 @@ def hypercorn_config(settings: Settings) -> Config:
     config.errorlog = logging.getLogger("hypercorn.error")
     config.include_server_header = False
     config.keep_alive_timeout = settings.keep_alive_timeout
+    config.websocket_max_message_size = settings.ws_max_message_bytes
+    config.websocket_ping_interval = settings.ws_ping_interval or None
     # hypercorn's own hard stop comes after ours: our drain deadline ends what is left
     # with proper error events and aborts, then hypercorn finds nothing left to cut.
     config.graceful_timeout = (

@@ -220,7 +220,7 @@ async def test_message_fields_reach_the_engine_untouched(frontend):
     core = frontend.engine.core
     original = core.handle
 
-    def spy(identity, frame, now):  # noqa: ANN001
+    def spy(identity, frame, now):
         from trioserve.protocol import Submit, decode
 
         message = decode(frame)

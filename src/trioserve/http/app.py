@@ -14,14 +14,9 @@ from ..engine import EngineClient
 from .errors import HTTPError
 from .exchange import ClientGone, Exchange, Receive, Send, ServerState
 from .lifecycle import Registry, run_generation
-from .openai_api import (
-    StreamFormat,
-    chat_submit,
-    completion_submit,
-    parse_chat,
-    parse_completion,
-)
+from .openai_api import parse_generation
 from .validation import invalid, parse_json
+from .websocket import GOING_AWAY, POLICY_VIOLATION, WebSocketConnection
 from .writers import JSONWriter, SSEWriter
 
 log = logging.getLogger("trioserve.http")
@@ -37,6 +32,7 @@ class App:
         self.settings = settings or Settings()
         self.registry = Registry()
         self.state = ServerState()
+        self.websockets: set[WebSocketConnection] = set()
         self._routes: dict[tuple[str, str], Handler] = {
             ("POST", "/v1/chat/completions"): self.chat_completions,
             ("POST", "/v1/completions"): self.completions,
@@ -54,7 +50,10 @@ class App:
         elif kind == "lifespan":
             await _lifespan(receive, send)
         elif kind == "websocket":
-            await send({"type": "websocket.close", "code": 1008})
+            if scope["path"] == "/v1/ws":
+                await WebSocketConnection(self, receive, send).serve()
+            else:
+                await send({"type": "websocket.close", "code": POLICY_VIOLATION})
 
     async def _http(self, exchange: Exchange) -> None:
         try:
@@ -85,18 +84,10 @@ class App:
     # -- generation ----------------------------------------------------------------------
 
     async def chat_completions(self, exchange: Exchange) -> None:
-        body = await self._json_body(exchange)
-        req = parse_chat(body)
-        model = self._model(req.model)
-        submit = chat_submit(exchange.request_id, model, req, body)
-        await self._generate(exchange, submit, "chat", bool(req.stream), req.stream_options)
+        await self._generate(exchange, "chat")
 
     async def completions(self, exchange: Exchange) -> None:
-        body = await self._json_body(exchange)
-        req = parse_completion(body)
-        model = self._model(req.model)
-        submit = completion_submit(exchange.request_id, model, req, body)
-        await self._generate(exchange, submit, "completion", bool(req.stream), req.stream_options)
+        await self._generate(exchange, "completion")
 
     async def _json_body(self, exchange: Exchange) -> dict[str, Any]:
         raw = await exchange.read_body(self.settings.max_body_bytes)
@@ -105,7 +96,7 @@ class App:
             raise invalid([{"loc": "$", "msg": "the body must be a JSON object"}])
         return body
 
-    def _model(self, requested: str | None) -> str:
+    def resolve_model(self, requested: str | None) -> str:
         models = [card.id for card in self.engines.models()]
         if not models:
             raise HTTPError(503, "no engine is connected", "engine_unavailable")
@@ -119,51 +110,50 @@ class App:
             )
         return requested
 
-    def _timeout(self, exchange: Exchange) -> float:
+    def timeout(self, requested: Any, what: str) -> float:
+        """The deadline to use: the server's, or a client's (capped), in seconds."""
         settings = self.settings
-        raw = exchange.header(b"x-request-timeout")
-        if raw is None:
+        if requested is None:
             return settings.request_timeout
         try:
-            value = float(raw)
-        except ValueError:
+            value = float(requested)
+        except (TypeError, ValueError):
             value = -1.0
         if not value > 0 or value != value:
             raise HTTPError(
-                400,
-                "X-Request-Timeout must be a positive number of seconds",
-                "invalid_request_timeout",
+                400, f"{what} must be a positive number of seconds", "invalid_request_timeout"
             )
         return min(value, settings.max_request_timeout)
 
-    async def _generate(
-        self, exchange: Exchange, submit: Any, capability: str, stream: bool, options: Any
-    ) -> None:
+    def check_accepting(self) -> None:
         if self.state.finished:
             raise HTTPError(503, "the server is shutting down", "server_shutting_down")
-        timeout = self._timeout(exchange)
-        fmt = StreamFormat(
-            capability,
-            exchange.request_id,
-            submit.model,
-            include_usage=bool(options and options.include_usage),
-        )
-        writer = SSEWriter(exchange, fmt) if stream else JSONWriter(exchange, fmt)
+
+    async def _generate(self, exchange: Exchange, capability: str) -> None:
+        self.check_accepting()
+        timeout = self.timeout(exchange.header(b"x-request-timeout"), "X-Request-Timeout")
+        body = await self._json_body(exchange)
+        generation = parse_generation(capability, body, exchange.request_id, self.resolve_model)
+        fmt = generation.stream_format()
+        writer = SSEWriter(exchange, fmt) if generation.stream else JSONWriter(exchange, fmt)
         await run_generation(
             engines=self.engines,
             registry=self.registry,
-            exchange=exchange,
-            submit=submit,
+            submit=generation.submit,
             capability=capability,
             writer=writer,
             timeout=timeout,
             buffer=self.settings.stream_buffer,
+            wait_disconnect=exchange.wait_disconnect,
         )
 
     def end_all(self, reason: str) -> int:
         """End every request in flight (the drain deadline); returns how many."""
         self.state.finished = True
-        return self.registry.end_all(reason)
+        ended = self.registry.end_all(reason)
+        for connection in list(self.websockets):
+            connection.close(GOING_AWAY)
+        return ended
 
     async def cancel_request(self, exchange: Exchange) -> None:
         request_id = exchange.path.removeprefix("/v1/requests/")

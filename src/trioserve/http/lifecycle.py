@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Awaitable, Callable
 
 import attrs
 import trio
@@ -26,7 +27,6 @@ from ..engine import EngineClient, Subscription
 from ..errors import EngineError, TrioserveError
 from ..protocol import Submit
 from .errors import HTTPError
-from .exchange import Exchange
 from .writers import EngineItemError, Writer
 
 log = logging.getLogger("trioserve.request")
@@ -94,15 +94,21 @@ async def run_generation(
     *,
     engines: EngineClient,
     registry: Registry,
-    exchange: Exchange,
     submit: Submit,
     capability: str,
     writer: Writer,
     timeout: float,
     buffer: int,
+    wait_disconnect: Callable[[], Awaitable[None]] | None = None,
+    handle: RequestHandle | None = None,
 ) -> None:
-    """Serve one generation request from submit to last byte (or to its early end)."""
-    handle = RequestHandle(exchange.request_id)
+    """Serve one generation request from submit to last byte (or to its early end).
+
+    ``wait_disconnect`` returns when the client has gone (HTTP: the ASGI receive channel);
+    without it (WebSocket), the connection ends its requests through their handles.
+    ``handle`` lets the caller keep a reference to end the request itself.
+    """
+    handle = handle or RequestHandle(submit.request_id)
     registry.add(handle)
     metrics.REQUESTS_IN_FLIGHT.inc()
     outcome = "error"
@@ -122,7 +128,8 @@ async def run_generation(
         with handle.scope:
             try:
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(_watch_disconnect, exchange, handle)
+                    if wait_disconnect is not None:
+                        nursery.start_soon(_watch_disconnect, wait_disconnect, handle)
                     error = await _relay(sub, writer, handle)
                     nursery.cancel_scope.cancel()
             finally:
@@ -173,6 +180,8 @@ async def _relay(sub: Subscription, writer: Writer, handle: RequestHandle) -> HT
         return None
 
 
-async def _watch_disconnect(exchange: Exchange, handle: RequestHandle) -> None:
-    await exchange.wait_disconnect()
+async def _watch_disconnect(
+    wait_disconnect: Callable[[], Awaitable[None]], handle: RequestHandle
+) -> None:
+    await wait_disconnect()
     handle.end("disconnect")

@@ -156,6 +156,43 @@ def completion_submit(request_id: str, model: str, req: CompletionRequest, body:
     return Submit(request_id, model, "completion", {"prompt": req.prompt}, engine_params(req, body))
 
 
+@attrs.frozen
+class Generation:
+    """A validated generation request, ready for any transport."""
+
+    submit: Submit
+    capability: str  # "chat" or "completion"
+    stream: bool
+    include_usage: bool
+
+    def stream_format(self) -> StreamFormat:
+        return StreamFormat(
+            self.capability, self.submit.request_id, self.submit.model, self.include_usage
+        )
+
+
+#: Endpoint names (as the WebSocket route spells them) and their capability.
+ENDPOINTS = {"chat.completions": "chat", "completions": "completion"}
+
+
+def parse_generation(
+    capability: str, body: dict[str, Any], request_id: str, resolve_model: Any
+) -> Generation:
+    """Validate ``body`` for ``capability`` and translate it (422 :class:`HTTPError` if bad).
+
+    ``resolve_model(requested: str | None) -> str`` picks the model to use.
+    """
+    req: _Common
+    if capability == "chat":
+        req = parse_chat(body)
+        submit = chat_submit(request_id, resolve_model(req.model), req, body)
+    else:
+        req = parse_completion(body)
+        submit = completion_submit(request_id, resolve_model(req.model), req, body)
+    options = req.stream_options
+    return Generation(submit, capability, bool(req.stream), bool(options and options.include_usage))
+
+
 def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 

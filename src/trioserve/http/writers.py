@@ -41,8 +41,6 @@ def engine_error(item: OutputItem) -> EngineItemError:
 
 
 class Writer(Protocol):
-    exchange: Exchange
-
     async def write(self, batch: list[OutputItem]) -> bool:
         """Send what ``batch`` adds; True once the final item has been written."""
 

@@ -1,0 +1,203 @@
+"""``trioserve client``: send a prompt, print tokens as they arrive.
+
+Over WebSocket by default (trio-websocket), over SSE on request (h11 on a trio stream).
+Ctrl-C stops the request cleanly: over WebSocket a ``cancel`` message (the server answers
+with a ``request_cancelled`` error and aborts the engine request), over SSE by closing the
+connection (the server notices the disconnect and aborts).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from typing import Any, TextIO
+from urllib.parse import urlsplit
+
+import h11
+import trio
+from trio_websocket import ConnectionClosed, open_websocket_url
+
+#: Exit status after Ctrl-C, as shells report a SIGINT.
+INTERRUPTED = 130
+CANCEL_REPLY_TIMEOUT = 2.0
+
+
+def _delta(chunk: dict[str, Any]) -> str:
+    choices = chunk.get("choices") or []
+    if not choices:
+        return ""
+    choice = choices[0]
+    if "delta" in choice:
+        return choice["delta"].get("content") or ""
+    return choice.get("text") or ""
+
+
+def _body(prompt: str, endpoint: str, max_tokens: int | None, model: str | None) -> dict:
+    body: dict[str, Any] = (
+        {"messages": [{"role": "user", "content": prompt}]}
+        if endpoint == "chat"
+        else {"prompt": prompt}
+    )
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    if model is not None:
+        body["model"] = model
+    return body
+
+
+async def run_client(
+    url: str,
+    prompt: str,
+    *,
+    sse: bool = False,
+    endpoint: str = "chat",
+    max_tokens: int | None = None,
+    model: str | None = None,
+    out: TextIO = sys.stdout,
+    err: TextIO = sys.stderr,
+) -> int:
+    """Stream one completion to ``out``; returns a process exit status."""
+    body = _body(prompt, endpoint, max_tokens, model)
+    async with trio.open_nursery() as nursery:
+        interrupted = trio.Event()
+
+        async def watch_signals() -> None:
+            with trio.open_signal_receiver(signal.SIGINT) as signals:
+                async for _ in signals:
+                    interrupted.set()
+                    return
+
+        nursery.start_soon(watch_signals)
+        if sse:
+            status = await _sse(url, body, endpoint, interrupted, out, err)
+        else:
+            status = await _websocket(url, body, endpoint, interrupted, out, err)
+        nursery.cancel_scope.cancel()
+    return status
+
+
+async def _websocket(url, body, endpoint, interrupted, out, err) -> int:
+    parts = urlsplit(url)
+    scheme = "wss" if parts.scheme == "https" else "ws"
+    ws_url = f"{scheme}://{parts.netloc}/v1/ws"
+    name = "chat.completions" if endpoint == "chat" else "completions"
+    request = {"type": "request", "id": "1", "endpoint": name, "body": body}
+    async with open_websocket_url(ws_url) as ws:
+        await ws.send_message(json.dumps(request))
+        result: dict[str, int] = {}
+        finished = trio.Event()
+
+        def finish(status: int) -> None:
+            result.setdefault("status", status)
+            finished.set()
+
+        async def read() -> None:
+            try:
+                while True:
+                    message = json.loads(await ws.get_message())
+                    if message["type"] == "chunk":
+                        out.write(_delta(message["data"]))
+                        out.flush()
+                    elif message["type"] == "done":
+                        out.write("\n")
+                        return finish(0)
+                    elif message["type"] == "error":
+                        error = message["error"]
+                        if error.get("code") == "request_cancelled":
+                            out.write("\n")
+                            return finish(INTERRUPTED)
+                        err.write(f"\nerror: {error.get('message')} ({error.get('code')})\n")
+                        return finish(1)
+            except ConnectionClosed as exc:
+                err.write(f"\nconnection closed: {exc.reason}\n")
+                finish(1)
+
+        async def on_interrupt() -> None:
+            await interrupted.wait()
+            await ws.send_message(json.dumps({"type": "cancel", "id": "1"}))
+            with trio.move_on_after(CANCEL_REPLY_TIMEOUT):
+                await finished.wait()  # the server confirms the cancel
+            finish(INTERRUPTED)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read)
+            nursery.start_soon(on_interrupt)
+            await finished.wait()
+            nursery.cancel_scope.cancel()
+        return result["status"]
+
+
+async def _sse(url, body, endpoint, interrupted, out, err) -> int:
+    parts = urlsplit(url)
+    if parts.scheme != "http":
+        err.write("--sse supports http:// URLs only\n")
+        return 2
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
+    payload = json.dumps({**body, "stream": True}).encode()
+    stream = await trio.open_tcp_stream(host, port)
+    conn = h11.Connection(h11.CLIENT)
+    headers = [
+        ("host", parts.netloc),
+        ("content-type", "application/json"),
+        ("accept", "text/event-stream"),
+        ("content-length", str(len(payload))),
+    ]
+    await stream.send_all(
+        conn.send(h11.Request(method="POST", target=path, headers=headers))
+        + conn.send(h11.Data(data=payload))
+        + conn.send(h11.EndOfMessage())
+    )
+    status = 1
+    async with stream, trio.open_nursery() as nursery:
+
+        async def on_interrupt() -> None:
+            await interrupted.wait()
+            nursery.cancel_scope.cancel()  # closing the connection is the cancel
+
+        nursery.start_soon(on_interrupt)
+        buffer = b""
+        code = 0
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                conn.receive_data(await stream.receive_some(65536))
+                continue
+            if isinstance(event, h11.Response):
+                code = event.status_code
+            elif isinstance(event, h11.Data):
+                buffer += bytes(event.data)
+                if code != 200:
+                    continue
+                *events, buffer = buffer.split(b"\n\n")
+                for raw in events:
+                    if not raw.startswith(b"data: "):
+                        continue
+                    data = raw[6:]
+                    if data == b"[DONE]":
+                        out.write("\n")
+                        status = 0
+                        continue
+                    chunk = json.loads(data)
+                    if "error" in chunk:
+                        error = chunk["error"]
+                        err.write(f"\nerror: {error.get('message')} ({error.get('code')})\n")
+                        status = 1
+                    else:
+                        out.write(_delta(chunk))
+                        out.flush()
+            elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
+                if code != 200:
+                    try:
+                        error = json.loads(buffer)["error"]
+                        err.write(f"error {code}: {error.get('message')} ({error.get('code')})\n")
+                    except (ValueError, KeyError, TypeError):
+                        err.write(f"error {code}: {buffer[:500]!r}\n")
+                    status = 1
+                nursery.cancel_scope.cancel()
+                break
+    if interrupted.is_set() and status != 0:
+        out.write("\n")
+        return INTERRUPTED
+    return status

@@ -1,0 +1,250 @@
+"""``GET /v1/ws``: many generation requests multiplexed on one WebSocket.
+
+The connection is a nursery; each request on it is a child task running the same
+:func:`~trioserve.http.lifecycle.run_generation` as an HTTP request (its own cancel scope,
+subscription and deadline), with a :class:`WebSocketWriter` instead of an SSE one. The
+reader task is the connection's disconnect watcher: when the socket closes (or fails), it
+ends every request on it, each with one abort. Messages are documented in
+docs/websocket.md.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import re
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ..protocol import OutputItem
+from .errors import HTTPError
+from .exchange import Receive, Send
+from .lifecycle import RequestHandle, run_generation
+from .openai_api import ENDPOINTS, StreamFormat, parse_generation, usage_dict
+from .writers import engine_error, text_of
+
+if TYPE_CHECKING:
+    from .app import App
+
+log = logging.getLogger("trioserve.websocket")
+
+#: Close codes (RFC 6455).
+GOING_AWAY = 1001
+POLICY_VIOLATION = 1008
+
+_CLIENT_ID_RE = re.compile(r"[A-Za-z0-9._:\-]{1,100}")
+_connection_numbers = itertools.count(1)
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
+class WebSocketConnection:
+    """One accepted WebSocket and the requests running on it."""
+
+    def __init__(self, app: App, receive: Receive, send: Send) -> None:
+        self.app = app
+        self.receive = receive
+        self._send = send
+        self.number = next(_connection_numbers)
+        self.requests: dict[str, RequestHandle] = {}
+        self._request_numbers = itertools.count(1)
+        self._send_lock = trio.Lock()
+        self._reader_scope = trio.CancelScope()
+        self.close_code: int | None = None
+        #: The client closed the socket (or it failed): nothing more can be sent.
+        self.peer_gone = False
+
+    async def send_text(self, text: str) -> None:
+        # One sender at a time, and shielded: a cancellation inside hypercorn's send would
+        # leave its connection state half-updated (see Exchange._send).
+        with trio.CancelScope(shield=True):
+            async with self._send_lock:
+                await self._send({"type": "websocket.send", "text": text})
+
+    async def send_error(self, client_id: str | None, error: HTTPError) -> None:
+        payload = error.payload()["error"]
+        await self.send_text(_dumps({"type": "error", "id": client_id, "error": payload}))
+
+    def close(self, code: int) -> None:
+        """End every request on the connection, then close it with ``code``.
+
+        Only the reader is cancelled: each request ends through its own handle, so it
+        still tells the client why (unless the peer is gone) before the socket closes.
+        """
+        if self.close_code is None:
+            self.close_code = code
+            reason = "drain" if code == GOING_AWAY else "disconnect"
+            for handle in list(self.requests.values()):
+                handle.end(reason)
+            self._reader_scope.cancel()
+
+    async def serve(self) -> None:
+        app = self.app
+        if (await self.receive())["type"] != "websocket.connect":
+            return
+        if app.state.finished:
+            await self._send({"type": "websocket.close", "code": GOING_AWAY})
+            return
+        await self._send({"type": "websocket.accept"})
+        app.websockets.add(self)
+        try:
+            async with trio.open_nursery() as nursery:
+                with self._reader_scope:
+                    await self._read(nursery)
+        finally:
+            app.websockets.discard(self)
+            if self.close_code is not None and not self.peer_gone:
+                with trio.CancelScope(shield=True), trio.move_on_after(1):
+                    await self._send({"type": "websocket.close", "code": self.close_code})
+
+    async def _read(self, nursery: trio.Nursery) -> None:
+        """The connection's reader, and so its disconnect watcher."""
+        while True:
+            message = await self.receive()
+            kind = message["type"]
+            if kind == "websocket.disconnect":
+                self.peer_gone = True
+                self.close(message.get("code", 1005))
+                return
+            if kind != "websocket.receive":
+                continue
+            text = message.get("text")
+            if text is None:
+                await self.send_error(
+                    None, HTTPError(400, "binary messages are not supported", "binary_message")
+                )
+                continue
+            await self._on_text(nursery, text)
+
+    async def _on_text(self, nursery: trio.Nursery, text: str) -> None:
+        try:
+            message = json.loads(text)
+        except json.JSONDecodeError as exc:
+            await self.send_error(None, HTTPError(400, f"invalid JSON: {exc}", "invalid_json"))
+            return
+        if not isinstance(message, dict):
+            await self.send_error(None, HTTPError(400, "a message must be an object", "invalid"))
+            return
+        kind = message.get("type")
+        client_id = message.get("id")
+        if kind == "ping":
+            await self.send_text(_dumps({"type": "pong", "id": client_id}))
+            return
+        if kind not in ("request", "cancel"):
+            await self.send_error(
+                client_id if isinstance(client_id, str) else None,
+                HTTPError(
+                    400,
+                    f"unknown message type {kind!r} (expected request, cancel or ping)",
+                    "unknown_message_type",
+                ),
+            )
+            return
+        if not isinstance(client_id, str) or not _CLIENT_ID_RE.fullmatch(client_id):
+            await self.send_error(
+                None,
+                HTTPError(
+                    400,
+                    "id must be a string of 1-100 letters, digits or ._:-",
+                    "invalid_id",
+                ),
+            )
+            return
+        if kind == "cancel":
+            # The slot and the id are free at once; the request finishes on its own.
+            handle = self.requests.pop(client_id, None)
+            if handle is None:
+                await self.send_error(
+                    client_id, HTTPError(404, f"no request {client_id!r} is running", "not_found")
+                )
+            else:
+                handle.end("cancel")
+            return
+        try:
+            generation, timeout = self._prepare(client_id, message)
+        except HTTPError as error:
+            await self.send_error(client_id, error)
+            return
+        handle = RequestHandle(generation.submit.request_id)
+        self.requests[client_id] = handle
+        nursery.start_soon(self._run, client_id, handle, generation, timeout)
+
+    def _prepare(self, client_id: str, message: dict[str, Any]) -> Any:
+        app = self.app
+        app.check_accepting()
+        if client_id in self.requests:
+            raise HTTPError(409, f"request {client_id!r} is already running", "duplicate_id")
+        if len(self.requests) >= app.settings.ws_max_requests:
+            raise HTTPError(
+                429,
+                f"at most {app.settings.ws_max_requests} requests may run at once on one "
+                "connection",
+                "too_many_requests",
+            )
+        capability = ENDPOINTS.get(message.get("endpoint"))  # type: ignore[arg-type]
+        if capability is None:
+            raise HTTPError(
+                400,
+                f"endpoint must be one of {', '.join(ENDPOINTS)}",
+                "invalid_endpoint",
+            )
+        body = message.get("body")
+        if not isinstance(body, dict):
+            raise HTTPError(422, "body must be an object", "invalid_request")
+        timeout = app.timeout(message.get("timeout"), "timeout")
+        # Unique per request, even when a client reuses an id right after a cancel.
+        request_id = f"ws{self.number}-{next(self._request_numbers)}.{client_id}"
+        return parse_generation(capability, body, request_id, app.resolve_model), timeout
+
+    async def _run(
+        self, client_id: str, handle: RequestHandle, generation: Any, timeout: float
+    ) -> None:
+        try:
+            await run_generation(
+                engines=self.app.engines,
+                registry=self.app.registry,
+                submit=generation.submit,
+                capability=generation.capability,
+                writer=WebSocketWriter(self, client_id, generation.stream_format()),
+                timeout=timeout,
+                buffer=self.app.settings.stream_buffer,
+                handle=handle,
+            )
+        except HTTPError as error:  # refused before it started (e.g. a duplicate id)
+            await self.send_error(client_id, error)
+        finally:
+            if self.requests.get(client_id) is handle:
+                del self.requests[client_id]
+
+
+class WebSocketWriter:
+    """One request's messages on a shared WebSocket: chunks, then done or error."""
+
+    def __init__(self, connection: WebSocketConnection, client_id: str, fmt: StreamFormat) -> None:
+        self.connection = connection
+        self.fmt = fmt
+        self.client_id = client_id
+        self._head = '{"type":"chunk","id":' + json.dumps(client_id) + ',"data":'
+        self._done = False
+
+    async def write(self, batch: list[OutputItem]) -> bool:
+        fmt, head, send = self.fmt, self._head, self.connection.send_text
+        for item in batch:
+            if item.error is not None:
+                raise engine_error(item)
+            if item.data:
+                await send(head + fmt.delta(text_of(item.data)).decode() + "}")
+            if item.finish_reason is not None:
+                await send(head + fmt.finish(item.finish_reason).decode() + "}")
+                done = {"type": "done", "id": self.client_id, "usage": usage_dict(item.usage)}
+                await send(_dumps(done))
+                return True
+        return False
+
+    async def fail(self, error: HTTPError) -> None:
+        if not self.connection.peer_gone:
+            await self.connection.send_error(self.client_id, error)

@@ -1,0 +1,255 @@
+"""GET /v1/ws with trio-websocket as the client: multiplexing, cancels, closes, limits."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import trio
+from trio_websocket import ConnectionClosed, open_websocket_url, wrap_client_stream
+
+from tests.conftest import HANG_GUARD, start_engine, start_frontend, wait_until
+from trioserve import metrics
+from trioserve.sdk.mock import expected_text
+
+
+def ws_url(frontend) -> str:
+    return f"ws://{frontend.host}:{frontend.port}/v1/ws"
+
+
+def request(client_id: str, prompt: str, max_tokens: int = 5, **body: object) -> str:
+    return json.dumps(
+        {
+            "type": "request",
+            "id": client_id,
+            "endpoint": "completions",
+            "body": {"prompt": prompt, "max_tokens": max_tokens, **body},
+        }
+    )
+
+
+async def receive(ws) -> dict:
+    with trio.fail_after(HANG_GUARD):
+        return json.loads(await ws.get_message())
+
+
+async def collect(ws, ids: set[str]) -> dict[str, list[dict]]:
+    """Read until every id in ``ids`` has ended (done or error)."""
+    seen: dict[str, list[dict]] = {i: [] for i in ids}
+    open_ids = set(ids)
+    while open_ids:
+        message = await receive(ws)
+        seen[message["id"]].append(message)
+        if message["type"] in ("done", "error"):
+            open_ids.discard(message["id"])
+    return seen
+
+
+def text_of(messages: list[dict]) -> str:
+    return "".join(m["data"]["choices"][0]["text"] for m in messages if m["type"] == "chunk")
+
+
+def engine_ids(frontend, client_id: str) -> list[str]:
+    return [
+        how
+        for (_, rid), hows in frontend.engine.core.ends.items()
+        if rid.endswith("." + client_id)
+        for how in hows
+    ]
+
+
+async def test_concurrent_requests_each_receive_exactly_their_own_chunks(frontend):
+    prompts = {f"r{i}": f"prompt number {i}" for i in range(6)}
+    async with open_websocket_url(ws_url(frontend)) as ws:
+        for client_id, prompt in prompts.items():
+            await ws.send_message(request(client_id, prompt, max_tokens=8))
+        seen = await collect(ws, set(prompts))
+    for client_id, prompt in prompts.items():
+        messages = seen[client_id]
+        assert text_of(messages) == expected_text(prompt, 8)
+        assert messages[-1] == {
+            "type": "done",
+            "id": client_id,
+            "usage": {"prompt_tokens": 3, "completion_tokens": 8, "total_tokens": 11},
+        }
+        chunks = [m["data"] for m in messages if m["type"] == "chunk"]
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+        assert chunks[0]["object"] == "text_completion"  # the SSE route's chunk object
+
+
+async def test_chat_endpoint_uses_the_chat_chunk_object(frontend):
+    async with open_websocket_url(ws_url(frontend)) as ws:
+        await ws.send_message(
+            json.dumps(
+                {
+                    "type": "request",
+                    "id": "c",
+                    "endpoint": "chat.completions",
+                    "body": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+                }
+            )
+        )
+        messages = (await collect(ws, {"c"}))["c"]
+    first = messages[0]["data"]
+    assert first["object"] == "chat.completion.chunk"
+    assert first["choices"][0]["delta"]["role"] == "assistant"
+
+
+async def test_cancel_ends_one_request_with_its_abort_and_the_others_complete(frontend):
+    async with open_websocket_url(ws_url(frontend)) as ws:
+        await ws.send_message(request("long", "p", max_tokens=100_000))
+        for i in range(3):
+            await ws.send_message(request(f"short{i}", f"s{i}", max_tokens=20))
+        first = await receive(ws)
+        pending = [first]
+        while not any(m["id"] == "long" for m in pending):
+            pending.append(await receive(ws))
+        await ws.send_message(json.dumps({"type": "cancel", "id": "long"}))
+        seen = await collect(
+            ws,
+            {"long", "short0", "short1", "short2"}
+            - {m["id"] for m in pending if m["type"] in ("done", "error")},
+        )
+    all_messages = pending + [m for ms in seen.values() for m in ms]
+    long_end = [m for m in all_messages if m["id"] == "long" and m["type"] != "chunk"]
+    assert long_end[-1]["type"] == "error"
+    assert long_end[-1]["error"]["code"] == "request_cancelled"
+    for i in range(3):
+        done = [m for m in all_messages if m["id"] == f"short{i}" and m["type"] == "done"]
+        assert len(done) == 1
+    await wait_until(lambda: engine_ids(frontend, "long"), "the abort")
+    assert engine_ids(frontend, "long") == ["aborted"]
+
+
+async def test_closing_the_socket_aborts_every_request_on_it(frontend):
+    async with open_websocket_url(ws_url(frontend)) as ws:
+        for i in range(4):
+            await ws.send_message(request(f"c{i}", "p", max_tokens=100_000))
+        for _ in range(4):
+            await receive(ws)
+        await wait_until(lambda: len(frontend.engine.core.running) == 4, "four running")
+    await wait_until(lambda: not frontend.engine.core.running, "every abort")
+    assert [engine_ids(frontend, f"c{i}") for i in range(4)] == [["aborted"]] * 4
+    assert frontend.engine.core.stats.unknown_aborts == 0
+    await wait_until(lambda: len(frontend.app.registry) == 0, "the registry to empty")
+
+
+@pytest.mark.parametrize(
+    ("message", "code"),
+    [
+        ("{not json", "invalid_json"),
+        ('["a list"]', "invalid"),
+        ('{"type": "shout", "id": "x"}', "unknown_message_type"),
+        ('{"type": "request", "id": "", "endpoint": "completions", "body": {}}', "invalid_id"),
+        (
+            '{"type": "request", "id": "x", "endpoint": "embeddings", "body": {}}',
+            "invalid_endpoint",
+        ),
+        (
+            '{"type": "request", "id": "x", "endpoint": "completions", "body": {}}',
+            "invalid_request",
+        ),
+        ('{"type": "cancel", "id": "nobody"}', "not_found"),
+    ],
+)
+async def test_bad_messages_get_an_error_and_the_socket_stays_open(frontend, message, code):
+    async with open_websocket_url(ws_url(frontend)) as ws:
+        await ws.send_message(message)
+        answer = await receive(ws)
+        assert answer["type"] == "error" and answer["error"]["code"] == code
+        await ws.send_message(request("ok", "still here", max_tokens=2))
+        seen = await collect(ws, {"ok"})
+        assert seen["ok"][-1]["type"] == "done"
+
+
+async def test_invalid_body_error_lists_field_paths(frontend):
+    async with open_websocket_url(ws_url(frontend)) as ws:
+        await ws.send_message(request("bad", "p", max_tokens="lots"))
+        answer = await receive(ws)
+    assert answer["id"] == "bad" and answer["error"]["code"] == "invalid_request"
+    assert answer["error"]["details"][0]["loc"] == "$.max_tokens"
+
+
+async def test_application_ping(frontend):
+    async with open_websocket_url(ws_url(frontend)) as ws:
+        await ws.send_message('{"type": "ping", "id": "p1"}')
+        assert await receive(ws) == {"type": "pong", "id": "p1"}
+
+
+async def test_per_connection_limit_refuses_the_extra_request_only(nursery, engine):
+    frontend = await start_frontend(nursery, engine, ws_max_requests=2)
+    async with open_websocket_url(ws_url(frontend)) as ws:
+        await ws.send_message(request("a", "p", max_tokens=100_000))
+        await ws.send_message(request("b", "p", max_tokens=100_000))
+        await ws.send_message(request("c", "p", max_tokens=100_000))
+        messages = [await receive(ws) for _ in range(6)]
+        refused = [m for m in messages if m["type"] == "error"]
+        assert [(m["id"], m["error"]["code"]) for m in refused] == [("c", "too_many_requests")]
+        await ws.send_message(json.dumps({"type": "cancel", "id": "a"}))
+        await ws.send_message(request("d", "p", max_tokens=2))
+        while True:
+            message = await receive(ws)
+            if message["id"] == "d" and message["type"] in ("done", "error"):
+                assert message["type"] == "done"
+                break
+
+
+async def test_a_message_over_the_size_limit_closes_with_1009(nursery, engine):
+    frontend = await start_frontend(nursery, engine, ws_max_message_bytes=1000)
+    async with open_websocket_url(ws_url(frontend)) as ws:
+        await ws.send_message(request("big", "x" * 2000))
+        with pytest.raises(ConnectionClosed) as info:
+            await receive(ws)
+    assert info.value.reason.code == 1009
+
+
+async def test_a_reader_that_stops_is_bounded_and_its_requests_aborted(nursery):
+    engine = await start_engine(nursery)
+    frontend = await start_frontend(nursery, engine, stream_buffer=8)
+    before = metrics.REGISTRY.get_sample_value(
+        "trioserve_engine_aborts_total", {"reason": "slow_client"}
+    )
+    sock = trio.socket.socket()
+    sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 4096)
+    await sock.connect((frontend.host, frontend.port))
+    async with trio.open_nursery() as client_nursery:
+        ws = await wrap_client_stream(
+            client_nursery,
+            trio.SocketStream(sock),
+            frontend.host,
+            "/v1/ws",
+            message_queue_size=0,
+        )
+        await ws.send_message(
+            request("flood", "p", max_tokens=10_000_000, mock_tokens_per_second=1e6)
+        )
+        # Never read again: the server must end the request by itself.
+        await wait_until(lambda: engine_ids(frontend, "flood"), "the slow reader's abort")
+        assert engine_ids(frontend, "flood") == ["aborted"]
+        after = metrics.REGISTRY.get_sample_value(
+            "trioserve_engine_aborts_total", {"reason": "slow_client"}
+        )
+        assert after == before + 1
+        client_nursery.cancel_scope.cancel()
+
+
+async def test_drain_deadline_closes_with_1001_and_aborts(nursery, engine):
+    frontend = await start_frontend(nursery, engine, drain_delay=0.0, graceful_timeout=0.3)
+    async with open_websocket_url(ws_url(frontend)) as ws:
+        await ws.send_message(request("d1", "p", max_tokens=100_000))
+        await ws.send_message(request("d2", "p", max_tokens=100_000))
+        await receive(ws)
+        await wait_until(lambda: len(frontend.engine.core.running) == 2, "two running")
+        nursery.start_soon(frontend.drain.drain)
+        errors = []
+        with pytest.raises(ConnectionClosed) as info:
+            while True:
+                message = await receive(ws)
+                if message["type"] == "error":
+                    errors.append(message)
+    assert info.value.reason.code == 1001
+    assert sorted((m["id"], m["error"]["code"]) for m in errors) == [
+        ("d1", "server_shutting_down"),
+        ("d2", "server_shutting_down"),
+    ]
+    assert engine_ids(frontend, "d1") == engine_ids(frontend, "d2") == ["aborted"]
