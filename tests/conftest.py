@@ -21,6 +21,18 @@ from trioserve.server import serve_frontend
 #: Ceiling for waiting on an effect that must happen; hitting it is a failure, not a timing.
 HANG_GUARD = 20.0
 
+#: Both HTTP servers must pass the same HTTP test suite.
+SERVERS = ["h11", "hypercorn"]
+_current_server = {"name": "h11"}
+
+
+@pytest.fixture(params=SERVERS)
+def http_server(request: pytest.FixtureRequest) -> str:
+    """Run the test once per HTTP server (the frontends it starts use that server)."""
+    _current_server["name"] = request.param
+    yield request.param
+    _current_server["name"] = "h11"
+
 
 async def wait_until(condition: Callable[[], bool], what: str = "condition") -> None:
     with trio.move_on_after(HANG_GUARD):
@@ -68,6 +80,7 @@ async def start_frontend(
         "engines": [engine.address] if engine else [],
         "drain_delay": 0.0,
         "graceful_timeout": 5.0,
+        "server": _current_server["name"],
         **settings,
     }
     stopped = trio.Event()

@@ -17,6 +17,7 @@ from tests.conftest import HANG_GUARD, raw_request, read_until, start_frontend, 
 from trioserve import metrics
 
 LONG = {"prompt": "drain", "max_tokens": 100_000}
+pytestmark = pytest.mark.usefixtures("http_server")
 
 
 def draining_gauge() -> float:

@@ -125,6 +125,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between WebSocket pings (0: none)",
     )
     run.add_argument(
+        "--server",
+        choices=["h11", "hypercorn"],
+        default=DEFAULTS.server,
+        help="HTTP server: trioserve's own lean HTTP/1.1 server on h11, or hypercorn's trio "
+        "worker (for HTTP/2 and TLS); see docs/benchmarks.md",
+    )
+    run.add_argument(
+        "--write-timeout",
+        type=_positive(float),
+        default=DEFAULTS.write_timeout,
+        help="seconds one socket write may take before the connection is dropped (h11 "
+        "server; hypercorn has no such bound)",
+    )
+    run.add_argument(
         "--keep-alive-timeout",
         type=_positive(float),
         default=DEFAULTS.keep_alive_timeout,
@@ -256,6 +270,8 @@ def _run(args: argparse.Namespace) -> int:
         stream_buffer=args.stream_buffer,
         max_body_bytes=int(args.max_body_mb * 2**20),
         keep_alive_timeout=args.keep_alive_timeout,
+        server=args.server,
+        write_timeout=args.write_timeout,
         ws_max_requests=args.ws_max_requests,
         ws_max_message_bytes=int(args.ws_max_message_kb * 1024),
         ws_ping_interval=args.ws_ping_interval,

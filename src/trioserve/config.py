@@ -18,6 +18,10 @@ class Settings:
     #: Per-request buffer of engine outputs (items) before the client counts as too slow.
     stream_buffer: int = 256
     max_body_bytes: int = 128 * 1024 * 1024
+    #: The HTTP server: "h11" (trioserve's own, HTTP/1.1) or "hypercorn" (HTTP/2, TLS).
+    server: str = "h11"
+    #: Seconds one socket write may take before the connection is dropped (h11 server).
+    write_timeout: float = 30.0
     #: Seconds an idle keep-alive connection stays open.
     keep_alive_timeout: float = 5.0
     #: Generation requests one WebSocket may run at once.

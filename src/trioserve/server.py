@@ -12,6 +12,7 @@ from hypercorn.trio import serve as hypercorn_serve
 from .config import Settings
 from .drain import DrainController
 from .engine import HeartbeatConfig, open_engine_client
+from .h11_server import H11Config, serve_h11
 from .http import App
 from .http.lifecycle import ERROR_WRITE_TIMEOUT
 
@@ -27,12 +28,26 @@ def hypercorn_config(settings: Settings) -> Config:
     config.keep_alive_timeout = settings.keep_alive_timeout
     config.websocket_max_message_size = settings.ws_max_message_bytes
     config.websocket_ping_interval = settings.ws_ping_interval or None
-    # hypercorn's own hard stop comes after ours: our drain deadline ends what is left
-    # with proper error events and aborts, then hypercorn finds nothing left to cut.
-    config.graceful_timeout = (
-        max(settings.graceful_timeout - settings.drain_delay, 0.0) + ERROR_WRITE_TIMEOUT + 1.0
-    )
+    config.graceful_timeout = hard_stop_after(settings)
     return config
+
+
+def hard_stop_after(settings: Settings) -> float:
+    """Seconds from the listener closing to the HTTP server's own hard stop.
+
+    It comes after ours: the drain deadline ends what is left with proper error events and
+    aborts, then the server finds nothing left to cut.
+    """
+    return max(settings.graceful_timeout - settings.drain_delay, 0.0) + ERROR_WRITE_TIMEOUT + 1.0
+
+
+def h11_config(settings: Settings) -> H11Config:
+    return H11Config(
+        keep_alive_timeout=settings.keep_alive_timeout,
+        write_timeout=settings.write_timeout,
+        ws_max_message_bytes=settings.ws_max_message_bytes,
+        ws_ping_interval=settings.ws_ping_interval,
+    )
 
 
 async def serve_frontend(
@@ -62,12 +77,23 @@ async def serve_frontend(
             nursery.start_soon(engines.check_versions)
 
             async def serve_http(task_status: trio.TaskStatus[list[str]]) -> None:
-                await hypercorn_serve(
-                    app,
-                    hypercorn_config(settings),
-                    shutdown_trigger=drain.stop_accepting.wait,
-                    task_status=task_status,
-                )
+                if settings.server == "hypercorn":
+                    await hypercorn_serve(
+                        app,
+                        hypercorn_config(settings),
+                        shutdown_trigger=drain.stop_accepting.wait,
+                        task_status=task_status,
+                    )
+                else:
+                    await serve_h11(
+                        app,
+                        settings.host,
+                        settings.port,
+                        config=h11_config(settings),
+                        stop_accepting=drain.stop_accepting,
+                        graceful_deadline=lambda: trio.current_time() + hard_stop_after(settings),
+                        task_status=task_status,
+                    )
                 log.info("all connections closed; stopping")
                 nursery.cancel_scope.cancel()
 

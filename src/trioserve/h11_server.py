@@ -1,0 +1,590 @@
+"""A lean HTTP/1.1 server on trio + h11 (and wsproto for WebSocket) hosting an ASGI app.
+
+Why not only hypercorn: its trio worker restarts a keep-alive timer task per request,
+takes a lock and a shielded cancel scope around every socket write and makes three writes
+per response; relaying tokens, that is most of the frontend's CPU. This server keeps one
+task per connection and writes once per ASGI body message (a whole non-streaming
+response, head and body, leaves in one write). Hypercorn stays available
+(``--server hypercorn``) for what this server does not do: HTTP/2 and TLS.
+
+What it does, per connection:
+
+- keep-alive and pipelining (h11 parses; the next request waits until the response ends),
+  header size limit, header-read timeout, idle timeout between requests;
+- ``http.disconnect`` delivered from ``receive()``: once the body has been read, the app's
+  ``receive()`` reads the socket itself and reports EOF as a disconnect;
+- every socket write bounded by ``write_timeout``: a client that stops reading has its
+  connection closed (and is then reported disconnected), so no cleanup waits on a client;
+- ``Connection: close`` honoured, and after the drain signal every connection closes once
+  its current response is done (idle ones at once);
+- WebSocket upgrade (ASGI websocket scope): message size limit (close 1009), pings every
+  ``ws_ping_interval`` and a peer that answers nothing for two intervals is gone (1006).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any
+from urllib.parse import unquote
+
+import attrs
+import h11
+import trio
+import wsproto
+import wsproto.events as ws_events
+from wsproto.utilities import LocalProtocolError as WSLocalProtocolError
+from wsproto.utilities import RemoteProtocolError as WSRemoteProtocolError
+
+log = logging.getLogger("trioserve.h11")
+
+ASGIApp = Callable[..., Awaitable[None]]
+
+RECEIVE_SIZE = 65536
+#: Bytes of a pipelined next request buffered while a response is in progress; past it the
+#: server stops reading that connection until the response is done.
+PIPELINE_BUFFER = 65536
+
+
+@attrs.define
+class H11Config:
+    #: Largest request head (request line + headers), bytes.
+    max_header_bytes: int = 16 * 1024
+    #: Seconds to receive a whole request head once its first byte arrived.
+    header_timeout: float = 10.0
+    #: Seconds an idle keep-alive connection stays open.
+    keep_alive_timeout: float = 5.0
+    #: Seconds one socket write may take before the connection is dropped.
+    write_timeout: float = 30.0
+    ws_max_message_bytes: int = 1024 * 1024
+    #: Seconds between WebSocket pings (0: none).
+    ws_ping_interval: float = 20.0
+
+
+class _Shared:
+    """State shared by all connections of one server."""
+
+    def __init__(self, config: H11Config) -> None:
+        self.config = config
+        self.terminating = False
+        self.idle: set[_HTTPConnection] = set()
+
+
+class _Gone(Exception):
+    """The peer is gone (or too slow and was dropped)."""
+
+
+class _HTTPConnection:
+    def __init__(self, stream: trio.SocketStream, app: ASGIApp, shared: _Shared) -> None:
+        self.stream = stream
+        self.app = app
+        self.shared = shared
+        self.config = shared.config
+        self.h11 = h11.Connection(
+            h11.SERVER, max_incomplete_event_size=self.config.max_header_bytes
+        )
+        self.closed = False
+        self.idle_scope: trio.CancelScope | None = None
+        sock = stream.socket
+        self.client = _addr(sock.getpeername())
+        self.server = _addr(sock.getsockname())
+
+    # -- socket --------------------------------------------------------------------------
+
+    async def write(self, data: bytes) -> None:
+        """Write all of ``data`` or drop the connection (raising :class:`_Gone`)."""
+        if self.closed:
+            raise _Gone
+        with trio.move_on_after(self.config.write_timeout) as scope:
+            try:
+                await self.stream.send_all(data)
+                return
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+        if scope.cancelled_caught:
+            log.info("dropping %s: a write took longer than %g s", self.client, scope.deadline)
+        await self.close()
+        raise _Gone
+
+    async def read(self) -> bytes:
+        if self.closed:
+            return b""
+        try:
+            return await self.stream.receive_some(RECEIVE_SIZE)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return b""
+
+    async def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(self.stream)
+
+    async def next_event(self) -> Any:
+        """The next h11 event, reading as needed."""
+        while True:
+            event = self.h11.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            if self.h11.they_are_waiting_for_100_continue:
+                await self.write(
+                    self.h11.send(h11.InformationalResponse(status_code=100, headers=[]))
+                )
+            data = await self.read()
+            self.h11.receive_data(data)
+            if not data and self.h11.their_state is not h11.DONE:
+                # EOF: h11 reports ConnectionClosed (or an error) on the next call.
+                pass
+
+    # -- the connection's life -----------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            while not self.closed:
+                request = await self._wait_for_request()
+                if request is None:
+                    return
+                if _is_websocket_upgrade(request):
+                    await _WebSocketConnection(self, request).run()
+                    return
+                await _HTTPExchange(self, request).run()
+                if not await self._next_cycle():
+                    return
+        except _Gone:
+            pass
+        finally:
+            self.shared.idle.discard(self)
+            await self.close()
+
+    async def _wait_for_request(self) -> h11.Request | None:
+        """Wait for a request head: idle timeout first, then the header timeout."""
+        config = self.config
+        # Idle: nothing of the next request has arrived yet.
+        if not self.h11.trailing_data[0]:
+            self.shared.idle.add(self)
+            if self.shared.terminating:
+                return None
+            with trio.move_on_after(config.keep_alive_timeout) as idle:
+                self.idle_scope = idle
+                data = await self.read()
+            self.idle_scope = None
+            self.shared.idle.discard(self)
+            if idle.cancelled_caught or not data:
+                return None
+            self.h11.receive_data(data)
+        with trio.move_on_after(config.header_timeout) as heads:
+            try:
+                event = await self.next_event()
+            except h11.RemoteProtocolError as exc:
+                await self._refuse(exc.error_status_hint, str(exc))
+                return None
+        if heads.cancelled_caught:
+            await self._refuse(408, "request head not received in time")
+            return None
+        if isinstance(event, h11.Request):
+            return event
+        return None  # ConnectionClosed
+
+    async def _refuse(self, status: int, reason: str) -> None:
+        if self.h11.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            error = {"message": reason, "type": "invalid_request_error", "code": "bad_request"}
+            body = json.dumps({"error": error}).encode()
+            try:
+                data = self.h11.send(
+                    h11.Response(
+                        status_code=status,
+                        headers=[
+                            (b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close"),
+                        ],
+                    )
+                )
+                data += self.h11.send(h11.Data(data=body)) + self.h11.send(h11.EndOfMessage())
+                await self.write(data)
+            except (h11.LocalProtocolError, _Gone):
+                pass
+        await self.close()
+
+    async def _next_cycle(self) -> bool:
+        """After a response: read off what is left of the request body, then reset."""
+        conn = self.h11
+        if conn.our_state is not h11.DONE or self.shared.terminating:
+            return False
+        # The app may not have read the whole body (e.g. a 404): discard a bounded amount.
+        discarded = 0
+        while conn.their_state is not h11.DONE:
+            try:
+                event = await self.next_event()
+            except h11.RemoteProtocolError:
+                return False
+            if isinstance(event, h11.Data):
+                discarded += len(event.data)
+                if discarded > PIPELINE_BUFFER:
+                    return False
+            elif isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
+                return False
+        try:
+            conn.start_next_cycle()
+        except h11.LocalProtocolError:
+            return False
+        return True
+
+
+class _HTTPExchange:
+    """One request/response on an HTTP connection, as an ASGI http scope."""
+
+    def __init__(self, connection: _HTTPConnection, request: h11.Request) -> None:
+        self.connection = connection
+        self.request = request
+        self.body_done = False
+        self.disconnected = False
+        self.response_started = False
+        self.response_done = False
+        self._head: bytes = b""
+
+    def scope(self) -> dict[str, Any]:
+        request = self.request
+        target = request.target
+        path, _, query = target.partition(b"?")
+        return {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": request.http_version.decode(),
+            "method": request.method.decode("ascii"),
+            "scheme": "http",
+            "path": unquote(path.decode("latin-1")),
+            "raw_path": path,
+            "query_string": query,
+            "root_path": "",
+            "headers": list(request.headers),
+            "client": self.connection.client,
+            "server": self.connection.server,
+            "state": {},
+            "extensions": {},
+        }
+
+    async def run(self) -> None:
+        connection = self.connection
+        try:
+            await self.connection.app(self.scope(), self.receive, self.send)
+        except _Gone:
+            return
+        except Exception:
+            log.exception("error in ASGI application")
+            if not self.response_started:
+                await self._simple(500)
+            else:
+                await connection.close()
+            return
+        if not self.response_done:
+            if not self.response_started and not connection.closed:
+                await self._simple(500)
+            else:
+                await connection.close()
+
+    async def _simple(self, status: int) -> None:
+        await self.send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-length", b"0")],
+            }
+        )
+        await self.send({"type": "http.response.body", "body": b""})
+
+    async def receive(self) -> dict[str, Any]:
+        connection = self.connection
+        if self.disconnected or connection.closed:
+            self.disconnected = True
+            return {"type": "http.disconnect"}
+        if not self.body_done:
+            try:
+                event = await connection.next_event()
+            except h11.RemoteProtocolError:
+                self.disconnected = True
+                await connection.close()
+                return {"type": "http.disconnect"}
+            if isinstance(event, h11.Data):
+                return {"type": "http.request", "body": bytes(event.data), "more_body": True}
+            if isinstance(event, h11.EndOfMessage):
+                self.body_done = True
+                return {"type": "http.request", "body": b"", "more_body": False}
+            self.disconnected = True  # ConnectionClosed mid-body
+            return {"type": "http.disconnect"}
+        # The body is read: the only thing left to learn is whether the client goes away.
+        buffered = 0
+        while True:
+            data = await connection.read()
+            if not data:
+                self.disconnected = True
+                return {"type": "http.disconnect"}
+            # A pipelined next request: keep it for later (bounded), keep watching.
+            connection.h11.receive_data(data)
+            buffered += len(data)
+            if buffered > PIPELINE_BUFFER:
+                await trio.sleep_forever()  # ended by the response finishing (cancel)
+
+    async def send(self, message: dict[str, Any]) -> None:
+        connection = self.connection
+        kind = message["type"]
+        if kind == "http.response.start":
+            if self.response_started:
+                raise RuntimeError("http.response.start sent twice")
+            self.response_started = True
+            headers = [(bytes(k), bytes(v)) for k, v in message.get("headers", ())]
+            status = message["status"]
+            self._head = connection.h11.send(h11.Response(status_code=status, headers=headers))
+            return
+        if kind != "http.response.body":
+            return
+        if not self.response_started or self.response_done:
+            raise RuntimeError("http.response.body outside a response")
+        if connection.closed:
+            # As hypercorn does: a send to a client that is gone is dropped; the app learns
+            # of the disconnect from receive().
+            self.disconnected = True
+            return
+        body = message.get("body", b"")
+        more = message.get("more_body", False)
+        h = connection.h11
+        data = self._head
+        self._head = b""
+        if body:
+            data += h.send(h11.Data(data=body))
+        if not more:
+            data += h.send(h11.EndOfMessage())
+            self.response_done = True
+        if data:
+            try:
+                await connection.write(data)
+            except _Gone:
+                self.disconnected = True
+
+
+class _WebSocketConnection:
+    """A WebSocket upgraded from an HTTP connection, as an ASGI websocket scope."""
+
+    def __init__(self, connection: _HTTPConnection, request: h11.Request) -> None:
+        self.connection = connection
+        self.request = request
+        self.ws = wsproto.WSConnection(wsproto.ConnectionType.SERVER)
+        self.connected = False
+        self.closed = False
+        self.accepted = False
+        self.close_code: int | None = None
+        self._write_lock = trio.Lock()
+        self._message: list[str | bytes] = []
+        self._message_size = 0
+        self._heard = True
+
+    def scope(self) -> dict[str, Any]:
+        request = self.request
+        path, _, query = request.target.partition(b"?")
+        return {
+            "type": "websocket",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": request.http_version.decode(),
+            "scheme": "ws",
+            "path": unquote(path.decode("latin-1")),
+            "raw_path": path,
+            "query_string": query,
+            "root_path": "",
+            "headers": list(request.headers),
+            "client": self.connection.client,
+            "server": self.connection.server,
+            "subprotocols": [],
+            "state": {},
+            "extensions": {},
+        }
+
+    async def run(self) -> None:
+        request = self.request
+        head = b"%s %s HTTP/1.1\r\n" % (request.method, request.target)
+        head += b"".join(b"%s: %s\r\n" % (k, v) for k, v in request.headers) + b"\r\n"
+        self.ws.receive_data(head)
+        trailing, _ = self.connection.h11.trailing_data
+        if trailing:
+            self.ws.receive_data(trailing)
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                try:
+                    await self.connection.app(self.scope(), self.receive, self.send)
+                finally:
+                    nursery.cancel_scope.cancel()
+        except _Gone:
+            pass
+        except Exception:
+            log.exception("error in ASGI websocket application")
+        if not self.closed:
+            await self._close(1011 if self.accepted else None)
+
+    async def _write(self, event: Any) -> None:
+        data = self.ws.send(event)
+        async with self._write_lock:
+            await self.connection.write(data)
+
+    async def _close(self, code: int | None) -> None:
+        self.closed = True
+        try:
+            if code is not None and self.ws.state is wsproto.connection.ConnectionState.OPEN:
+                await self._write(ws_events.CloseConnection(code=code))
+        except (_Gone, WSLocalProtocolError):
+            pass
+        await self.connection.close()
+
+    async def _pings(self) -> None:
+        interval = self.connection.config.ws_ping_interval
+        while True:
+            await trio.sleep(interval)
+            if not self._heard:
+                log.info("websocket peer %s stopped answering pings", self.connection.client)
+                self.close_code = 1006
+                await self.connection.close()
+                return
+            self._heard = False
+            await self._write(ws_events.Ping())
+
+    async def receive(self) -> dict[str, Any]:
+        if not self.connected:
+            self.connected = True
+            return {"type": "websocket.connect"}
+        limit = self.connection.config.ws_max_message_bytes
+        while True:
+            if self.closed or self.connection.closed:
+                return {"type": "websocket.disconnect", "code": self.close_code or 1006}
+            for event in self.ws.events():
+                self._heard = True
+                if isinstance(event, ws_events.Message):
+                    self._message.append(event.data)
+                    self._message_size += len(event.data)
+                    if self._message_size > limit:
+                        self.close_code = 1009
+                        await self._close(1009)
+                        return {"type": "websocket.disconnect", "code": 1009}
+                    if event.message_finished:
+                        parts, self._message, self._message_size = self._message, [], 0
+                        if isinstance(event, ws_events.TextMessage):
+                            return {"type": "websocket.receive", "text": "".join(parts)}  # type: ignore[arg-type]
+                        return {"type": "websocket.receive", "bytes": b"".join(parts)}  # type: ignore[arg-type]
+                elif isinstance(event, ws_events.Ping):
+                    await self._write(event.response())
+                elif isinstance(event, ws_events.CloseConnection):
+                    self.close_code = event.code
+                    try:
+                        await self._write(event.response())
+                    except (_Gone, WSLocalProtocolError):
+                        pass
+                    self.closed = True
+                    await self.connection.close()
+                    return {"type": "websocket.disconnect", "code": event.code}
+            data = await self.connection.read()
+            if not data:
+                self.closed = True
+                return {"type": "websocket.disconnect", "code": self.close_code or 1006}
+            try:
+                self.ws.receive_data(data)
+            except WSRemoteProtocolError:
+                self.close_code = 1002
+                await self._close(1002)
+
+    async def send(self, message: dict[str, Any]) -> None:
+        kind = message["type"]
+        if self.closed:
+            return
+        try:
+            if kind == "websocket.accept":
+                if self.accepted:
+                    return
+                self.accepted = True
+                await self._write(ws_events.AcceptConnection())
+                if self.connection.config.ws_ping_interval > 0:
+                    self._nursery.start_soon(self._pings)
+            elif kind == "websocket.send":
+                if message.get("text") is not None:
+                    await self._write(ws_events.TextMessage(data=message["text"]))
+                else:
+                    await self._write(ws_events.BytesMessage(data=message.get("bytes") or b""))
+            elif kind == "websocket.close":
+                if not self.accepted:
+                    await self._reject()
+                else:
+                    await self._close(message.get("code", 1000))
+        except (WSLocalProtocolError, _Gone):
+            self.closed = True
+
+    async def _reject(self) -> None:
+        self.closed = True
+        try:
+            await self.connection.write(
+                self.ws.send(
+                    ws_events.RejectConnection(status_code=403, headers=[(b"content-length", b"0")])
+                )
+            )
+        except (_Gone, WSLocalProtocolError):
+            pass
+        await self.connection.close()
+
+
+def _is_websocket_upgrade(request: h11.Request) -> bool:
+    if request.method != b"GET":
+        return False
+    upgrade = connection = b""
+    for name, value in request.headers:
+        if name == b"upgrade":
+            upgrade = value.lower()
+        elif name == b"connection":
+            connection = value.lower()
+    return upgrade == b"websocket" and b"upgrade" in connection
+
+
+def _addr(sockaddr: Any) -> tuple[str, int] | None:
+    if isinstance(sockaddr, tuple) and len(sockaddr) >= 2:
+        return sockaddr[0], sockaddr[1]
+    return None
+
+
+async def serve_h11(
+    app: ASGIApp,
+    host: str,
+    port: int,
+    *,
+    config: H11Config | None = None,
+    stop_accepting: trio.Event,
+    graceful_deadline: Callable[[], float] = lambda: math.inf,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``app`` on ``host:port`` until ``stop_accepting`` is set and every connection
+    has finished (idle ones are closed at once). ``graceful_deadline()`` gives the time
+    after which connections still open are cancelled. ``task_status`` gets the bound URLs.
+    """
+    shared = _Shared(config or H11Config())
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    urls = []
+    for listener in listeners:
+        name = listener.socket.getsockname()
+        urls.append(f"http://{name[0]}:{name[1]}")
+        log.info("Running on http://%s:%d (CTRL + C to quit)", name[0], name[1])
+
+    async def handle(stream: trio.SocketStream) -> None:
+        await _HTTPConnection(stream, app, shared).run()
+
+    async with trio.open_nursery() as connections:
+        async with trio.open_nursery() as accepting:
+            accepting.start_soon(
+                partial(trio.serve_listeners, handle, listeners, handler_nursery=connections)
+            )
+            task_status.started(urls)
+            await stop_accepting.wait()
+            accepting.cancel_scope.cancel()
+        # serve_listeners closed the listeners when it was cancelled: new connections are
+        # refused from here on.
+        shared.terminating = True
+        for idle in list(shared.idle):
+            if idle.idle_scope is not None:
+                idle.idle_scope.cancel()
+        connections.cancel_scope.deadline = graceful_deadline()
