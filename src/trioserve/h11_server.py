@@ -185,6 +185,11 @@ class _HTTPConnection:
             await self._refuse(408, "request head not received in time")
             return None
         if isinstance(event, h11.Request):
+            # h11 bounds only a head still arriving; one that came whole is checked here.
+            size = len(event.target) + sum(len(k) + len(v) + 4 for k, v in event.headers)
+            if size > config.max_header_bytes:
+                await self._refuse(431, f"the request head exceeds {config.max_header_bytes} bytes")
+                return None
             return event
         return None  # ConnectionClosed
 
@@ -345,8 +350,10 @@ class _HTTPExchange:
             raise RuntimeError("http.response.body outside a response")
         if connection.closed:
             # As hypercorn does: a send to a client that is gone is dropped; the app learns
-            # of the disconnect from receive().
+            # of the disconnect from receive(). (A checkpoint, so that an app which keeps
+            # sending cannot starve the task that would tell it.)
             self.disconnected = True
+            await trio.lowlevel.checkpoint()
             return
         body = message.get("body", b"")
         more = message.get("more_body", False)

@@ -1,0 +1,214 @@
+"""trioserve's own HTTP/1.1 server, with small ASGI apps and raw sockets on 127.0.0.1.
+
+The shared HTTP suite (tests/http, tests/test_drain.py) runs on this server and on
+hypercorn; these tests cover what is this server's own: connection management, limits,
+timeouts, and WebSocket liveness.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+
+import trio
+import wsproto
+import wsproto.events as ws_events
+
+from tests.conftest import HANG_GUARD, start_engine, start_frontend, wait_until
+from trioserve.h11_server import H11Config, serve_h11
+
+
+async def echo_app(scope, receive, send):
+    """Echoes the method, path and body; ``/stream`` streams until the client is gone."""
+    body = b""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    if scope["path"] == "/stream":
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        async with trio.open_nursery() as nursery:
+
+            async def watch() -> None:
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                echo_app.disconnects += 1
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(watch)
+            while True:
+                await send({"type": "http.response.body", "body": b"x" * 65536, "more_body": True})
+    reply = json.dumps(
+        {"method": scope["method"], "path": scope["path"], "body": body.decode()}
+    ).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(reply)).encode()),
+    ]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": reply})
+
+
+echo_app.disconnects = 0
+
+
+async def serve(nursery: trio.Nursery, **config: object) -> tuple[int, trio.Event]:
+    stop = trio.Event()
+    [url] = await nursery.start(
+        partial(
+            serve_h11, echo_app, "127.0.0.1", 0, config=H11Config(**config), stop_accepting=stop
+        )
+    )
+    return int(url.rsplit(":", 1)[1]), stop
+
+
+async def read_responses(stream: trio.SocketStream, count: int) -> bytes:
+    data = b""
+    with trio.fail_after(HANG_GUARD):
+        while data.count(b"HTTP/1.1 ") < count or not data.endswith(b"}"):
+            chunk = await stream.receive_some(65536)
+            if not chunk:
+                break
+            data += chunk
+    return data
+
+
+def get(path: str, extra: str = "") -> bytes:
+    return f"GET {path} HTTP/1.1\r\nhost: x\r\n{extra}\r\n".encode()
+
+
+async def test_keep_alive_and_pipelining_answer_in_order(nursery):
+    port, _ = await serve(nursery)
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(get("/one") + get("/two") + get("/three"))
+    data = await read_responses(stream, 3)
+    assert [
+        json.loads(part.split(b"\r\n\r\n", 1)[1])["path"] for part in data.split(b"HTTP/1.1 ")[1:]
+    ] == ["/one", "/two", "/three"]
+    await stream.send_all(get("/four"))  # the connection is still open
+    assert b'"/four"' in await read_responses(stream, 1)
+
+
+async def test_request_body_and_expect_100_continue(nursery):
+    port, _ = await serve(nursery)
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(
+        b"POST /p HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\nexpect: 100-continue\r\n\r\n"
+    )
+    with trio.fail_after(HANG_GUARD):
+        assert (await stream.receive_some(1024)).startswith(b"HTTP/1.1 100")
+    await stream.send_all(b"hello")
+    assert b'"body": "hello"' in await read_responses(stream, 1)
+
+
+async def test_a_whole_response_leaves_in_one_write(nursery):
+    port, _ = await serve(nursery)
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(get("/one"))
+    with trio.fail_after(HANG_GUARD):
+        first = await stream.receive_some(65536)
+    assert first.startswith(b"HTTP/1.1 200") and first.endswith(b"}")
+
+
+async def test_oversized_head_gets_431(nursery):
+    port, _ = await serve(nursery, max_header_bytes=1024)
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(get("/", extra=f"x-big: {'a' * 4000}\r\n"))
+    data = await read_responses(stream, 1)
+    assert data.startswith(b"HTTP/1.1 431")
+
+
+async def test_malformed_request_gets_400(nursery):
+    port, _ = await serve(nursery)
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(b"NOT HTTP AT ALL\r\n\r\n")
+    assert (await read_responses(stream, 1)).startswith(b"HTTP/1.1 400")
+
+
+async def test_a_head_that_stops_arriving_gets_408(nursery):
+    port, _ = await serve(nursery, header_timeout=0.2)
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(b"GET / HTTP/1.1\r\nhost: x\r\n")
+    assert (await read_responses(stream, 1)).startswith(b"HTTP/1.1 408")
+
+
+async def test_idle_keep_alive_connection_is_closed(nursery):
+    port, _ = await serve(nursery, keep_alive_timeout=0.2)
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(get("/"))
+    await read_responses(stream, 1)
+    with trio.fail_after(HANG_GUARD):
+        assert await stream.receive_some(1024) == b""
+
+
+async def test_http_1_0_is_answered_and_closed(nursery):
+    port, _ = await serve(nursery)
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(b"GET /old HTTP/1.0\r\n\r\n")
+    data = await read_responses(stream, 1)
+    assert data.startswith(b"HTTP/1.1 200") and b'"/old"' in data
+    with trio.fail_after(HANG_GUARD):
+        assert await stream.receive_some(1024) == b""
+
+
+async def test_a_client_that_stops_reading_is_dropped_and_reported_gone(nursery):
+    port, _ = await serve(nursery, write_timeout=0.2)
+    before = echo_app.disconnects
+    sock = trio.socket.socket()
+    sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 4096)
+    await sock.connect(("127.0.0.1", port))
+    stream = trio.SocketStream(sock)
+    await stream.send_all(get("/stream"))
+    # Never read: the server's write times out, it closes, and the app hears of it.
+    await wait_until(lambda: echo_app.disconnects == before + 1, "the app to see the drop")
+    await stream.aclose()
+
+
+async def test_stop_accepting_refuses_new_connections_and_closes_idle_ones(nursery):
+    port, stop = await serve(nursery)
+    idle = await trio.open_tcp_stream("127.0.0.1", port)
+    await idle.send_all(get("/"))
+    await read_responses(idle, 1)
+    stop.set()
+    with trio.fail_after(HANG_GUARD):
+        assert await idle.receive_some(1024) == b""
+    try:
+        await trio.open_tcp_stream("127.0.0.1", port)
+    except OSError:
+        pass
+    else:
+        raise AssertionError("a new connection was accepted after stop_accepting")
+
+
+async def test_a_websocket_peer_that_stops_answering_pings_is_gone(nursery):
+    engine = await start_engine(nursery)
+    frontend = await start_frontend(nursery, engine, server="h11", ws_ping_interval=0.1)
+    stream = await trio.open_tcp_stream(frontend.host, frontend.port)
+    ws = wsproto.WSConnection(wsproto.ConnectionType.CLIENT)
+    await stream.send_all(ws.send(ws_events.Request(host="x", target="/v1/ws")))
+    with trio.fail_after(HANG_GUARD):
+        while True:
+            ws.receive_data(await stream.receive_some(65536))
+            if any(isinstance(e, ws_events.AcceptConnection) for e in ws.events()):
+                break
+    message = {
+        "type": "request",
+        "id": "mute",
+        "endpoint": "completions",
+        "body": {"prompt": "p", "max_tokens": 100_000, "mock_ttft_ms": 600_000},
+    }
+    await stream.send_all(ws.send(ws_events.TextMessage(data=json.dumps(message))))
+    # From here on this peer answers nothing (no pongs): the server must give up on it.
+    key_suffix = ".mute"
+    await wait_until(
+        lambda: any(rid.endswith(key_suffix) for (_, rid) in frontend.engine.core.ends),
+        "the silent peer's request to be aborted",
+    )
+    [ends] = [
+        hows for (_, rid), hows in frontend.engine.core.ends.items() if rid.endswith(key_suffix)
+    ]
+    assert ends == ["aborted"]
+    await stream.aclose()
