@@ -107,6 +107,62 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest request body in MiB (413 past it)",
     )
     run.add_argument(
+        "--body-timeout",
+        type=_non_negative,
+        default=DEFAULTS.body_timeout,
+        help="seconds a request body may stall before the request ends with 408 (0: none)",
+    )
+    run.add_argument(
+        "--max-concurrent-requests",
+        type=_positive(int),
+        default=DEFAULTS.max_concurrent_requests,
+        help="generation requests served at once; past it, 503 with Retry-After at once",
+    )
+    run.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="allow browser requests from this origin, e.g. https://app.example "
+        "(repeatable; '*' for any origin, without credentials)",
+    )
+    run.add_argument(
+        "--cors-allow-credentials",
+        action="store_true",
+        help="let browsers send cookies/authorization to the --cors-origin origins (not with '*')",
+    )
+    run.add_argument(
+        "--sse-keepalive",
+        type=_non_negative,
+        default=DEFAULTS.sse_keepalive,
+        help="seconds of silence after which an SSE stream gets a comment line, so "
+        "proxies keep it open while the engine prefills (0: never)",
+    )
+    run.add_argument(
+        "--upload-dir",
+        default=DEFAULTS.upload_dir,
+        help="directory for uploaded files while their request runs (default: "
+        "<system temp dir>/trioserve-uploads)",
+    )
+    run.add_argument(
+        "--allow-remote-media",
+        action="store_true",
+        help="fetch http(s) media URLs given in requests (off by default: the server "
+        "would fetch any URL a client names)",
+    )
+    run.add_argument(
+        "--remote-media-max-mb",
+        type=_positive(float),
+        default=DEFAULTS.remote_media_max_bytes / 2**20,
+        help="largest total of remote media fetched for one request, in MiB",
+    )
+    run.add_argument(
+        "--remote-media-timeout",
+        type=_positive(float),
+        default=DEFAULTS.remote_media_timeout,
+        help="seconds one remote media fetch may take",
+    )
+    run.add_argument(
         "--ws-max-requests",
         type=_positive(int),
         default=DEFAULTS.ws_max_requests,
@@ -259,6 +315,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from .errors import ProtocolVersionError
+
+    if args.cors_allow_credentials and "*" in args.cors_origin:
+        log.error("--cors-allow-credentials needs explicit --cors-origin values, not '*'")
+        return 2
     from .server import serve_frontend
 
     settings = Settings(
@@ -269,6 +329,15 @@ def _run(args: argparse.Namespace) -> int:
         max_request_timeout=args.max_request_timeout,
         stream_buffer=args.stream_buffer,
         max_body_bytes=int(args.max_body_mb * 2**20),
+        body_timeout=args.body_timeout,
+        max_concurrent_requests=args.max_concurrent_requests,
+        cors_origins=list(args.cors_origin),
+        cors_allow_credentials=args.cors_allow_credentials,
+        sse_keepalive=args.sse_keepalive,
+        upload_dir=args.upload_dir,
+        allow_remote_media=args.allow_remote_media,
+        remote_media_max_bytes=int(args.remote_media_max_mb * 2**20),
+        remote_media_timeout=args.remote_media_timeout,
         keep_alive_timeout=args.keep_alive_timeout,
         server=args.server,
         write_timeout=args.write_timeout,

@@ -18,6 +18,24 @@ class Settings:
     #: Per-request buffer of engine outputs (items) before the client counts as too slow.
     stream_buffer: int = 256
     max_body_bytes: int = 128 * 1024 * 1024
+    #: Seconds a request body may stall between two pieces (408 past it; 0: no limit).
+    body_timeout: float = 30.0
+    #: Generation requests served at once (HTTP and WebSocket); past it, 503 at once.
+    max_concurrent_requests: int = 256
+    #: Origins allowed by CORS (``*``: any, never with credentials); empty: no CORS.
+    cors_origins: list[str] = attrs.Factory(list)
+    cors_allow_credentials: bool = False
+    #: Seconds of silence after which an SSE stream gets a comment line (0: never).
+    sse_keepalive: float = 15.0
+    #: Where uploaded files are written while their request runs ("": the system's
+    #: temporary directory, under ``trioserve-uploads``).
+    upload_dir: str = ""
+    #: Fetch ``http(s)://`` media URLs in requests (off: the SSRF surface).
+    allow_remote_media: bool = False
+    #: Largest remote media fetched for one request, in bytes (all its URLs together).
+    remote_media_max_bytes: int = 32 * 1024 * 1024
+    #: Seconds one remote media fetch may take, from connect to last byte.
+    remote_media_timeout: float = 10.0
     #: The HTTP server: "h11" (trioserve's own, HTTP/1.1) or "hypercorn" (HTTP/2, TLS).
     server: str = "h11"
     #: Seconds one socket write may take before the connection is dropped (h11 server).

@@ -42,9 +42,24 @@ ENGINE_CONNECTED = Gauge(
     ["engine"],
     registry=REGISTRY,
 )
+ADMISSION_REFUSED = Counter(
+    "trioserve_admission_refused",
+    "Generation requests refused with 503 because --max-concurrent-requests were running.",
+    registry=REGISTRY,
+)
 DRAINING = Gauge("trioserve_draining", "1 once a drain (SIGTERM) has begun.", registry=REGISTRY)
 
-ABORT_REASONS = ("disconnect", "deadline", "engine_lost", "cancel", "slow_client", "drain")
+ABORT_REASONS = (
+    "disconnect",
+    "deadline",
+    "engine_lost",
+    "cancel",
+    "slow_client",
+    "drain",
+    "abandoned",
+    "response_too_large",
+    "bad_engine_output",
+)
 for _reason in ABORT_REASONS:
     ENGINE_ABORTS.labels(reason=_reason)
 

@@ -19,6 +19,7 @@ from trioserve.protocol import (
 )
 from trioserve.sdk import EngineCore, MockBackend, Output
 from trioserve.sdk.core import Cancel, Start
+from trioserve.sdk.mock import CAPABILITIES
 
 A, B = b"frontend-a", b"frontend-b"
 
@@ -41,7 +42,7 @@ def test_hello_is_welcomed_with_models_capabilities_and_session(core):
     [(ident, welcome)] = sent(core)
     assert ident == A and isinstance(welcome, Welcome)
     assert [m.id for m in welcome.models] == ["mock"]
-    assert welcome.capabilities == ["chat", "completion"]
+    assert welcome.capabilities == list(CAPABILITIES)
     assert welcome.session == core.session and welcome.frontend_timeout == 5.0
 
 

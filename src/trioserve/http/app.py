@@ -6,22 +6,50 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import attrs
 import trio
 
 from .. import metrics
 from ..config import Settings
 from ..engine import EngineClient
+from ..protocol import Submit
+from . import generate, images, speech, videos
+from .admission import Admission
+from .cors import CorsPolicy
 from .errors import HTTPError
 from .exchange import ClientGone, Exchange, Receive, Send, ServerState
 from .lifecycle import Registry, run_generation
+from .media import MediaFetcher
+from .multimodal import resolve_chat_media
 from .openai_api import parse_generation
+from .uploads import Uploads
 from .validation import invalid, parse_json
 from .websocket import GOING_AWAY, POLICY_VIOLATION, WebSocketConnection
-from .writers import JSONWriter, SSEWriter
+from .writers import JSONWriter, SSEWriter, Writer
 
 log = logging.getLogger("trioserve.http")
 
 Handler = Callable[[Exchange], Awaitable[None]]
+
+#: What each capability an engine may declare is called in a 404 for a missing one.
+CAPABILITY_NAMES = {
+    "chat": "chat completions",
+    "completion": "text completions",
+    "generate": "native generation",
+    "speech": "speech synthesis",
+    "image_generation": "image generation",
+    "image_edit": "image editing",
+    "video_generation": "video generation",
+}
+
+
+@attrs.frozen
+class Route:
+    handler: Handler
+    #: The engine capability the route needs; generation routes take an admission slot.
+    capability: str | None = None
+    #: Errors in the native ``{"detail": ...}`` shape.
+    detail_errors: bool = False
 
 
 class App:
@@ -33,13 +61,26 @@ class App:
         self.registry = Registry()
         self.state = ServerState()
         self.websockets: set[WebSocketConnection] = set()
-        self._routes: dict[tuple[str, str], Handler] = {
-            ("POST", "/v1/chat/completions"): self.chat_completions,
-            ("POST", "/v1/completions"): self.completions,
-            ("GET", "/v1/models"): self.list_models,
-            ("GET", "/health"): self.health,
-            ("GET", "/live"): self.live,
-            ("GET", "/metrics"): self.metrics,
+        self.admission = Admission(self.settings.max_concurrent_requests)
+        self.cors = CorsPolicy(self.settings.cors_origins, self.settings.cors_allow_credentials)
+        self._routes: dict[tuple[str, str], Route] = {
+            ("POST", "/v1/chat/completions"): Route(self.chat_completions, "chat"),
+            ("POST", "/v1/completions"): Route(self.completions, "completion"),
+            ("POST", "/generate"): Route(
+                lambda ex: generate.handle(self, ex), "generate", detail_errors=True
+            ),
+            ("POST", "/v1/audio/speech"): Route(lambda ex: speech.handle(self, ex), "speech"),
+            ("POST", "/v1/images/generations"): Route(
+                lambda ex: images.generations(self, ex), "image_generation"
+            ),
+            ("POST", "/v1/images/edits"): Route(lambda ex: images.edits(self, ex), "image_edit"),
+            ("POST", "/v1/videos/generations"): Route(
+                lambda ex: videos.handle(self, ex), "video_generation"
+            ),
+            ("GET", "/v1/models"): Route(self.list_models),
+            ("GET", "/health"): Route(self.health),
+            ("GET", "/live"): Route(self.live),
+            ("GET", "/metrics"): Route(self.metrics),
         }
         self._paths = {path for _, path in self._routes}
 
@@ -57,15 +98,52 @@ class App:
 
     async def _http(self, exchange: Exchange) -> None:
         try:
-            handler = self._routes.get((exchange.method, exchange.path))
-            if handler is None:
-                handler = self._fallback(exchange)
-            await handler(exchange)
+            if self.cors.enabled:
+                origin = exchange.header(b"origin")
+                exchange.extra_headers = self.cors.response_headers(origin)
+                if exchange.method == "OPTIONS" and exchange.header(
+                    b"access-control-request-method"
+                ):
+                    await self._preflight(exchange, origin)
+                    return
+            route = self._routes.get((exchange.method, exchange.path))
+            if route is None:
+                await self._fallback(exchange)(exchange)
+            elif route.capability is None:
+                await route.handler(exchange)
+            else:
+                exchange.detail_errors = route.detail_errors
+                self.require_capability(route.capability, exchange)
+                with self.admission.slot():  # held until the last byte is sent
+                    await route.handler(exchange)
         except HTTPError as error:
             if not exchange.started:
                 await exchange.respond_error(error)
         except ClientGone:
             pass
+
+    async def _preflight(self, exchange: Exchange, origin: bytes | None) -> None:
+        if not self.cors.allows(origin):
+            raise HTTPError(403, "this origin is not allowed (CORS)", "cors_origin_not_allowed")
+        requested = exchange.header(b"access-control-request-headers")
+        headers = self.cors.preflight_headers(origin, requested)
+        exchange.extra_headers = []
+        await exchange.respond(204, b"", headers)
+
+    def require_capability(self, capability: str, exchange: Exchange) -> None:
+        """404 when the connected engines do not do what the route needs (no engine at
+        all is a 503, later, like for every generation route)."""
+        if not self.engines.ready:
+            return
+        declared = self.engines.capabilities()
+        if capability not in declared:
+            raise HTTPError(
+                404,
+                f"{exchange.method} {exchange.path} is not available: no connected engine "
+                f"supports {CAPABILITY_NAMES.get(capability, capability)} (capability "
+                f"{capability!r}; the engines declare: {', '.join(sorted(declared))})",
+                "route_not_supported",
+            )
 
     def _fallback(self, exchange: Exchange) -> Handler:
         path = exchange.path
@@ -90,7 +168,7 @@ class App:
         await self._generate(exchange, "completion")
 
     async def _json_body(self, exchange: Exchange) -> dict[str, Any]:
-        raw = await exchange.read_body(self.settings.max_body_bytes)
+        raw = await exchange.read_body(self.settings.max_body_bytes, self.settings.body_timeout)
         body = parse_json(raw)
         if not isinstance(body, dict):
             raise invalid([{"loc": "$", "msg": "the body must be a JSON object"}])
@@ -129,22 +207,58 @@ class App:
         if self.state.finished:
             raise HTTPError(503, "the server is shutting down", "server_shutting_down")
 
-    async def _generate(self, exchange: Exchange, capability: str) -> None:
+    def begin(self, exchange: Exchange) -> float:
+        """Checks every generation route makes before reading its body; the deadline."""
         self.check_accepting()
-        timeout = self.timeout(exchange.header(b"x-request-timeout"), "X-Request-Timeout")
-        body = await self._json_body(exchange)
-        generation = parse_generation(capability, body, exchange.request_id, self.resolve_model)
-        fmt = generation.stream_format()
-        writer = SSEWriter(exchange, fmt) if generation.stream else JSONWriter(exchange, fmt)
+        return self.timeout(exchange.header(b"x-request-timeout"), "X-Request-Timeout")
+
+    def media_fetcher(self) -> MediaFetcher:
+        settings = self.settings
+        return MediaFetcher(
+            allow_remote=settings.allow_remote_media,
+            max_bytes=settings.remote_media_max_bytes,
+            timeout=settings.remote_media_timeout,
+        )
+
+    def uploads(self) -> Uploads:
+        return Uploads(self.settings.upload_dir)
+
+    async def run(
+        self,
+        exchange: Exchange,
+        submit: Submit,
+        capability: str,
+        writer: Writer,
+        timeout: float,
+        *,
+        keepalive: float = 0,
+    ) -> None:
+        """One generation request of ``exchange``, through the request lifecycle."""
         await run_generation(
             engines=self.engines,
             registry=self.registry,
-            submit=generation.submit,
+            submit=submit,
             capability=capability,
             writer=writer,
             timeout=timeout,
             buffer=self.settings.stream_buffer,
             wait_disconnect=exchange.wait_disconnect,
+            keepalive=keepalive,
+        )
+
+    async def _generate(self, exchange: Exchange, capability: str) -> None:
+        timeout = self.begin(exchange)
+        body = await self._json_body(exchange)
+        generation = parse_generation(capability, body, exchange.request_id, self.resolve_model)
+        generation = await resolve_chat_media(generation, self.media_fetcher())
+        fmt = generation.stream_format()
+        if generation.stream:
+            writer: Writer = SSEWriter(exchange, fmt)
+            keepalive = self.settings.sse_keepalive
+        else:
+            writer, keepalive = JSONWriter(exchange, fmt), 0
+        await self.run(
+            exchange, generation.submit, capability, writer, timeout, keepalive=keepalive
         )
 
     def end_all(self, reason: str) -> int:

@@ -1,4 +1,5 @@
-"""HTTP errors and their OpenAI-shaped bodies: ``{"error": {"message", "type", "code"}}``."""
+"""HTTP errors and their bodies: OpenAI-shaped ``{"error": {"message", "type", "code"}}``,
+or ``{"detail": ...}`` on the native routes."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ from typing import Any
 
 _TYPES = {
     400: "invalid_request_error",
+    403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "timeout_error",
     409: "invalid_request_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
@@ -55,6 +58,15 @@ class HTTPError(Exception):
 
     def body(self) -> bytes:
         return json.dumps(self.payload(), separators=(",", ":")).encode()
+
+    def detail_payload(self) -> dict[str, Any]:
+        """The ``{"detail": ...}`` shape of the native routes (FastAPI's): the message, or
+        for 422 the list of ``{"loc", "msg"}``; plus the machine-readable ``code``."""
+        detail: Any = self.details if self.details is not None else self.message
+        return {"detail": detail, "code": self.code}
+
+    def detail_body(self) -> bytes:
+        return json.dumps(self.detail_payload(), separators=(",", ":")).encode()
 
 
 def from_engine(status: int, message: str, type: str) -> HTTPError:

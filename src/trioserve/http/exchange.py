@@ -4,6 +4,7 @@ client going away."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import uuid
 from collections.abc import Awaitable, Callable
@@ -35,6 +36,10 @@ class ServerState:
     finished: bool = False
 
 
+def body_too_large(limit: int) -> HTTPError:
+    return HTTPError(413, f"the body exceeds {limit} bytes", "body_too_large")
+
+
 class ClientGone(Exception):
     """The client disconnected before its request was read."""
 
@@ -43,6 +48,8 @@ class Exchange:
     """Request side and response side of one ASGI HTTP scope."""
 
     __slots__ = (
+        "detail_errors",
+        "extra_headers",
         "headers",
         "method",
         "path",
@@ -68,6 +75,10 @@ class Exchange:
             self.headers[name.lower()] = value
         self.started = False
         self.request_id = self._request_id()
+        #: Added to every response (CORS).
+        self.extra_headers: list[tuple[bytes, bytes]] = []
+        #: Errors in the native ``{"detail": ...}`` shape instead of OpenAI's.
+        self.detail_errors = False
 
     def _request_id(self) -> str:
         supplied = self.headers.get(b"x-request-id")
@@ -79,27 +90,47 @@ class Exchange:
     def header(self, name: bytes) -> bytes | None:
         return self.headers.get(name)
 
-    async def read_body(self, limit: int) -> bytes:
-        """The whole request body, or 413 past ``limit`` bytes. Raises :class:`ClientGone`."""
+    def check_declared_length(self, limit: int) -> None:
+        """413 at once when the declared ``Content-Length`` is over ``limit``."""
         declared = self.headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise HTTPError(413, f"the body exceeds {limit} bytes", "body_too_large")
+            raise body_too_large(limit)
+
+    async def next_body_chunk(self, timeout: float = 0) -> tuple[bytes, bool]:
+        """The next piece of the request body and whether more follows.
+
+        Raises :class:`ClientGone` if the client disconnects, and 408 ``body_timeout`` if
+        nothing arrives for ``timeout`` seconds (0: wait forever): a body that stops
+        arriving must not hold the request (and its admission slot) forever.
+        """
+        with trio.move_on_after(timeout if timeout > 0 else math.inf) as scope:
+            message = await self.receive()
+        if scope.cancelled_caught:
+            raise HTTPError(
+                408, f"the request body stopped arriving for {timeout:g} s", "body_timeout"
+            )
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        return message.get("body", b""), message.get("more_body", False)
+
+    async def read_body(self, limit: int, timeout: float = 0) -> bytes:
+        """The whole request body, or 413 past ``limit`` bytes (declared or counted, so a
+        chunked body is cut off too). Raises :class:`ClientGone`; 408 as
+        :meth:`next_body_chunk`."""
+        self.check_declared_length(limit)
         chunks: list[bytes] = []
         size = 0
         while True:
-            message = await self.receive()
-            if message["type"] == "http.disconnect":
-                raise ClientGone
-            chunk = message.get("body", b"")
+            chunk, more = await self.next_body_chunk(timeout)
             size += len(chunk)
             if size > limit:
-                raise HTTPError(413, f"the body exceeds {limit} bytes", "body_too_large")
+                raise body_too_large(limit)
             chunks.append(chunk)
-            if not message.get("more_body", False):
+            if not more:
                 return b"".join(chunks)
 
     def response_headers(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-        out = [*headers, (b"x-request-id", self.request_id.encode())]
+        out = [*headers, *self.extra_headers, (b"x-request-id", self.request_id.encode())]
         if self.state.closing and self.scope.get("http_version", "1.1") in ("1.0", "1.1"):
             out.append((b"connection", b"close"))
         return out
@@ -136,7 +167,8 @@ class Exchange:
         await self.respond(status, json.dumps(obj, separators=(",", ":")).encode())
 
     async def respond_error(self, error: HTTPError) -> None:
-        await self.respond(error.status, error.body(), [*JSON_HEADERS, *error.headers])
+        body = error.detail_body() if self.detail_errors else error.body()
+        await self.respond(error.status, body, [*JSON_HEADERS, *error.headers])
 
     async def wait_disconnect(self) -> None:
         """Return when the client has gone. Only call once the body has been read.

@@ -27,7 +27,7 @@ from ..engine import EngineClient, Subscription
 from ..errors import EngineError, TrioserveError
 from ..protocol import Submit
 from .errors import HTTPError
-from .writers import EngineItemError, Writer
+from .writers import EngineItemError, Writer, WriterRefused
 
 log = logging.getLogger("trioserve.request")
 
@@ -40,6 +40,7 @@ _END_ERRORS = {
     "slow_client": (503, "slow_client", "the client fell behind its stream buffer"),
     "engine_lost": (503, "engine_lost", "the engine stopped responding"),
     "drain": (503, "server_shutting_down", "the server is shutting down"),
+    "abandoned": (500, "request_abandoned", "another part of the same request failed"),
 }
 
 
@@ -101,12 +102,15 @@ async def run_generation(
     buffer: int,
     wait_disconnect: Callable[[], Awaitable[None]] | None = None,
     handle: RequestHandle | None = None,
+    keepalive: float = 0,
 ) -> None:
     """Serve one generation request from submit to last byte (or to its early end).
 
     ``wait_disconnect`` returns when the client has gone (HTTP: the ASGI receive channel);
     without it (WebSocket), the connection ends its requests through their handles.
-    ``handle`` lets the caller keep a reference to end the request itself.
+    ``handle`` lets the caller keep a reference to end the request itself. With
+    ``keepalive`` > 0, ``writer.keepalive()`` is called every that many seconds until the
+    first output (SSE comment lines, so proxies keep a prefilling stream open).
     """
     handle = handle or RequestHandle(submit.request_id)
     registry.add(handle)
@@ -130,7 +134,7 @@ async def run_generation(
                 async with trio.open_nursery() as nursery:
                     if wait_disconnect is not None:
                         nursery.start_soon(_watch_disconnect, wait_disconnect, handle)
-                    error = await _relay(sub, writer, handle)
+                    error = await _relay(sub, writer, handle, keepalive)
                     nursery.cancel_scope.cancel()
             finally:
                 # The one place an abort leaves for an early end; a no-op when the engine
@@ -162,22 +166,43 @@ async def run_generation(
             log.info("request %s ended: %s", handle.id, outcome)
 
 
-async def _relay(sub: Subscription, writer: Writer, handle: RequestHandle) -> HTTPError | None:
+async def _relay(
+    sub: Subscription, writer: Writer, handle: RequestHandle, keepalive: float
+) -> HTTPError | None:
     """Move outputs to the writer until the last one; the engine's error if it sent one."""
     try:
-        while True:
+        # Keepalive comments only while the engine is still prefilling (no output yet):
+        # the per-event path below carries no timer scope.
+        if keepalive > 0:
+            batch = await _first_batch(sub, writer, keepalive)
+        else:
             batch = await sub.receive_batch()
-            if not batch:
-                return None
+        while batch:
             if await writer.write(batch):
                 handle.completed = True
                 return None
+            batch = await sub.receive_batch()
+        return None
     except EngineItemError as exc:
+        return exc.error
+    except WriterRefused as exc:
+        # The response cannot take what the engine sends (too large): end the request
+        # here, with one abort, and tell the client.
+        handle.end(exc.reason)
         return exc.error
     except TrioserveError:
         # The subscription failed (slow client, engine lost); its on_failure callback has
         # already ended the request with that reason.
         return None
+
+
+async def _first_batch(sub: Subscription, writer: Writer, keepalive: float) -> list:
+    while True:
+        # Cancelling receive_batch loses nothing: its only checkpoint is the wait for the
+        # first item, which a cancelled channel receive leaves queued.
+        with trio.move_on_after(keepalive):
+            return await sub.receive_batch()
+        await writer.keepalive()  # type: ignore[attr-defined]
 
 
 async def _watch_disconnect(

@@ -22,6 +22,7 @@ from ..protocol import OutputItem
 from .errors import HTTPError
 from .exchange import Receive, Send
 from .lifecycle import RequestHandle, run_generation
+from .multimodal import resolve_chat_media
 from .openai_api import ENDPOINTS, StreamFormat, parse_generation, usage_dict
 from .writers import engine_error, text_of
 
@@ -169,6 +170,11 @@ class WebSocketConnection:
         except HTTPError as error:
             await self.send_error(client_id, error)
             return
+        try:
+            self.app.admission.try_acquire()  # released when the request ends
+        except HTTPError as error:
+            await self.send_error(client_id, error)
+            return
         handle = RequestHandle(generation.submit.request_id)
         self.requests[client_id] = handle
         nursery.start_soon(self._run, client_id, handle, generation, timeout)
@@ -204,6 +210,7 @@ class WebSocketConnection:
         self, client_id: str, handle: RequestHandle, generation: Any, timeout: float
     ) -> None:
         try:
+            generation = await resolve_chat_media(generation, self.app.media_fetcher())
             await run_generation(
                 engines=self.app.engines,
                 registry=self.app.registry,
@@ -214,9 +221,10 @@ class WebSocketConnection:
                 buffer=self.app.settings.stream_buffer,
                 handle=handle,
             )
-        except HTTPError as error:  # refused before it started (e.g. a duplicate id)
+        except HTTPError as error:  # refused before it started (duplicate id, bad media)
             await self.send_error(client_id, error)
         finally:
+            self.app.admission.release()
             if self.requests.get(client_id) is handle:
                 del self.requests[client_id]
 

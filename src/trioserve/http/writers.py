@@ -8,9 +8,12 @@ Transport framing lives here; the chunk objects come from
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from ..protocol import OutputItem
+import attrs
+
+from ..protocol import OutputItem, Usage
 from .errors import HTTPError, from_engine
 from .exchange import JSON_HEADERS, Exchange
 from .openai_api import StreamFormat
@@ -21,6 +24,11 @@ SSE_HEADERS = [
     (b"x-accel-buffering", b"no"),
 ]
 SSE_DONE = b"data: [DONE]\n\n"
+SSE_KEEPALIVE = b": keepalive\n\n"
+
+#: Largest payload (text and media together) a non-streaming response collects for one
+#: engine request; past it, the request ends with 502 ``response_too_large`` and an abort.
+MAX_COLLECTED_BYTES = 256 * 2**20
 
 
 class EngineItemError(Exception):
@@ -29,6 +37,15 @@ class EngineItemError(Exception):
     def __init__(self, error: HTTPError) -> None:
         super().__init__(error.message)
         self.error = error
+
+
+class WriterRefused(Exception):
+    """The writer cannot take what the engine sends; the request ends with ``reason``."""
+
+    def __init__(self, error: HTTPError, reason: str) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.reason = reason
 
 
 def text_of(data: str | bytes) -> str:
@@ -118,6 +135,13 @@ class SSEWriter:
             await exchange.start(200, SSE_HEADERS)
         await exchange.body(data, more)
 
+    async def keepalive(self) -> None:
+        """A comment line (ignored by SSE clients) so that proxies keep a silent stream open.
+
+        It starts the response: an error after it is an error event, not a status.
+        """
+        await self._send(SSE_KEEPALIVE, more=True)
+
     async def fail(self, error: HTTPError) -> None:
         exchange = self.exchange
         if not exchange.started:
@@ -126,3 +150,81 @@ class SSEWriter:
             # A plain data event (as other OpenAI-compatible servers send it) with an
             # "error" object, and no [DONE]: the official client raises APIError on it.
             await exchange.body(b"data: " + error.body() + b"\n\n", more=False)
+
+
+@attrs.define
+class MediaPart:
+    modality: str
+    mime_type: str | None
+    data: bytearray
+
+
+@attrs.define
+class Collected:
+    """Everything one engine request produced: text, and media joined per run of items of
+    the same modality and type (an image, or a clip streamed in chunks)."""
+
+    limit: int = MAX_COLLECTED_BYTES
+    text: list[str] = attrs.Factory(list)
+    media: list[MediaPart] = attrs.Factory(list)
+    size: int = 0
+    finish_reason: str | None = None
+    usage: Usage | None = None
+
+    def add(self, item: OutputItem) -> None:
+        data = item.data
+        if data:
+            self.size += len(data)
+            if self.size > self.limit:
+                raise WriterRefused(
+                    HTTPError(
+                        502,
+                        f"the engine's answer exceeds {self.limit} bytes; ask for it streamed",
+                        "response_too_large",
+                    ),
+                    "response_too_large",
+                )
+            if isinstance(data, str) and item.modality == "text":
+                self.text.append(data)
+            else:
+                raw = data.encode() if isinstance(data, str) else data
+                last = self.media[-1] if self.media else None
+                if last and (last.modality, last.mime_type) == (item.modality, item.mime_type):
+                    last.data += raw
+                else:
+                    self.media.append(MediaPart(item.modality, item.mime_type, bytearray(raw)))
+        if item.finish_reason is not None:
+            self.finish_reason = item.finish_reason
+            self.usage = item.usage
+
+    def first(self, modality: str) -> MediaPart | None:
+        return next((m for m in self.media if m.modality == modality), None)
+
+
+class CollectingWriter:
+    """Non-streaming, any modality: collect every output, then hand the whole to
+    ``complete`` (which answers the client, or stores the result for a group)."""
+
+    def __init__(
+        self,
+        exchange: Exchange,
+        complete: Callable[[Collected], Awaitable[None]],
+        limit: int | None = None,
+    ) -> None:
+        self.exchange = exchange
+        self.complete = complete
+        self.collected = Collected(limit if limit is not None else MAX_COLLECTED_BYTES)
+
+    async def write(self, batch: list[OutputItem]) -> bool:
+        for item in batch:
+            if item.error is not None:
+                raise engine_error(item)
+            self.collected.add(item)
+            if item.finish_reason is not None:
+                await self.complete(self.collected)
+                return True
+        return False
+
+    async def fail(self, error: HTTPError) -> None:
+        if not self.exchange.started:
+            await self.exchange.respond_error(error)

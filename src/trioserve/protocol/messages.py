@@ -128,6 +128,9 @@ class OutputItem:
     usage: Usage | None = None
     finish_reason: str | None = None
     error: ErrorInfo | None = None
+    #: Media type of a binary ``data`` payload, e.g. ``"image/png"``, ``"video/mp4"`` or
+    #: ``"audio/pcm;rate=24000"`` (signed 16-bit little-endian samples).
+    mime_type: str | None = None
 
     @property
     def final(self) -> bool:

@@ -54,6 +54,7 @@ class Output:
     modality: str = "text"
     usage: Usage | None = None
     finish_reason: str | None = None
+    mime_type: str | None = None
 
 
 class RequestError(Exception):
@@ -259,6 +260,7 @@ class EngineCore:
             data=out.data,
             usage=out.usage,
             finish_reason=out.finish_reason,
+            mime_type=out.mime_type,
         )
         running.seq += 1
         self._pending.setdefault(key[0], []).append(item)

@@ -13,17 +13,28 @@ do not know through to the engine, these included):
   ``mock_error_message``: end the request with an engine error after N tokens;
 - ``mock_hang_after`` (tokens): stop producing after N tokens and wait to be aborted;
 - ``mock_stall_s``: block the whole engine (its event loop) for that many seconds before
-  the first token, as a hung GPU would; heartbeats stop too.
+  the first token, as a hung GPU would; heartbeats stop too;
+- ``mock_by_seed``: ``{"<seed>": {knobs}}``, knobs that apply only to the request whose
+  ``seed`` param is that number (one image of an ``n > 1`` request, say).
+
+Every modality a route can ask for is produced (one task each, see :data:`CAPABILITIES`):
+text for ``chat``, ``completion`` and ``generate``; a sine tone as 16-bit PCM for
+``speech``; a small valid PNG for ``image_generation`` and ``image_edit``; a small byte
+payload labelled ``video/mp4`` for ``video_generation``. Each output is one step: the
+knobs above count steps, whatever the modality.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import struct
 import time
-from collections.abc import AsyncIterator
+import zlib
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import attrs
 import sniffio
 
 from ..protocol import ModelCard, Submit, Usage
@@ -37,6 +48,35 @@ WORDS = tuple(
 )
 
 DEFAULT_MAX_TOKENS = 16
+
+#: Every task the mock engine serves (its welcome's capabilities).
+CAPABILITIES = (
+    "chat",
+    "completion",
+    "generate",
+    "speech",
+    "image_generation",
+    "image_edit",
+    "video_generation",
+)
+TEXT_TASKS = frozenset({"chat", "completion", "generate"})
+
+#: Speech: 16-bit mono PCM at this rate, one chunk of CHUNK_SAMPLES per input word.
+SPEECH_RATE = 24_000
+SPEECH_MIME = f"audio/pcm;rate={SPEECH_RATE}"
+SPEECH_CHUNK_SAMPLES = 1_200
+SPEECH_MAX_CHUNKS = 40
+SPEECH_TONE_HZ = 440.0
+
+#: Images: this size unless the request's ``size`` says otherwise (capped, to stay small).
+IMAGE_SIZE = (16, 16)
+IMAGE_MAX_SIDE = 256
+
+#: Video: frames and bytes per frame of the payload (the ``ftyp`` box comes first).
+VIDEO_FRAMES = 8
+VIDEO_FPS = 8.0
+VIDEO_FRAME_BYTES = 32
+VIDEO_MAX_FRAMES = 1_000
 
 
 async def _sleep(seconds: float) -> None:
@@ -66,27 +106,133 @@ async def _sleep_forever() -> None:
 def prompt_text(request: Submit) -> str:
     """The text the mock engine 'reads': the prompt, or the chat messages' text."""
     inputs = request.inputs
-    if "prompt" in inputs:
-        prompt = inputs["prompt"]
-        return prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
+    for key in ("prompt", "input"):  # "input": speech
+        if key in inputs:
+            prompt = inputs[key]
+            return prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
     parts = []
     for message in inputs.get("messages", ()):
         content = message.get("content")
         if isinstance(content, str):
             parts.append(content)
         elif isinstance(content, list):
-            parts.extend(p.get("text", "") for p in content if isinstance(p, dict))
+            parts.extend(
+                p.get("text", "")
+                for p in content
+                if isinstance(p, dict) and p.get("type") == "text"
+            )
     return "\n".join(parts)
+
+
+def _prompt_seed(prompt: str) -> int:
+    return int.from_bytes(hashlib.blake2b(prompt.encode(), digest_size=4).digest(), "little")
 
 
 def token_text(prompt: str, index: int) -> str:
     """Token ``index`` of the answer to ``prompt``: deterministic, a word with a space."""
-    seed = int.from_bytes(hashlib.blake2b(prompt.encode(), digest_size=4).digest(), "little")
-    return " " + WORDS[(seed + index * 7) % len(WORDS)]
+    return " " + WORDS[(_prompt_seed(prompt) + index * 7) % len(WORDS)]
+
+
+class _LazyTokens(Sequence[Output]):
+    """The text steps of one request, made when asked for."""
+
+    def __init__(self, seed: int, count: int) -> None:
+        self.seed = seed
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: Any) -> Any:
+        if not 0 <= index < self.count:
+            raise IndexError(index)
+        return Output(data=" " + WORDS[(self.seed + index * 7) % len(WORDS)])
 
 
 def expected_text(prompt: str, max_tokens: int = DEFAULT_MAX_TOKENS) -> str:
     return "".join(token_text(prompt, i) for i in range(max_tokens))
+
+
+def _digest(*parts: object) -> bytes:
+    h = hashlib.blake2b(digest_size=16)
+    for part in parts:
+        h.update(part if isinstance(part, bytes) else repr(part).encode())
+        h.update(b"\x00")
+    return h.digest()
+
+
+def speech_chunks(text: str) -> list[bytes]:
+    """The mock's speech for ``text``: a 440 Hz tone, one PCM chunk per word (at least one)."""
+    count = min(max(len(text.split()), 1), SPEECH_MAX_CHUNKS)
+    chunks = []
+    for c in range(count):
+        start = c * SPEECH_CHUNK_SAMPLES
+        samples = (
+            round(9830 * math.sin(2 * math.pi * SPEECH_TONE_HZ * (start + i) / SPEECH_RATE))
+            for i in range(SPEECH_CHUNK_SAMPLES)
+        )
+        chunks.append(struct.pack(f"<{SPEECH_CHUNK_SAMPLES}h", *samples))
+    return chunks
+
+
+def png_image(width: int, height: int, rgb: tuple[int, int, int]) -> bytes:
+    """A valid PNG of one colour (8-bit RGB), built with zlib and struct only."""
+
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(tag + data) & 0xFFFFFFFF
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", crc)
+
+    row = b"\x00" + bytes(rgb) * width  # filter type 0, then the pixels
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(row * height))
+        + chunk(b"IEND", b"")
+    )
+
+
+def image_size(size: Any) -> tuple[int, int]:
+    """``"WxH"`` (capped at IMAGE_MAX_SIDE); the default for anything else (``"auto"``)."""
+    if isinstance(size, str):
+        width, sep, height = size.lower().partition("x")
+        if sep and width.isdigit() and height.isdigit() and int(width) and int(height):
+            return min(int(width), IMAGE_MAX_SIDE), min(int(height), IMAGE_MAX_SIDE)
+    return IMAGE_SIZE
+
+
+def media_bytes(ref: Any) -> bytes:
+    """The bytes of a media record of ``Submit.inputs``: inline ``data`` or an upload ``path``."""
+    if not isinstance(ref, dict):
+        return b""
+    if isinstance(ref.get("data"), bytes):
+        return ref["data"]
+    if isinstance(ref.get("path"), str):
+        with open(ref["path"], "rb") as file:  # a small local upload: read it in one go
+            return file.read()
+    return b""
+
+
+def mock_image(prompt: str, seed: Any, size: Any = None, source: bytes = b"") -> bytes:
+    """The mock's image for a prompt and seed (and the edited image's bytes, for edits)."""
+    colour = _digest(prompt, seed, source)[:3]
+    return png_image(*image_size(size), (colour[0], colour[1], colour[2]))
+
+
+def video_chunks(
+    prompt: str, seed: Any, frames: int, fps: float, conditioning: bytes = b""
+) -> list[bytes]:
+    """The mock's video: an ``ftyp`` box, then one chunk per frame, all labelled video/mp4."""
+    ftyp = struct.pack(">I4s4sI4s4s", 24, b"ftyp", b"isom", 512, b"isom", b"mp41")
+    out = [ftyp]
+    for frame in range(frames):
+        digest = _digest(prompt, seed, fps, frame, conditioning)
+        out.append((digest * (VIDEO_FRAME_BYTES // len(digest) + 1))[:VIDEO_FRAME_BYTES])
+    return out
+
+
+def mock_video(prompt: str, seed: Any, frames: int, fps: float, conditioning: bytes = b"") -> bytes:
+    return b"".join(video_chunks(prompt, seed, frames, fps, conditioning))
 
 
 def _number(params: dict[str, Any], name: str, default: float) -> float:
@@ -106,9 +252,8 @@ def _optional_int(params: dict[str, Any], name: str) -> int | None:
 
 
 class MockBackend:
-    """See the module docstring. ``engine_id`` names it in the welcome."""
-
-    capabilities = ["chat", "completion"]
+    """See the module docstring. ``engine_id`` names it in the welcome; ``capabilities``
+    (default: every task of :data:`CAPABILITIES`) is what it declares."""
 
     def __init__(
         self,
@@ -117,31 +262,67 @@ class MockBackend:
         tokens_per_second: float = 50.0,
         ttft_ms: float = 20.0,
         engine_id: str = "mock",
+        capabilities: list[str] | tuple[str, ...] = CAPABILITIES,
     ) -> None:
         self.engine_id = engine_id
         self.models = [ModelCard(model)]
+        self.capabilities = list(capabilities)
         self.tokens_per_second = tokens_per_second
         self.ttft_ms = ttft_ms
 
+    def _steps(self, request: Submit, params: dict[str, Any]) -> tuple[Sequence[Output], str]:
+        """What the request produces, one output per step, and its finish reason."""
+        task, inputs = request.task, request.inputs
+        if task in TEXT_TASKS:
+            max_tokens = params.get("max_tokens")
+            if max_tokens is None:
+                max_tokens = DEFAULT_MAX_TOKENS
+            if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+                raise RequestError(400, "max_tokens must be a positive integer", "invalid_request")
+            prompt = prompt_text(request)
+            seed = _prompt_seed(prompt)
+            # Lazy: a long generation (10 million tokens in the slow-client tests) costs
+            # nothing until it runs.
+            return _LazyTokens(seed, max_tokens), "length"
+        prompt = str(inputs.get("prompt", inputs.get("input", "")))
+        seed = params.get("seed")
+        if task == "speech":
+            chunks = speech_chunks(prompt)
+            return [Output(c, modality="audio", mime_type=SPEECH_MIME) for c in chunks], "stop"
+        if task in ("image_generation", "image_edit"):
+            source = media_bytes(inputs.get("image")) if task == "image_edit" else b""
+            image = mock_image(prompt, seed, params.get("size"), source)
+            return [Output(image, modality="image", mime_type="image/png")], "stop"
+        if task == "video_generation":
+            frames = params.get("num_frames", VIDEO_FRAMES)
+            fps = params.get("fps", VIDEO_FPS)
+            if isinstance(frames, bool) or not isinstance(frames, int) or frames < 1:
+                raise RequestError(400, "num_frames must be a positive integer", "invalid_request")
+            frames = min(frames, VIDEO_MAX_FRAMES)
+            cond = media_bytes(inputs.get("image")) + media_bytes(inputs.get("video"))
+            chunks = video_chunks(prompt, seed, frames, fps, cond)
+            return [Output(c, modality="video", mime_type="video/mp4") for c in chunks], "stop"
+        raise RequestError(400, f"the mock engine does not do {task!r}", "unsupported_task")
+
     async def generate(self, request: Submit) -> AsyncIterator[Output]:
         params = request.params
-        max_tokens = params.get("max_tokens")
-        if max_tokens is None:
-            max_tokens = DEFAULT_MAX_TOKENS
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise RequestError(400, "max_tokens must be a positive integer", "invalid_request")
+        overrides = params.get("mock_by_seed")
+        if isinstance(overrides, dict) and isinstance(overrides.get(str(params.get("seed"))), dict):
+            params = {**params, **overrides[str(params.get("seed"))]}
+        steps, finish_reason = self._steps(request, params)
         rate = _number(params, "mock_tokens_per_second", self.tokens_per_second)
         ttft = _number(params, "mock_ttft_ms", self.ttft_ms) / 1000
         error_after = _optional_int(params, "mock_error_after")
         hang_after = _optional_int(params, "mock_hang_after")
         stall = _number(params, "mock_stall_s", 0)
 
-        prompt = prompt_text(request)
+        prompt_words = len(prompt_text(request).split())
         if stall > 0:
             time.sleep(stall)  # noqa: ASYNC251 - deliberately blocks the engine's loop: a hung engine
         period = 1.0 / rate if rate > 0 else 0.0
         await _sleep(ttft)
-        for index in range(max_tokens):
+        for index in range(len(steps)):
+            step = steps[index]
             if index and period:
                 # Align to the engine-wide step grid so concurrent requests share steps.
                 now = time.monotonic()
@@ -153,9 +334,10 @@ class MockBackend:
                     int(params.get("mock_error_status", 500)),
                     str(params.get("mock_error_message", "mock engine failure")),
                 )
-            last = index == max_tokens - 1
-            yield Output(
-                data=token_text(prompt, index),
-                usage=Usage(len(prompt.split()), max_tokens) if last else None,
-                finish_reason="length" if last else None,
-            )
+            if index == len(steps) - 1:
+                step = attrs.evolve(
+                    step,
+                    usage=Usage(prompt_words, len(steps)),
+                    finish_reason=finish_reason,
+                )
+            yield step

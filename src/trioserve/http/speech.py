@@ -1,0 +1,190 @@
+"""``POST /v1/audio/speech``: text to speech, as WAV or raw PCM, whole or streamed.
+
+The engine sends 16-bit little-endian PCM (``mime_type`` ``audio/pcm;rate=R[;channels=C]``,
+24 kHz mono when it says nothing); the frontend wraps it: ``wav`` gets a RIFF header with
+the exact sizes (streamed: the "unknown length" sizes 0xFFFFFFFF, as streaming encoders
+write them), ``pcm`` is the samples as they are.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from ..protocol import OutputItem, Submit
+from .errors import HTTPError
+from .exchange import Exchange
+from .forms import JSON, extra_params, read_body, structure_fields
+from .validation import invalid
+from .writers import Collected, CollectingWriter, EngineItemError, WriterRefused, engine_error
+
+if TYPE_CHECKING:
+    from .app import App
+
+FORMATS = ("wav", "pcm")
+DEFAULT_RATE = 24_000
+SAMPLE_BITS = 16
+#: RIFF/data sizes of a WAV whose length is not known when its header is sent.
+UNKNOWN_SIZE = 0xFFFFFFFF
+
+
+@attrs.define
+class SpeechRequest:
+    input: str
+    model: str | None = None
+    voice: str | None = None
+    instructions: str | None = None
+    response_format: str | None = None
+    speed: float | None = None
+    stream: bool | None = None
+
+
+def wav_header(data_size: int | None, rate: int, channels: int) -> bytes:
+    """A 44-byte PCM WAV header; ``data_size`` None: unknown length (a stream)."""
+    block_align = channels * SAMPLE_BITS // 8
+    data = UNKNOWN_SIZE if data_size is None else data_size
+    riff = UNKNOWN_SIZE if data_size is None else 36 + data_size
+    return struct.pack(
+        "<4sI4s4sIHHIIHH4sI",
+        b"RIFF",
+        riff,
+        b"WAVE",
+        b"fmt ",
+        16,
+        1,  # PCM
+        channels,
+        rate,
+        rate * block_align,
+        block_align,
+        SAMPLE_BITS,
+        b"data",
+        data,
+    )
+
+
+def pcm_format(mime_type: str | None) -> tuple[int, int]:
+    """(sample rate, channels) from an engine's ``audio/pcm;rate=…;channels=…``."""
+    rate, channels = DEFAULT_RATE, 1
+    if mime_type:
+        essence, *params = (p.strip() for p in mime_type.split(";"))
+        if essence.lower() not in ("audio/pcm", "audio/l16"):
+            raise WriterRefused(
+                HTTPError(
+                    502, f"the engine sent {essence!r} audio; speech needs PCM", "engine_bad_audio"
+                ),
+                "bad_engine_output",
+            )
+        for param in params:
+            key, _, value = param.partition("=")
+            if key.strip().lower() == "rate" and value.strip().isdigit():
+                rate = int(value)
+            elif key.strip().lower() == "channels" and value.strip().isdigit():
+                channels = int(value)
+    return rate, channels
+
+
+def content_type(fmt: str, rate: int, channels: int) -> bytes:
+    if fmt == "wav":
+        return b"audio/wav"
+    return f"audio/pcm;rate={rate};channels={channels}".encode()
+
+
+def parse(body: Any) -> tuple[SpeechRequest, str]:
+    req = structure_fields(body, SpeechRequest)
+    fmt = (req.response_format or "wav").lower()
+    if fmt not in FORMATS:
+        raise HTTPError(
+            400,
+            f"response_format {req.response_format!r} is not supported; supported: "
+            + ", ".join(FORMATS),
+            "unsupported_response_format",
+            param="response_format",
+        )
+    if req.speed is not None and not 0.25 <= req.speed <= 4.0:
+        raise invalid([{"loc": "$.speed", "msg": "must be between 0.25 and 4"}])
+    return req, fmt
+
+
+async def handle(app: App, exchange: Exchange) -> None:
+    timeout = app.begin(exchange)
+    settings = app.settings
+    body = await read_body(
+        exchange,
+        limit=settings.max_body_bytes,
+        timeout=settings.body_timeout,
+        uploads=None,
+        accepted=(JSON,),
+    )
+    req, fmt = parse(body)
+    inputs: dict[str, Any] = {"input": req.input}
+    if req.voice is not None:
+        inputs["voice"] = req.voice
+    if req.instructions is not None:
+        inputs["instructions"] = req.instructions
+    params = extra_params(body, SpeechRequest)
+    if req.speed is not None:
+        params["speed"] = req.speed
+    model = app.resolve_model(req.model)
+    submit = Submit(exchange.request_id, model, "speech", inputs, params)
+    writer: Any
+    if req.stream:
+        writer = AudioStreamWriter(exchange, fmt)
+    else:
+        writer = CollectingWriter(exchange, _answer(exchange, fmt))
+    await app.run(exchange, submit, "speech", writer, timeout)
+
+
+def _answer(exchange: Exchange, fmt: str) -> Any:
+    async def complete(collected: Collected) -> None:
+        audio = collected.first("audio")
+        if audio is None:
+            raise EngineItemError(HTTPError(502, "the engine sent no audio", "engine_no_audio"))
+        rate, channels = pcm_format(audio.mime_type)
+        pcm = bytes(audio.data)
+        body = wav_header(len(pcm), rate, channels) + pcm if fmt == "wav" else pcm
+        await exchange.respond(200, body, [(b"content-type", content_type(fmt, rate, channels))])
+
+    return complete
+
+
+class AudioStreamWriter:
+    """The audio as it comes: the response starts with the first chunk (a WAV header of
+    unknown length first, for ``wav``). A failure after that cuts the connection without
+    the final chunk, so the client sees a broken body rather than a short clip."""
+
+    def __init__(self, exchange: Exchange, fmt: str) -> None:
+        self.exchange = exchange
+        self.fmt = fmt
+
+    async def write(self, batch: list[OutputItem]) -> bool:
+        exchange = self.exchange
+        for item in batch:
+            if item.error is not None:
+                raise engine_error(item)
+            if isinstance(item.data, bytes) and item.data and item.modality == "audio":
+                if not exchange.started:
+                    rate, channels = pcm_format(item.mime_type)
+                    headers = [
+                        (b"content-type", content_type(self.fmt, rate, channels)),
+                        (b"cache-control", b"no-cache"),
+                        (b"x-accel-buffering", b"no"),
+                    ]
+                    await exchange.start(200, headers)
+                    if self.fmt == "wav":
+                        await exchange.body(wav_header(None, rate, channels))
+                await exchange.body(item.data)
+            if item.finish_reason is not None:
+                if not exchange.started:
+                    raise EngineItemError(
+                        HTTPError(502, "the engine sent no audio", "engine_no_audio")
+                    )
+                await exchange.body(b"", more=False)
+                return True
+        return False
+
+    async def fail(self, error: HTTPError) -> None:
+        if not self.exchange.started:
+            await self.exchange.respond_error(error)
+        # else: leave the body unfinished; the server closes the connection.

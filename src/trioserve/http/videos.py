@@ -1,0 +1,123 @@
+"""``POST /v1/videos/generations``: text to video, or video conditioned on an image or a
+video (one of them: both at once is a 400).
+
+JSON (conditioning as a data URI or, with ``--allow-remote-media``, an ``http(s)`` URL,
+given as a string or ``{"url": ...}``) or multipart (conditioning as an uploaded ``image``
+or ``video`` file). ``num_frames`` and ``fps`` are checked here and sent as params; every
+other field the route does not know (``negative_prompt``, ``guidance_scale``, …) goes to
+the engine verbatim. The answer is ``{"created", "data": [{"b64_json", "mime_type"}]}``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from ..protocol import Submit
+from .errors import HTTPError
+from .exchange import JSON_HEADERS, Exchange
+from .forms import JSON, MULTIPART, Body, extra_params, read_body, structure_fields
+from .media import Media
+from .validation import invalid
+from .writers import Collected, CollectingWriter, EngineItemError
+
+if TYPE_CHECKING:
+    from .app import App
+
+#: Conditioning fields, and the modality each carries.
+CONDITIONING = {"image": "image", "video": "video"}
+
+
+@attrs.define
+class VideoRequest:
+    prompt: str
+    model: str | None = None
+    num_frames: int | None = None
+    fps: float | None = None
+    size: str | None = None
+    seed: int | None = None
+    image: Any = None
+    video: Any = None
+
+
+def parse(body: Body) -> VideoRequest:
+    req = structure_fields(body, VideoRequest)
+    errors = []
+    if req.num_frames is not None and req.num_frames < 1:
+        errors.append({"loc": "$.num_frames", "msg": "must be at least 1"})
+    if req.fps is not None and not req.fps > 0:
+        errors.append({"loc": "$.fps", "msg": "must be greater than 0"})
+    if errors:
+        error = invalid(errors)
+        if body.is_form:
+            error.status = 400
+        raise error
+    return req
+
+
+async def conditioning(app: App, req: VideoRequest, body: Body) -> dict[str, Media]:
+    given: dict[str, Media] = {}
+    fetcher = app.media_fetcher()
+    for name, modality in CONDITIONING.items():
+        files = body.files.get(name)
+        value = getattr(req, name)
+        if files:
+            given[name] = files[0]
+        elif value is not None:
+            url = value.get("url") if isinstance(value, dict) else value
+            given[name] = await fetcher.resolve(url, modality, f"$.{name}")
+    if len(given) > 1:
+        raise HTTPError(
+            400,
+            "condition on an image or on a video, not both",
+            "conflicting_conditioning",
+            param="video",
+        )
+    return given
+
+
+async def handle(app: App, exchange: Exchange) -> None:
+    timeout = app.begin(exchange)
+    settings = app.settings
+    with app.uploads() as uploads:
+        body = await read_body(
+            exchange,
+            limit=settings.max_body_bytes,
+            timeout=settings.body_timeout,
+            uploads=uploads,
+            accepted=(JSON, MULTIPART),
+        )
+        req = parse(body)
+        inputs: dict[str, Any] = {"prompt": req.prompt}
+        for name, media in (await conditioning(app, req, body)).items():
+            inputs[name] = media.record()
+        params = extra_params(body, VideoRequest)
+        for name in ("num_frames", "fps", "size", "seed"):
+            if getattr(req, name) is not None:
+                params[name] = getattr(req, name)
+        submit = Submit(
+            exchange.request_id, app.resolve_model(req.model), "video_generation", inputs, params
+        )
+        writer = CollectingWriter(exchange, _answer(exchange))
+        await app.run(exchange, submit, "video_generation", writer, timeout)
+
+
+def _answer(exchange: Exchange) -> Any:
+    created = int(time.time())
+
+    async def complete(collected: Collected) -> None:
+        video = collected.first("video")
+        if video is None:
+            raise EngineItemError(HTTPError(502, "the engine sent no video", "engine_no_video"))
+        item = {
+            "b64_json": base64.b64encode(bytes(video.data)).decode(),
+            "mime_type": video.mime_type or "video/mp4",
+        }
+        body = json.dumps({"created": created, "data": [item]}, separators=(",", ":")).encode()
+        await exchange.respond(200, body, JSON_HEADERS)
+
+    return complete

@@ -1,0 +1,101 @@
+"""Admission control: past --max-concurrent-requests, an immediate 503 with Retry-After;
+operations routes bypass it; a stream holds its slot until its last byte."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import trio_websocket
+
+from tests.conftest import start_engine, start_frontend, wait_until
+from trioserve import metrics
+from trioserve.config import Settings
+
+HANG = {"prompt": "hold", "max_tokens": 100, "stream": True, "mock_hang_after": 1}
+
+
+@pytest.fixture
+async def one_slot(nursery):
+    engine = await start_engine(nursery)
+    return await start_frontend(nursery, engine, max_concurrent_requests=1)
+
+
+def test_default_limit_is_256():
+    assert Settings().max_concurrent_requests == 256
+
+
+async def test_past_the_limit_is_an_immediate_503_and_operations_bypass_it(one_slot):
+    frontend = one_slot
+    refused_before = metrics.REGISTRY.get_sample_value("trioserve_admission_refused_total") or 0
+    async with (
+        frontend.client() as client,
+        client.stream(
+            "POST", "/v1/completions", json=HANG, headers={"x-request-id": "holder"}
+        ) as held,
+    ):
+        # Kept referenced: dropping a half-read iterator closes the response.
+        chunks = held.aiter_bytes()
+        await chunks.__anext__()  # the first event: the stream is under way, holding the slot
+        for path, body in [
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}),
+            ("/v1/completions", {"prompt": "x"}),
+            ("/generate", {"prompt": "x"}),
+            ("/v1/audio/speech", {"input": "x"}),
+            ("/v1/images/generations", {"prompt": "x"}),
+            ("/v1/videos/generations", {"prompt": "x"}),
+        ]:
+            response = await client.post(path, json=body)
+            assert response.status_code == 503, path
+            assert response.headers["retry-after"] == "1"
+            payload = response.json()
+            error = payload.get("error") or payload
+            assert error["code"] == "server_overloaded"
+            if path != "/generate":
+                assert error["type"] == "overloaded_error"
+        for path in ("/health", "/live", "/metrics", "/v1/models"):
+            assert (await client.get(path)).status_code == 200, path
+        # The stream is still the one in flight, and still holds the slot.
+        assert frontend.app.admission.in_use == 1
+        assert (await client.delete("/v1/requests/holder")).status_code == 200
+        text = b"".join([chunk async for chunk in chunks]).decode()
+    assert "request_cancelled" in text
+    refused = metrics.REGISTRY.get_sample_value("trioserve_admission_refused_total")
+    assert refused == refused_before + 6
+    await wait_until(lambda: frontend.app.admission.in_use == 0, "the slot to be released")
+    async with frontend.client() as client:
+        assert (await client.post("/v1/completions", json={"prompt": "x"})).status_code == 200
+    assert frontend.ends("holder") == ["aborted"]
+
+
+async def test_generate_overload_is_in_the_native_detail_shape(one_slot):
+    frontend = one_slot
+    async with frontend.client() as client, client.stream("POST", "/generate", json=HANG) as held:
+        chunks = held.aiter_bytes()
+        await chunks.__anext__()
+        response = await client.post("/generate", json={"prompt": "x"})
+        assert response.status_code == 503
+        assert response.json()["code"] == "server_overloaded"
+        assert "detail" in response.json()
+
+
+async def test_websocket_requests_take_slots_too(one_slot):
+    frontend = one_slot
+    async with trio_websocket.open_websocket_url(
+        f"ws://{frontend.host}:{frontend.port}/v1/ws"
+    ) as ws:
+        await ws.send_message(
+            json.dumps({"type": "request", "id": "a", "endpoint": "completions", "body": HANG})
+        )
+        first = json.loads(await ws.get_message())
+        assert first["type"] == "chunk"
+        await ws.send_message(
+            json.dumps(
+                {"type": "request", "id": "b", "endpoint": "completions", "body": {"prompt": "x"}}
+            )
+        )
+        refused = json.loads(await ws.get_message())
+        assert refused["type"] == "error" and refused["id"] == "b"
+        assert refused["error"]["code"] == "server_overloaded"
+        await ws.send_message(json.dumps({"type": "cancel", "id": "a"}))
+    await wait_until(lambda: frontend.app.admission.in_use == 0, "the slot to be released")

@@ -1,0 +1,196 @@
+"""Chat content parts with media: lenient data URIs, remote media only when allowed (with a
+size cap and a timeout), modalities in first-seen order."""
+
+from __future__ import annotations
+
+import base64
+from functools import partial
+
+import openai
+import pytest
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+
+from tests.conftest import start_engine, start_frontend
+from tests.http.helpers import capture_submits
+from trioserve.sdk.mock import expected_text
+
+IMAGE = b"\x89PNG\r\n\x1a\n-an-image-"
+AUDIO = b"RIFF-some-audio"
+VIDEO = b"\x00\x00\x00\x18ftypisom-video"
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def chat(*parts, max_tokens: int = 2) -> dict:
+    return {"messages": [{"role": "user", "content": list(parts)}], "max_tokens": max_tokens}
+
+
+async def media_server(nursery: trio.Nursery) -> str:
+    """A local HTTP server with the media the tests fetch."""
+
+    async def app(scope, receive, send):
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                await send({"type": message["type"] + ".complete"})
+                if message["type"] == "lifespan.shutdown":
+                    return
+        path = scope["path"]
+        if path == "/slow":
+            await trio.sleep_forever()
+        if path == "/redirect":
+            await send({"type": "http.response.start", "status": 302,
+                        "headers": [(b"location", b"/cat.png")]})  # fmt: skip
+            await send({"type": "http.response.body", "body": b""})
+            return
+        body = {"/cat.png": IMAGE, "/big.png": b"x" * 5000}.get(path)
+        status = 200 if body is not None else 404
+        headers = [(b"content-type", b"image/png")] if body else []
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body or b"not found"})
+
+    config = Config()
+    config.bind = ["127.0.0.1:0"]
+    binds = await nursery.start(partial(serve, app, config))
+    return binds[0]
+
+
+@pytest.fixture
+async def remote(nursery):
+    engine = await start_engine(nursery)
+    frontend = await start_frontend(
+        nursery,
+        engine,
+        allow_remote_media=True,
+        remote_media_max_bytes=1000,
+        remote_media_timeout=0.3,
+    )
+    return frontend, await media_server(nursery)
+
+
+async def test_media_parts_reach_the_engine_decoded_with_modalities_in_first_seen_order(
+    frontend,
+):
+    submits = capture_submits(frontend)
+    spaced = b64(IMAGE)
+    spaced = " ".join(spaced[i : i + 4] for i in range(0, len(spaced), 4)).rstrip("=")
+    body = chat(
+        {"type": "input_audio", "input_audio": {"data": b64(AUDIO), "format": "wav"}},
+        {"type": "text", "text": "describe"},
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,\n{spaced}\n"}},
+        {"type": "video_url", "video_url": {"url": f"data:video/mp4;base64,{b64(VIDEO)}"}},
+        {"type": "image_url", "image_url": f"data:image/jpeg;base64,{b64(b'jpeg')}"},
+    )
+    async with frontend.client() as client:
+        response = await client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["content"] == expected_text("describe", 2)
+    inputs = submits[0].inputs
+    assert inputs["modalities"] == ["audio", "text", "image", "video"]
+    parts = inputs["messages"][0]["content"]
+    assert parts[0] == {
+        "type": "audio",
+        "media": {"modality": "audio", "mime_type": "audio/wav", "data": AUDIO},
+    }
+    assert parts[1] == {"type": "text", "text": "describe"}
+    assert parts[2]["media"] == {"modality": "image", "mime_type": "image/png", "data": IMAGE}
+    assert parts[3]["media"]["data"] == VIDEO and parts[3]["type"] == "video"
+    assert parts[4]["media"]["mime_type"] == "image/jpeg"
+
+
+async def test_plain_text_chat_says_text_only(frontend):
+    submits = capture_submits(frontend)
+    async with frontend.client() as client:
+        await client.post(
+            "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}
+        )
+    assert submits[0].inputs["modalities"] == ["text"]
+
+
+def image_part(url: str) -> dict:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+@pytest.mark.parametrize(
+    ("part", "status", "code"),
+    [
+        (image_part("data:image/png;base64,@@@"), 400, "invalid_media"),
+        (image_part("data:image/png;base64"), 400, "invalid_media"),
+        ({"type": "image_url", "image_url": {}}, 422, "invalid_request"),
+        ({"type": "input_audio", "input_audio": {"format": "wav"}}, 422, "invalid_request"),
+        (image_part("file:///etc/passwd"), 400, "invalid_media_url"),
+        (image_part("http://127.0.0.1:9/x.png"), 400, "remote_media_disabled"),
+    ],
+)
+async def test_bad_media_is_refused_before_any_submission(frontend, part, status, code):
+    submits = capture_submits(frontend)
+    async with frontend.client() as client:
+        response = await client.post("/v1/chat/completions", json=chat(part))
+    assert response.status_code == status
+    assert response.json()["error"]["code"] == code
+    assert submits == []
+
+
+async def test_remote_media_is_fetched_when_allowed(remote):
+    frontend, server = remote
+    submits = capture_submits(frontend)
+    async with frontend.client() as client:
+        for path in ("/cat.png", "/redirect"):
+            part = {"type": "image_url", "image_url": {"url": f"{server}{path}"}}
+            response = await client.post("/v1/chat/completions", json=chat(part))
+            assert response.status_code == 200, response.text
+    for submit in submits:
+        media = submit.inputs["messages"][0]["content"][0]["media"]
+        assert media == {"modality": "image", "mime_type": "image/png", "data": IMAGE}
+
+
+@pytest.mark.parametrize(
+    ("path", "code"),
+    [("/big.png", "media_too_large"), ("/slow", "media_fetch_timeout"),
+     ("/missing", "media_fetch_failed")],
+)  # fmt: skip
+async def test_remote_media_has_a_size_cap_and_a_timeout(remote, path, code):
+    frontend, server = remote
+    submits = capture_submits(frontend)
+    part = {"type": "image_url", "image_url": {"url": f"{server}{path}"}}
+    async with frontend.client() as client:
+        response = await client.post("/v1/chat/completions", json=chat(part))
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == code
+    assert submits == []
+
+
+async def test_the_size_cap_counts_every_url_of_the_request(remote):
+    frontend, server = remote  # the cap is 1000 bytes; each image is a few dozen
+    part = {"type": "image_url", "image_url": {"url": f"{server}/cat.png"}}
+    async with frontend.client() as client:
+        response = await client.post("/v1/chat/completions", json=chat(*[part] * 60))
+    assert response.json()["error"]["code"] == "media_too_large"
+
+
+async def test_official_client_sends_image_parts(frontend):
+    submits = capture_submits(frontend)
+    client = openai.AsyncOpenAI(base_url=f"{frontend.url}/v1", api_key="x", max_retries=0)
+    async with client:
+        answer = await client.chat.completions.create(
+            model="mock",
+            max_tokens=2,
+            messages=[
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "what is it"},
+                        {
+                            "type": "image_url",
+                            "image_url": {"url": f"data:image/png;base64,{b64(IMAGE)}"},
+                        },
+                    ],
+                }
+            ],
+        )
+    assert answer.choices[0].message.content == expected_text("what is it", 2)
+    assert submits[0].inputs["modalities"] == ["text", "image"]
