@@ -281,6 +281,7 @@ class _HTTPExchange:
         self.disconnected = False
         self.response_started = False
         self.response_done = False
+        self._chunked = False
         self._head: bytes = b""
 
     def scope(self) -> dict[str, Any]:
@@ -301,7 +302,8 @@ class _HTTPExchange:
             "client": self.connection.client,
             "server": self.connection.server,
             "state": {},
-            "extensions": {},
+            # send() either completes or closes the connection: no shield needed.
+            "extensions": {"trioserve.cancel_safe_send": {}},
         }
 
     async def run(self) -> None:
@@ -375,6 +377,11 @@ class _HTTPExchange:
             headers = [(bytes(k), bytes(v)) for k, v in message.get("headers", ())]
             status = message["status"]
             self._head = connection.h11.send(h11.Response(status_code=status, headers=headers))
+            # A chunked body is framed here: h11 keeps no count for it, and its generic
+            # send path costs more than the framing itself on every relayed event.
+            self._chunked = connection.h11.our_state is h11.SEND_BODY and _is_chunked(
+                status, headers, self.request
+            )
             return
         if kind != "http.response.body":
             return
@@ -393,7 +400,10 @@ class _HTTPExchange:
         data = self._head
         self._head = b""
         if body:
-            data += h.send(h11.Data(data=body))
+            if self._chunked:
+                data += b"%x\r\n%b\r\n" % (len(body), body)
+            else:
+                data += h.send(h11.Data(data=body))
         if not more:
             data += h.send(h11.EndOfMessage())
             self.response_done = True
@@ -567,6 +577,19 @@ class _WebSocketConnection:
         except (_Gone, WSLocalProtocolError):
             pass
         await self.connection.close()
+
+
+def _is_chunked(status: int, headers: list[tuple[bytes, bytes]], request: h11.Request) -> bool:
+    """Whether h11 frames this response with chunked transfer-encoding (as it decides)."""
+    if request.http_version != b"1.1" or request.method == b"HEAD" or status in (204, 304):
+        return False
+    for name, value in headers:
+        name = name.lower()
+        if name == b"content-length":
+            return False
+        if name == b"transfer-encoding":
+            return value.lower() == b"chunked"
+    return True
 
 
 def _is_websocket_upgrade(request: h11.Request) -> bool:

@@ -22,6 +22,9 @@ REQUEST_ID_MAX = 128
 _REQUEST_ID_RE = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
+#: ASGI scope extension of a server whose send() may be cancelled without corrupting the
+#: connection (it either completes or closes it).
+CANCEL_SAFE_SEND = "trioserve.cancel_safe_send"
 
 
 @attrs.define
@@ -48,6 +51,7 @@ class Exchange:
     """Request side and response side of one ASGI HTTP scope."""
 
     __slots__ = (
+        "_cancel_safe",
         "detail_errors",
         "extra_headers",
         "headers",
@@ -74,6 +78,7 @@ class Exchange:
         for name, value in scope["headers"]:
             self.headers[name.lower()] = value
         self.started = False
+        self._cancel_safe = CANCEL_SAFE_SEND in scope.get("extensions", ())
         self.request_id = self._request_id()
         #: Added to every response (CORS).
         self.extra_headers: list[tuple[bytes, bytes]] = []
@@ -136,11 +141,16 @@ class Exchange:
         return out
 
     async def _send(self, message: dict[str, Any]) -> None:
-        # Shielded: hypercorn updates its h11 and stream state before it writes, so a
-        # cancellation inside send() leaves the two disagreeing and every later send fails.
-        # (hypercorn shields its socket writes too, so this costs no responsiveness.)
-        with trio.CancelScope(shield=True):
+        # Shielded, unless the server says its send() is cancel-safe (trioserve's h11
+        # server: a cancelled write closes the connection). hypercorn updates its h11 and
+        # stream state before it writes, so a cancellation inside its send() leaves the two
+        # disagreeing and every later send fails. (hypercorn shields its socket writes too,
+        # so the shield costs no responsiveness there.)
+        if self._cancel_safe:
             await self.send(message)
+        else:
+            with trio.CancelScope(shield=True):
+                await self.send(message)
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.started = True
