@@ -132,3 +132,37 @@ def test_nil_means_the_fields_default():
 def test_error_items_leave_out_the_default_error_type():
     _, body = msgpack.unpackb(encode(Outputs([OutputItem("r", 0, error=ErrorInfo(500, "x"))])))
     assert body["items"][0]["error"] == {"status": 500, "message": "x"}
+
+
+def test_the_outputs_fast_path_agrees_with_the_converter():
+    from trioserve.protocol.codec import _fast_outputs, converter
+
+    rng = random.Random(7)
+    for _ in range(500):
+        items = []
+        for i in range(rng.randint(0, 5)):
+            item = {"request_id": f"r{i}", "seq": rng.randint(0, 9)}
+            for key, values in [
+                ("data", ["tok", b"\x00", None, 5]),
+                ("modality", ["text", "audio", None, 1]),
+                ("finish_reason", ["stop", None, 2.5]),
+                ("mime_type", ["image/png", None, b"x"]),
+                ("usage", [{"prompt_tokens": 1, "completion_tokens": 2}]),
+            ]:
+                if rng.random() < 0.4:
+                    item[key] = rng.choice(values)
+            items.append(item)
+        body = {"items": items}
+        fast = _fast_outputs(body)
+        try:
+            slow = converter.structure(body, Outputs)
+        except Exception:
+            slow = None
+        if fast is not None:
+            assert fast == slow  # whatever the fast path accepts, it builds identically
+        frame = msgpack.packb(["outputs", body])
+        if slow is None:
+            with pytest.raises(ProtocolError):
+                decode(frame)
+        else:
+            assert decode(frame) == slow

@@ -17,7 +17,7 @@ import cattrs
 import msgpack
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn
 
-from .messages import TAGS, ErrorInfo, Limits, Message, ModelCard, OutputItem, Usage
+from .messages import TAGS, ErrorInfo, Limits, Message, ModelCard, OutputItem, Outputs, Usage
 
 _CLASSES = {tag: cls for cls, tag in TAGS.items()}
 
@@ -112,6 +112,46 @@ def encode(message: Message) -> bytes:
     return _packer.pack([TAGS[type(message)], converter.unstructure(message)])
 
 
+_PLAIN_ITEM_KEYS = frozenset(
+    {"request_id", "seq", "modality", "data", "finish_reason", "mime_type"}
+)
+
+
+def _fast_outputs(body: dict) -> Outputs | None:
+    """The per-token hot path: an outputs frame of plain items, checked by hand.
+
+    Applies exactly the converter's rules (strict types, nil = absent, unknown keys
+    ignored) to items with no nested records; returns None for anything else (an item
+    with usage or an error, a type mismatch), which then takes the converter's path and
+    its detailed error messages.
+    """
+    raw = body.get("items")
+    if type(raw) is not list or len(body) != 1:
+        return None
+    items = []
+    append = items.append
+    for d in raw:
+        if type(d) is not dict or not d.keys() <= _PLAIN_ITEM_KEYS:
+            return None
+        request_id = d.get("request_id")
+        seq = d.get("seq")
+        modality = d.get("modality")
+        data = d.get("data")
+        finish = d.get("finish_reason")
+        mime = d.get("mime_type")
+        if (
+            type(request_id) is not str
+            or type(seq) is not int
+            or (modality is not None and type(modality) is not str)
+            or (data is not None and type(data) is not str and type(data) is not bytes)
+            or (finish is not None and type(finish) is not str)
+            or (mime is not None and type(mime) is not str)
+        ):
+            return None
+        append(OutputItem(request_id, seq, modality or "text", data, None, finish, None, mime))
+    return Outputs(items)
+
+
 def decode(frame: bytes) -> Message:
     """Parse one frame. Raises :class:`ProtocolError` for anything malformed."""
     try:
@@ -126,6 +166,10 @@ def decode(frame: bytes) -> Message:
         raise ProtocolError(f"unknown message tag {tag!r}")
     if not isinstance(body, dict):
         raise ProtocolError(f"body of {tag!r} must be a map")
+    if cls is Outputs:
+        fast = _fast_outputs(body)
+        if fast is not None:
+            return fast
     try:
         return converter.structure(body, cls)
     except Exception as exc:
