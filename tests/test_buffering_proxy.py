@@ -11,43 +11,15 @@ tests/http/test_openai_routes.py), so this test guards trioserve's own flushing 
 
 from __future__ import annotations
 
-import os
-import subprocess
-
 import httpx
 import pytest
 import trio
 
-from tests.conftest import HANG_GUARD
+from tests.conftest import HANG_GUARD, start_frontend
+from tests.nginx import open_nginx
 from tests.processes import free_port
-from tests.test_rolling_restart import nginx_binary
 
 pytestmark = pytest.mark.integration
-
-CONF = """
-worker_processes 1;
-daemon off;
-pid {tmp}/nginx.pid;
-error_log {tmp}/error.log warn;
-{user}
-events {{ worker_connections 64; }}
-http {{
-    access_log off;
-    client_body_temp_path {tmp}/body;
-    proxy_temp_path {tmp}/proxy;
-    fastcgi_temp_path {tmp}/fastcgi;
-    uwsgi_temp_path {tmp}/uwsgi;
-    scgi_temp_path {tmp}/scgi;
-    server {{
-        listen 127.0.0.1:{port};
-        location / {{
-            proxy_pass http://127.0.0.1:{upstream};
-            proxy_http_version 1.1;
-            # proxy_buffering is left on (nginx's default).
-        }}
-    }}
-}}
-"""
 
 
 async def read_until_contains(response: httpx.Response, needle: str, count: int) -> str:
@@ -62,37 +34,14 @@ async def read_until_contains(response: httpx.Response, needle: str, count: int)
 
 @pytest.fixture
 async def proxied(nursery, tmp_path, engine):
-    from tests.conftest import start_frontend
-
     frontend = await start_frontend(nursery, engine, sse_keepalive=0.1)
     port = free_port()
-    conf = tmp_path / "nginx.conf"
-    conf.write_text(
-        CONF.format(
-            tmp=tmp_path,
-            port=port,
-            upstream=frontend.port,
-            user="user root;" if os.geteuid() == 0 else "",
-        )
-    )
-    proxy = await trio.lowlevel.open_process(
-        [nginx_binary(), "-c", str(conf), "-p", str(tmp_path)], stderr=subprocess.DEVNULL
-    )
-    try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=HANG_GUARD) as c:
-            with trio.fail_after(HANG_GUARD):
-                while True:
-                    try:
-                        if (await c.get("/live")).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    await trio.sleep(0.05)
-            yield c
-    finally:
-        proxy.terminate()
-        with trio.move_on_after(5):
-            await proxy.wait()
+    # proxy_buffering is left on (nginx's default).
+    async with (
+        open_nginx(tmp_path, port, [frontend.port]),
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=HANG_GUARD) as client,
+    ):
+        yield client
 
 
 async def test_sse_tokens_pass_a_buffering_proxy_while_the_stream_is_open(proxied):

@@ -11,61 +11,24 @@ instance: see docs/deployment.md for the configuration this mirrors.
 
 from __future__ import annotations
 
-import os
-import shutil
 import signal
-import subprocess
 
 import httpx
 import pytest
 import trio
 
 from tests.conftest import HANG_GUARD
+from tests.nginx import open_nginx
 from tests.processes import Proc, free_port, start_engine_process
 
 pytestmark = pytest.mark.integration
 
-NGINX_CONF = """
-worker_processes 1;
-daemon off;
-pid {tmp}/nginx.pid;
-error_log {tmp}/error.log warn;
-{user}
-events {{ worker_connections 1024; }}
-http {{
-    access_log off;
-    client_body_temp_path {tmp}/body;
-    proxy_temp_path {tmp}/proxy;
-    fastcgi_temp_path {tmp}/fastcgi;
-    uwsgi_temp_path {tmp}/uwsgi;
-    scgi_temp_path {tmp}/scgi;
-    upstream trioserve {{
-        server 127.0.0.1:{a} max_fails=0;
-        server 127.0.0.1:{b} max_fails=0;
-    }}
-    server {{
-        listen 127.0.0.1:{port};
-        location / {{
-            proxy_pass http://trioserve;
-            proxy_http_version 1.1;
+#: What the test's nginx adds to its proxied location (docs/deployment.md shows the same).
+LOCATION = """
             proxy_buffering off;
             proxy_read_timeout 60s;
             proxy_next_upstream error timeout http_503 non_idempotent;
-        }}
-    }}
-}}
 """
-
-
-def nginx_binary() -> str:
-    path = shutil.which("nginx") or (
-        "/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None
-    )
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail("nginx is not installed: .ci/run must install it")
-        pytest.skip("nginx is not installed here (CI installs it)")
-    return path
 
 
 async def start_instance(nursery: trio.Nursery, engine: str, port: int) -> Proc:
@@ -93,7 +56,6 @@ async def wait_healthy(port: int) -> None:
 
 
 async def test_rolling_restart_through_nginx_drops_nothing(nursery, tmp_path):
-    nginx = nginx_binary()
     engine_port, port_a, port_b, port_lb = (free_port() for _ in range(4))
     engine = f"tcp://127.0.0.1:{engine_port}"
     await start_engine_process(nursery, engine_port)
@@ -102,81 +64,66 @@ async def test_rolling_restart_through_nginx_drops_nothing(nursery, tmp_path):
     await wait_healthy(port_a)
     await wait_healthy(port_b)
 
-    conf = tmp_path / "nginx.conf"
-    conf.write_text(
-        NGINX_CONF.format(
-            tmp=tmp_path,
-            a=port_a,
-            b=port_b,
-            port=port_lb,
-            user="user root;" if os.geteuid() == 0 else "",
-        )
-    )
-    lb = await trio.lowlevel.open_process(
-        [nginx, "-c", str(conf), "-p", str(tmp_path)], stderr=subprocess.DEVNULL
-    )
-    try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port_lb}", timeout=60) as client:
-            with trio.fail_after(HANG_GUARD):
-                while True:
-                    try:
-                        if (await client.get("/health")).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    await trio.sleep(0.05)
-            stats = {"ok": 0, "streams_started": 0, "streams_completed": 0}
-            failures: list[str] = []
-            stop = trio.Event()
+    async with (
+        open_nginx(tmp_path, port_lb, [port_a, port_b], LOCATION),
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port_lb}", timeout=60) as client,
+    ):
+        with trio.fail_after(HANG_GUARD):
+            while True:
+                try:
+                    if (await client.get("/health")).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                await trio.sleep(0.05)
+        stats = {"ok": 0, "streams_started": 0, "streams_completed": 0}
+        failures: list[str] = []
+        stop = trio.Event()
 
-            async def load(worker: int) -> None:
-                i = 0
-                while not stop.is_set():
-                    i += 1
-                    stream = (worker + i) % 2 == 0
-                    body = {"prompt": f"w{worker}-{i}", "max_tokens": 20, "stream": stream}
-                    try:
-                        if stream:
-                            async with client.stream("POST", "/v1/completions", json=body) as r:
-                                if r.status_code != 200:
-                                    failures.append(f"stream status {r.status_code}")
-                                    continue
-                                stats["streams_started"] += 1
-                                text = "".join([chunk async for chunk in r.aiter_text()])
-                            if text.endswith("data: [DONE]\n\n"):
-                                stats["streams_completed"] += 1
-                                stats["ok"] += 1
-                            else:
-                                failures.append(f"truncated stream: {text[-200:]!r}")
+        async def load(worker: int) -> None:
+            i = 0
+            while not stop.is_set():
+                i += 1
+                stream = (worker + i) % 2 == 0
+                body = {"prompt": f"w{worker}-{i}", "max_tokens": 20, "stream": stream}
+                try:
+                    if stream:
+                        async with client.stream("POST", "/v1/completions", json=body) as r:
+                            if r.status_code != 200:
+                                failures.append(f"stream status {r.status_code}")
+                                continue
+                            stats["streams_started"] += 1
+                            text = "".join([chunk async for chunk in r.aiter_text()])
+                        if text.endswith("data: [DONE]\n\n"):
+                            stats["streams_completed"] += 1
+                            stats["ok"] += 1
                         else:
-                            r = await client.post("/v1/completions", json=body)
-                            if r.status_code == 200 and r.json()["choices"][0]["finish_reason"]:
-                                stats["ok"] += 1
-                            else:
-                                failures.append(f"status {r.status_code}: {r.text[:200]}")
-                    except httpx.HTTPError as exc:
-                        failures.append(f"{type(exc).__name__}: {exc}")
+                            failures.append(f"truncated stream: {text[-200:]!r}")
+                    else:
+                        r = await client.post("/v1/completions", json=body)
+                        if r.status_code == 200 and r.json()["choices"][0]["finish_reason"]:
+                            stats["ok"] += 1
+                        else:
+                            failures.append(f"status {r.status_code}: {r.text[:200]}")
+                except httpx.HTTPError as exc:
+                    failures.append(f"{type(exc).__name__}: {exc}")
 
-            async with trio.open_nursery() as clients:
-                for worker in range(8):
-                    clients.start_soon(load, worker)
+        async with trio.open_nursery() as clients:
+            for worker in range(8):
+                clients.start_soon(load, worker)
+            await trio.sleep(0.5)
+            for port in (port_a, port_b):
+                old = instances[port]
+                old.signal(signal.SIGTERM)
+                await old.wait_for_output("draining: listener closed")
+                instances[port] = await start_instance(nursery, engine, port)
+                await wait_healthy(port)
+                with trio.fail_after(40):
+                    assert await old.process.wait() == 0
                 await trio.sleep(0.5)
-                for port in (port_a, port_b):
-                    old = instances[port]
-                    old.signal(signal.SIGTERM)
-                    await old.wait_for_output("draining: listener closed")
-                    instances[port] = await start_instance(nursery, engine, port)
-                    await wait_healthy(port)
-                    with trio.fail_after(40):
-                        assert await old.process.wait() == 0
-                    await trio.sleep(0.5)
-                stop.set()
-    finally:
-        lb.terminate()
-        with trio.move_on_after(5):
-            await lb.wait()
-        for proc in instances.values():
-            proc.signal(signal.SIGTERM)
+            stop.set()
+    for proc in instances.values():
+        proc.signal(signal.SIGTERM)
     assert not failures, failures[:10]
     assert stats["streams_started"] == stats["streams_completed"] > 0
     assert stats["ok"] > 50

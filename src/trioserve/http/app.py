@@ -18,6 +18,7 @@ from .admission import Admission
 from .cors import CorsPolicy
 from .errors import HTTPError
 from .exchange import ClientGone, Exchange, Receive, Send, ServerState
+from .forms import JSON, MULTIPART, URLENCODED, Body, read_body
 from .lifecycle import Registry, run_generation
 from .media import MediaFetcher
 from .multimodal import resolve_chat_media
@@ -222,6 +223,23 @@ class App:
 
     def uploads(self) -> Uploads:
         return Uploads(self.settings.upload_dir)
+
+    async def read_form(
+        self,
+        exchange: Exchange,
+        *,
+        uploads: Uploads | None,
+        accepted: tuple[str, ...] = (MULTIPART, URLENCODED, JSON),
+    ) -> Body:
+        """The request body by its Content-Type, under the server's size and time limits."""
+        settings = self.settings
+        return await read_body(
+            exchange,
+            limit=settings.max_body_bytes,
+            timeout=settings.body_timeout,
+            uploads=uploads,
+            accepted=accepted,
+        )
 
     async def run(
         self,

@@ -17,7 +17,7 @@ import attrs
 from ..protocol import OutputItem, Submit
 from .errors import HTTPError
 from .exchange import JSON_HEADERS, Exchange
-from .forms import Body, extra_params, read_body, structure_fields
+from .forms import Body, extra_params, structure_fields
 from .openai_api import usage_dict
 from .validation import invalid
 from .writers import Collected, CollectingWriter, EngineItemError, engine_error
@@ -85,11 +85,8 @@ def build_submit(request_id: str, model: str, req: GenerateRequest, body: Body) 
 
 async def handle(app: App, exchange: Exchange) -> None:
     timeout = app.begin(exchange)
-    settings = app.settings
     with app.uploads() as uploads:
-        body = await read_body(
-            exchange, limit=settings.max_body_bytes, timeout=settings.body_timeout, uploads=uploads
-        )
+        body = await app.read_form(exchange, uploads=uploads)
         req = parse(body)
         stream = req.streaming if req.streaming is not None else req.stream
         submit = build_submit(exchange.request_id, app.resolve_model(req.model), req, body)

@@ -21,7 +21,7 @@ from ..protocol import Submit
 from .errors import HTTPError
 from .exchange import JSON_HEADERS, Exchange
 from .fanout import run_group
-from .forms import JSON, MULTIPART, Body, extra_params, read_body, structure_fields
+from .forms import JSON, MULTIPART, Body, extra_params, structure_fields
 from .validation import invalid
 from .writers import Collected
 
@@ -109,14 +109,7 @@ async def _serve(
 
 async def generations(app: App, exchange: Exchange) -> None:
     timeout = app.begin(exchange)
-    settings = app.settings
-    body = await read_body(
-        exchange,
-        limit=settings.max_body_bytes,
-        timeout=settings.body_timeout,
-        uploads=None,
-        accepted=(JSON,),
-    )
+    body = await app.read_form(exchange, uploads=None, accepted=(JSON,))
     req = parse(body)
     model = app.resolve_model(req.model)
     inputs = {"prompt": req.prompt}
@@ -126,15 +119,8 @@ async def generations(app: App, exchange: Exchange) -> None:
 
 async def edits(app: App, exchange: Exchange) -> None:
     timeout = app.begin(exchange)
-    settings = app.settings
     with app.uploads() as uploads:
-        body = await read_body(
-            exchange,
-            limit=settings.max_body_bytes,
-            timeout=settings.body_timeout,
-            uploads=uploads,
-            accepted=(MULTIPART,),
-        )
+        body = await app.read_form(exchange, uploads=uploads, accepted=(MULTIPART,))
         images = body.files.get("image", []) + body.files.get("image[]", [])
         if not images:
             raise HTTPError(

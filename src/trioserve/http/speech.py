@@ -16,7 +16,7 @@ import attrs
 from ..protocol import OutputItem, Submit
 from .errors import HTTPError
 from .exchange import Exchange
-from .forms import JSON, extra_params, read_body, structure_fields
+from .forms import JSON, extra_params, structure_fields
 from .validation import invalid
 from .writers import Collected, CollectingWriter, EngineItemError, WriterRefused, engine_error
 
@@ -109,14 +109,7 @@ def parse(body: Any) -> tuple[SpeechRequest, str]:
 
 async def handle(app: App, exchange: Exchange) -> None:
     timeout = app.begin(exchange)
-    settings = app.settings
-    body = await read_body(
-        exchange,
-        limit=settings.max_body_bytes,
-        timeout=settings.body_timeout,
-        uploads=None,
-        accepted=(JSON,),
-    )
+    body = await app.read_form(exchange, uploads=None, accepted=(JSON,))
     req, fmt = parse(body)
     inputs: dict[str, Any] = {"input": req.input}
     if req.voice is not None:

@@ -20,7 +20,7 @@ import attrs
 from ..protocol import Submit
 from .errors import HTTPError
 from .exchange import JSON_HEADERS, Exchange
-from .forms import JSON, MULTIPART, Body, extra_params, read_body, structure_fields
+from .forms import JSON, MULTIPART, Body, extra_params, structure_fields
 from .media import Media
 from .validation import invalid
 from .writers import Collected, CollectingWriter, EngineItemError
@@ -82,15 +82,8 @@ async def conditioning(app: App, req: VideoRequest, body: Body) -> dict[str, Med
 
 async def handle(app: App, exchange: Exchange) -> None:
     timeout = app.begin(exchange)
-    settings = app.settings
     with app.uploads() as uploads:
-        body = await read_body(
-            exchange,
-            limit=settings.max_body_bytes,
-            timeout=settings.body_timeout,
-            uploads=uploads,
-            accepted=(JSON, MULTIPART),
-        )
+        body = await app.read_form(exchange, uploads=uploads, accepted=(JSON, MULTIPART))
         req = parse(body)
         inputs: dict[str, Any] = {"prompt": req.prompt}
         for name, media in (await conditioning(app, req, body)).items():
