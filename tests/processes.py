@@ -41,11 +41,17 @@ class Proc:
         return proc
 
     async def _read(self) -> None:
+        """Collect stderr; when the test's nursery ends, kill the process (no leftovers)."""
         assert self.process.stderr is not None
-        async for chunk in self.process.stderr:
-            self.output += chunk
-            self._lines.set()
-            self._lines = trio.Event()
+        try:
+            async for chunk in self.process.stderr:
+                self.output += chunk
+                self._lines.set()
+                self._lines = trio.Event()
+            await trio.sleep_forever()
+        finally:
+            if self.process.returncode is None:
+                self.process.kill()
 
     async def wait_for_output(self, pattern: str) -> re.Match[bytes]:
         with trio.fail_after(HANG_GUARD):
