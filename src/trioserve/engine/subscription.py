@@ -15,6 +15,7 @@ run in a ``finally`` under cancellation without awaiting anything, and it is ide
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -49,21 +50,31 @@ class Subscription:
         #: Reason recorded with the abort when the context exits while still open.
         self.abort_reason = "disconnect"
         self._on_failure = on_failure
-        self._send, self._receive = trio.open_memory_channel[OutputItem](buffer)
+        # A bounded queue and one parked consumer: what a memory channel does, without
+        # its per-item bookkeeping (this is the per-token path).
+        self._items: collections.deque[OutputItem] = collections.deque()
+        self._bound = buffer
+        self._closed = False  # no more items will be added
+        self._waiter: trio.lowlevel.Task | None = None
 
     # -- called by the engine connection (in its socket-owner task) --------------------
 
     def deliver(self, item: OutputItem) -> None:
         """Hand one item to the consumer, never blocking the caller."""
-        try:
-            self._send.send_nowait(item)
-        except trio.WouldBlock:
+        if len(self._items) >= self._bound:
             self.fail(SlowClientError("the client is not reading fast enough"), "slow_client")
             return
+        self._items.append(item)
         if item.final:
             self.state = "finished"
             self.engine.forget(self.request_id)
-            self._send.close()
+            self._closed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None:
+            task, self._waiter = self._waiter, None
+            trio.lowlevel.reschedule(task)
 
     def fail(self, error: TrioserveError, reason: str) -> None:
         """End the subscription with an error; the consumer sees ``error`` at once."""
@@ -88,7 +99,8 @@ class Subscription:
         self.engine.forget(self.request_id)
         self.engine.queue_abort(self.request_id)
         metrics.ENGINE_ABORTS.labels(reason=reason).inc()
-        self._send.close()
+        self._closed = True
+        self._wake()
 
     @property
     def done(self) -> bool:
@@ -102,26 +114,37 @@ class Subscription:
         """
         if self.error is not None:
             raise self.error
-        try:
-            batch = [await self._receive.receive()]
-        except trio.EndOfChannel:
+        items = self._items
+        if not items:
+            if self._closed:
+                await trio.lowlevel.checkpoint()
+                return []
+            if self._waiter is not None:
+                raise trio.BusyResourceError("another task is already receiving")
+            self._waiter = trio.lowlevel.current_task()
+
+            def abort(_: object) -> trio.lowlevel.Abort:
+                self._waiter = None
+                return trio.lowlevel.Abort.SUCCEEDED
+
+            await trio.lowlevel.wait_task_rescheduled(abort)
             if self.error is not None:
-                raise self.error from None
-            return []
-        receive_nowait = self._receive.receive_nowait
-        try:
-            while len(batch) < limit:
-                batch.append(receive_nowait())
-        except (trio.WouldBlock, trio.EndOfChannel):
-            pass
-        return batch
+                raise self.error
+            if not items:
+                return []
+        # No checkpoint when items are waiting: the consumer parks as soon as it has
+        # taken them, and the items can only come from the task it then lets run.
+        if len(items) <= limit:
+            batch = list(items)
+            items.clear()
+            return batch
+        return [items.popleft() for _ in range(limit)]
 
     async def __aenter__(self) -> Subscription:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         self.abort(self.abort_reason)
-        self._receive.close()
 
 
 __all__ = ["DEFAULT_BUFFER", "EngineLostError", "Subscription"]
