@@ -252,4 +252,7 @@ async def test_drain_deadline_closes_with_1001_and_aborts(nursery, engine):
         ("d1", "server_shutting_down"),
         ("d2", "server_shutting_down"),
     ]
+    await wait_until(
+        lambda: engine_ids(frontend, "d1") and engine_ids(frontend, "d2"), "both aborts"
+    )
     assert engine_ids(frontend, "d1") == engine_ids(frontend, "d2") == ["aborted"]
