@@ -150,10 +150,14 @@ class _HTTPConnection:
             return b""
 
     async def close(self) -> None:
+        """Close the socket now (synchronously: nothing to flush, nothing to cancel).
+
+        trio's socket close wakes any task parked on it with ClosedResourceError, which
+        read() and write() turn into EOF / a lost peer.
+        """
         if not self.closed:
             self.closed = True
-            with trio.CancelScope(shield=True):
-                await trio.aclose_forcefully(self.stream)
+            self.stream.socket.close()
 
     async def next_event(self) -> Any:
         """The next h11 event, reading as needed."""
@@ -320,10 +324,11 @@ class _HTTPExchange:
                 await connection.close()
             return
         if not self.response_done:
-            if not self.response_started and not connection.closed:
-                await self._simple(500)
-            else:
+            if self.disconnected or self.response_started or connection.closed:
+                # The client is gone (nothing to tell it), or a response broke off.
                 await connection.close()
+            else:
+                await self._simple(500)  # the app returned without answering
 
     async def _simple(self, status: int) -> None:
         await self.send(
