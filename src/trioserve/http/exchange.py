@@ -169,8 +169,13 @@ class Exchange:
         self, status: int, body: bytes, headers: list[tuple[bytes, bytes]] = JSON_HEADERS
     ) -> None:
         """Send a whole response, head and body, with no cancellation point between."""
+        headers = [*headers, (b"content-length", str(len(body)).encode())]
+        if self._cancel_safe:  # the server writes head and body at once, or closes
+            await self.start(status, headers)
+            await self.body(body, more=False)
+            return
         with trio.CancelScope(shield=True):
-            await self.start(status, [*headers, (b"content-length", str(len(body)).encode())])
+            await self.start(status, headers)
             await self.body(body, more=False)
 
     async def respond_json(self, status: int, obj: Any) -> None:
