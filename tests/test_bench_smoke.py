@@ -17,11 +17,6 @@ import pytest
 pytestmark = pytest.mark.integration
 TOOLS = Path(__file__).parent.parent / "tools"
 
-pytest.importorskip("fastapi", reason="the reference frontend needs fastapi")
-pytest.importorskip("uvicorn", reason="the reference frontend needs uvicorn")
-pytest.importorskip("uvloop", reason="the reference frontend and the load generator need uvloop")
-pytest.importorskip("orjson", reason="the reference frontend needs orjson")
-
 
 def test_bench_quick_reports_every_figure(tmp_path):
     out = tmp_path / "bench.json"

@@ -1,0 +1,1051 @@
+"""trioserve against the reference frontend (FastAPI + uvicorn): throughput, latency, memory.
+
+Starts the mock engine, trioserve (``trioserve run``, once per ``--trioserve-args``) and
+the reference (``tools/reference_server.py``) as separate processes, pins them with
+``taskset`` (the frontend under test alone on core 0; the engine, the load generator and
+this script on core 1), and drives the frontends in alternation, A B A B, for ``--rounds``
+rounds with ``tools/loadgen.py``. Each round starts the frontends afresh. Before the first
+round it checks that both frontends answer the same bytes to the same requests.
+
+Figures (each: the median over rounds, its range, and trioserve/reference per round):
+
+- non-streaming requests/s at concurrency 1 and 32, latency p50/p99;
+- streaming at 32, 256 and 1024 concurrent streams, the engine producing a fixed token
+  rate per stream: token events relayed per second, inter-token latency p50/p99, CPU the
+  frontend used per relayed event (/proc/PID/stat);
+- time to first token added by the frontend to the engine's own (c=1);
+- resident memory of the frontend holding 1,000 and 10,000 idle, open streams.
+
+The load side reports its own CPU (load generator, engine, each core, everything else on
+the machine), so a run shows whether it measured the frontend or something else. trioserve's
+admission bound (``--max-concurrent-requests``) is raised to what the plan opens at once
+(the reference has none); the package's code is fingerprinted at every round, so a run
+during which someone edited it says so. Process logs stay in a temporary directory named
+in the JSON (``meta.logs``).
+
+    python tools/bench.py                          # the full run (about 8 minutes)
+    python tools/bench.py --quick                  # a seconds-long smoke run
+    python tools/bench.py --trioserve-args "--server h11" --trioserve-args "--server hypercorn"
+    python tools/bench.py --json figures.json --write-docs docs/benchmarks.md
+
+All traffic is on 127.0.0.1; every step is bounded in time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import platform
+import re
+import resource
+import shlex
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+TOOLS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TOOLS))
+
+import loadgen  # noqa: E402  (tools/loadgen.py: the response parser)
+
+BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+DASH = "\u2013"
+URL_RE = re.compile(r"Running on (http://127\.0\.0\.1:\d+)")
+FRONTEND_CORE, LOAD_CORE = 0, 1
+
+# -- processes ------------------------------------------------------------------------------
+
+
+def pin_prefix(core: int, pin: bool) -> list[str]:
+    return ["taskset", "-c", str(core)] if pin else []
+
+
+def _raise_fd_limit() -> None:
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen
+    log_path: Path
+    url: str = ""
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def log_tail(self, size: int = 3000) -> str:
+        with contextlib.suppress(OSError):
+            return self.log_path.read_text(errors="replace")[-size:]
+        return ""
+
+    def stop(self, graceful: bool = False) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM if graceful else signal.SIGKILL)
+            try:
+                self.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(10)
+
+
+def spawn(name: str, command: list[str], workdir: Path) -> Proc:
+    log_path = workdir / f"{name.replace(' ', '_').replace('/', '_')}-{uuid.uuid4().hex[:6]}.log"
+    with open(log_path, "wb") as log_file:
+        popen = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            preexec_fn=_raise_fd_limit,
+        )
+    return Proc(name, popen, log_path)
+
+
+def wait_for_log(proc: Proc, pattern: re.Pattern[str], timeout: float = 30) -> re.Match[str]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        match = pattern.search(proc.log_tail(100_000))
+        if match:
+            return match
+        if proc.popen.poll() is not None:
+            break
+        time.sleep(0.05)
+    raise RuntimeError(f"{proc.name} did not start:\n{proc.log_tail()}")
+
+
+def wait_healthy(proc: Proc, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with (
+            contextlib.suppress(OSError),
+            urllib.request.urlopen(proc.url + "/health", timeout=2) as reply,
+        ):
+            if reply.status == 200:
+                return
+        if proc.popen.poll() is not None:
+            break
+        time.sleep(0.1)
+    raise RuntimeError(f"{proc.name} never became healthy:\n{proc.log_tail()}")
+
+
+@dataclass
+class FrontendSpec:
+    label: str
+    command: list[str]  # without the engine address and port
+
+
+def trioserve_options() -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "trioserve", "run", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return result.stdout
+
+
+def frontend_specs(trioserve_args: list[str], most_requests: int) -> list[FrontendSpec]:
+    """trioserve once per ``--trioserve-args``, then the reference.
+
+    trioserve's admission bound (``--max-concurrent-requests``, where it exists) is raised
+    to what the plan opens at once, unless the arguments set it: the reference has none.
+    """
+    specs = []
+    admission = "--max-concurrent-requests" in trioserve_options()
+    for extra in trioserve_args or [""]:
+        label = "trioserve" + (f" {extra}" if extra else "")
+        argv = shlex.split(extra)
+        if admission and not any(a.startswith("--max-concurrent-requests") for a in argv):
+            argv += ["--max-concurrent-requests", str(most_requests)]
+        specs.append(FrontendSpec(label, [sys.executable, "-m", "trioserve", "run", *argv]))
+    specs.append(FrontendSpec("reference", [sys.executable, str(TOOLS / "reference_server.py")]))
+    return specs
+
+
+def start_frontend(spec: FrontendSpec, engine: str, pin: bool, workdir: Path) -> Proc:
+    command = [
+        *pin_prefix(FRONTEND_CORE, pin),
+        *spec.command,
+        "--engine",
+        engine,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+    ]
+    proc = spawn(spec.label, command, workdir)
+    proc.url = wait_for_log(proc, URL_RE).group(1)
+    wait_healthy(proc)
+    return proc
+
+
+def source_state() -> str:
+    """What code a frontend started now would run: git HEAD plus a hash of the package's
+    files as they are on disk (others may be editing the working tree during a run)."""
+    import hashlib
+
+    import trioserve
+
+    package = Path(trioserve.__file__).resolve().parent
+    digest = hashlib.sha1()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode())
+        digest.update(path.read_bytes())
+    head = ""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        head = subprocess.run(
+            ["git", "-C", str(package), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    return f"{head or 'no git'}+src:{digest.hexdigest()[:10]}"
+
+
+def _code(state: str) -> str:
+    """The package-contents part of :func:`source_state` (commits elsewhere don't count)."""
+    return state.rpartition("+src:")[2]
+
+
+# -- the byte-for-byte check ----------------------------------------------------------------
+
+CHECKS = {
+    "JSON": {"max_tokens": 5},
+    "SSE + include_usage": {
+        "max_tokens": 5,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    },
+    "SSE": {"max_tokens": 3, "stream": True},
+    "SSE, engine error after 2 tokens": {"max_tokens": 5, "stream": True, "mock_error_after": 2},
+    "JSON, engine error 429": {"max_tokens": 5, "mock_error_after": 0, "mock_error_status": 429},
+}
+
+
+def fetch(url: str, body: dict, request_id: str) -> tuple[int, bytes]:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    payload = json.dumps(body).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}\r\n"
+        f"content-type: application/json\r\nx-request-id: {request_id}\r\n"
+        f"content-length: {len(payload)}\r\n\r\n"
+    ).encode()
+    parts: list[bytes] = []
+    response = loadgen.Response()
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(head + payload)
+        while not response.done:
+            data = sock.recv(65536)
+            if not data:
+                break
+            response.feed(data, parts.append)
+    return response.status, b"".join(parts)
+
+
+def byte_check(frontends: list[Proc]) -> list[dict]:
+    """Same request, same request id, to every frontend: are the bodies identical?"""
+    results = []
+    for i, (name, extra) in enumerate(CHECKS.items()):
+        body = {"messages": [{"role": "user", "content": f"Check {i}: the same bytes?"}]}
+        body.update(extra)
+        request_id = f"bytecheck-{i}-{uuid.uuid4().hex[:8]}"
+        answers = {}
+        for proc in frontends:
+            status, raw = fetch(proc.url, body, request_id)
+            answers[proc.name] = (status, re.sub(rb'"created":\d+', b'"created":0', raw))
+        first = next(iter(answers.values()))
+        same = all(answer == first for answer in answers.values())
+        entry = {"case": name, "identical": same, "bytes": len(first[1])}
+        if not same:
+            entry["answers"] = {
+                k: [v[0], v[1][:2000].decode(errors="replace")] for k, v in answers.items()
+            }
+        results.append(entry)
+    return results
+
+
+# -- scenarios ------------------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    rounds: int
+    json_levels: list[int]
+    json_duration: float
+    json_warmup: float
+    stream_levels: list[int]
+    stream_rate: float
+    stream_tokens: int
+    stream_duration: float
+    stream_warmup: float
+    ttft_count: int
+    ttft_warmup: int
+    ttft_ms: float
+    idle_levels: list[int]
+    scenarios: list[str]
+
+    def steps(self) -> list[tuple[str, int]]:
+        out: list[tuple[str, int]] = []
+        if "idle" in self.scenarios:
+            out.append(("idle", 0))
+        if "json" in self.scenarios:
+            out += [("json", c) for c in self.json_levels]
+        if "stream" in self.scenarios:
+            out += [("stream", n) for n in self.stream_levels]
+        if "ttft" in self.scenarios:
+            out.append(("ttft", 1))
+        return out
+
+    def estimate(self, step: tuple[str, int]) -> float:
+        kind, level = step
+        if kind == "json":
+            return self.json_duration + self.json_warmup + 1
+        if kind == "stream":
+            return self.stream_duration + self.stream_warmup + 1 + level / 300
+        if kind == "ttft":
+            return 1 + (self.ttft_count + self.ttft_warmup) * (self.ttft_ms + 3) / 1000
+        return 2 + sum(self.idle_levels) / 1500
+
+
+def loadgen_args(plan: Plan, step: tuple[str, int], engine_address: str) -> list[str]:
+    kind, level = step
+    if kind == "json":
+        return [
+            "json",
+            "--concurrency",
+            str(level),
+            "--duration",
+            str(plan.json_duration),
+            "--warmup",
+            str(plan.json_warmup),
+        ]
+    if kind == "stream":
+        return [
+            "stream",
+            "--streams",
+            str(level),
+            "--rate",
+            str(plan.stream_rate),
+            "--stream-tokens",
+            str(plan.stream_tokens),
+            "--duration",
+            str(plan.stream_duration),
+            "--warmup",
+            str(plan.stream_warmup),
+        ]
+    if kind == "ttft":
+        return [
+            "ttft",
+            "--engine",
+            engine_address,
+            "--count",
+            str(plan.ttft_count),
+            "--warmup-count",
+            str(plan.ttft_warmup),
+            "--ttft-ms",
+            str(plan.ttft_ms),
+        ]
+    return ["idle", "--engine", engine_address, "--levels", ",".join(map(str, plan.idle_levels))]
+
+
+class Progress:
+    """One status line on stderr, rewritten in place (plain lines when not a terminal)."""
+
+    def __init__(self, total_estimate: float) -> None:
+        self.t0 = time.monotonic()
+        self.total = total_estimate
+        self.tty = sys.stderr.isatty()
+        self.status = ""
+
+    def elapsed(self) -> str:
+        s = int(time.monotonic() - self.t0)
+        return f"{s // 60}:{s % 60:02d}"
+
+    def show(self, status: str) -> None:
+        self.status = status
+        if self.tty:
+            line = (
+                f"[{self.elapsed()} / ~{int(self.total) // 60}:{int(self.total) % 60:02d}] {status}"
+            )
+            print("\r\033[K" + line, end="", file=sys.stderr, flush=True)
+
+    def note(self, text: str) -> None:
+        prefix = "\r\033[K" if self.tty else ""
+        print(f"{prefix}[{self.elapsed()}] {text}", file=sys.stderr, flush=True)
+
+
+def run_loadgen(
+    args: list[str],
+    frontend: Proc,
+    engine: Proc,
+    pin: bool,
+    progress: Progress,
+    status: str,
+    timeout: float,
+) -> dict:
+    command = [
+        *pin_prefix(LOAD_CORE, pin),
+        sys.executable,
+        str(TOOLS / "loadgen.py"),
+        *args,
+        "--url",
+        frontend.url,
+        "--frontend-pid",
+        str(frontend.pid),
+        "--engine-pid",
+        str(engine.pid),
+    ]
+    with tempfile.TemporaryFile() as err:
+        popen = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=err, preexec_fn=_raise_fd_limit
+        )
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                out, _ = popen.communicate(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                progress.show(status)
+                if time.monotonic() > deadline:
+                    popen.kill()
+                    popen.communicate()
+                    return {"error": f"timed out after {timeout:.0f} s"}
+        err.seek(0)
+        stderr = err.read().decode(errors="replace")
+    if popen.returncode != 0:
+        last = stderr.strip().splitlines()[-1:] or ["?"]
+        return {"error": f"loadgen exited {popen.returncode}: {last[0]}", "stderr": stderr[-3000:]}
+    return json.loads(out.decode().strip().splitlines()[-1])
+
+
+def summary_of(kind: str, level: int, result: dict) -> str:
+    if "error" in result:
+        return f"FAILED: {result['error']}"
+    cpu = (
+        f"frontend {result.get('frontend_cpu_pct', math.nan):.0f}% CPU "
+        f"(core 0 busy {result.get('cpu0_busy_pct', math.nan):.0f}%, core 1 "
+        f"{result.get('cpu1_busy_pct', math.nan):.0f}%)"
+    )
+    if kind == "json":
+        return (
+            f"{result['rps']:.0f} req/s, p50 {result['p50_ms']:.2f} ms, "
+            f"p99 {result['p99_ms']:.2f} ms, {cpu}"
+        )
+    if kind == "stream":
+        return (
+            f"{result['events_per_s']:.0f} events/s (nominal {result['expected_per_s']:.0f}), "
+            f"ITL p50 {result['itl_p50_ms']:.0f} ms p99 {result['itl_p99_ms']:.0f} ms, "
+            f"{result['frontend_cpu_us_per_event']:.0f} µs CPU/event, {cpu}"
+        )
+    if kind == "ttft":
+        return (
+            f"TTFT {result['frontend_p50_ms']:.2f} ms vs engine {result['direct_p50_ms']:.2f} ms: "
+            f"+{result['added_p50_ms']:.2f} ms (p99 +{result['added_p99_ms']:.2f} ms)"
+        )
+    levels = ", ".join(
+        f"{lvl}: {v['rss_bytes'] / 2**20:.0f} MiB" for lvl, v in result["levels"].items()
+    )
+    return f"RSS idle {result['rss_baseline_bytes'] / 2**20:.0f} MiB, {levels}"
+
+
+# -- figures --------------------------------------------------------------------------------
+
+
+@dataclass
+class Figure:
+    key: str
+    label: str
+    unit: str
+    digits: int
+    values: dict[str, list[float]] = field(default_factory=dict)  # frontend -> per round
+
+
+def extract(
+    plan: Plan, rounds: list[dict[str, dict[str, dict]]], labels: list[str]
+) -> list[Figure]:
+    """The table's rows: one figure per metric, its value per frontend per round."""
+    defs: list[tuple[str, str, str, int, str, str]] = []  # key, label, unit, digits, step, field
+    for c in plan.json_levels if "json" in plan.scenarios else []:
+        step = f"json:{c}"
+        defs += [
+            (f"json_c{c}_rps", f"non-streaming, c={c}: requests/s", "req/s", 0, step, "rps"),
+            (f"json_c{c}_p50", f"non-streaming, c={c}: latency p50", "ms", 2, step, "p50_ms"),
+            (f"json_c{c}_p99", f"non-streaming, c={c}: latency p99", "ms", 2, step, "p99_ms"),
+        ]
+    for n in plan.stream_levels if "stream" in plan.scenarios else []:
+        step = f"stream:{n}"
+        defs += [
+            (f"stream_{n}_eps", f"{n} streams: events/s relayed", "ev/s", 0, step, "events_per_s"),
+            (f"stream_{n}_itl50", f"{n} streams: inter-token p50", "ms", 1, step, "itl_p50_ms"),
+            (f"stream_{n}_itl99", f"{n} streams: inter-token p99", "ms", 1, step, "itl_p99_ms"),
+            (
+                f"stream_{n}_cpu_ev",
+                f"{n} streams: frontend CPU per event",
+                "µs",
+                1,
+                step,
+                "frontend_cpu_us_per_event",
+            ),
+            (f"stream_{n}_cpu", f"{n} streams: frontend CPU", "%", 0, step, "frontend_cpu_pct"),
+        ]
+    if "ttft" in plan.scenarios:
+        defs += [
+            (
+                "ttft_p50",
+                "TTFT through the frontend, p50 (c=1)",
+                "ms",
+                2,
+                "ttft:1",
+                "frontend_p50_ms",
+            ),
+            (
+                "ttft_engine_p50",
+                "TTFT straight from the engine, p50",
+                "ms",
+                2,
+                "ttft:1",
+                "direct_p50_ms",
+            ),
+            (
+                "ttft_added_p50",
+                "TTFT added by the frontend, p50",
+                "ms",
+                2,
+                "ttft:1",
+                "added_p50_ms",
+            ),
+            (
+                "ttft_added_p99",
+                "TTFT added by the frontend, p99",
+                "ms",
+                2,
+                "ttft:1",
+                "added_p99_ms",
+            ),
+        ]
+    if "idle" in plan.scenarios:
+        defs.append(("rss_idle", "RSS, no streams open", "MiB", 1, "idle:0", "rss_baseline_bytes"))
+        for level in plan.idle_levels:
+            defs.append(
+                (
+                    f"rss_{level}",
+                    f"RSS, {level:,} idle streams open",
+                    "MiB",
+                    1,
+                    "idle:0",
+                    f"rss:{level}",
+                )
+            )
+        top = plan.idle_levels[-1]
+        defs.append(
+            (
+                "rss_per_stream",
+                f"RSS per idle stream (at {top:,})",
+                "KiB",
+                1,
+                "idle:0",
+                f"per:{top}",
+            )
+        )
+        defs.append(
+            (
+                "idle_aborted_s",
+                f"{top:,} idle clients reset: until the engine has every abort",
+                "s",
+                2,
+                "idle:0",
+                "aborted_in_s",
+            )
+        )
+    defs += [
+        (
+            "load_other",
+            "other processes' CPU, mean over windows",
+            "% of a core",
+            0,
+            "*",
+            "mean:other_cpu_pct",
+        ),
+        (
+            "load_loadgen",
+            "load generator CPU, worst window",
+            "% of a core",
+            0,
+            "*",
+            "max:loadgen_cpu_pct",
+        ),
+        ("load_engine", "engine CPU, worst window", "% of a core", 0, "*", "max:engine_cpu_pct"),
+    ]
+    figures = []
+    for key, label, unit, digits, step, name in defs:
+        figure = Figure(key, label, unit, digits)
+        for frontend in labels:
+            series = []
+            for rnd in rounds:
+                if step == "*":
+                    series.append(_across(rnd.get(frontend, {}), name))
+                    continue
+                result = rnd.get(frontend, {}).get(step)
+                value = _field(result, name)
+                if value is not None and unit == "MiB":
+                    value /= 2**20
+                if value is not None and unit == "KiB":
+                    value /= 1024
+                series.append(value if value is not None else math.nan)
+            figure.values[frontend] = series
+        figures.append(figure)
+    return figures
+
+
+def _across(results: dict[str, dict], name: str) -> float:
+    """``mean:KEY`` or ``max:KEY`` over every measuring window of one frontend's round."""
+    how, key = name.split(":")
+    values = [r[key] for r in results.values() if isinstance(r, dict) and key in r]
+    if not values:
+        return math.nan
+    return statistics.fmean(values) if how == "mean" else max(values)
+
+
+def _field(result: dict | None, name: str) -> float | None:
+    if not result or "error" in result:
+        return None
+    if name.startswith("rss:"):
+        return result["levels"][name[4:]]["rss_bytes"]
+    if name.startswith("per:"):
+        return result["levels"][name[4:]]["per_stream_bytes"]
+    value = result.get(name)
+    return float(value) if value is not None else None
+
+
+def _fmt(value: float, digits: int) -> str:
+    if value is None or math.isnan(value):
+        return "—"
+    return f"{value:,.{digits}f}"
+
+
+def cell(values: list[float], digits: int) -> str:
+    good = [v for v in values if not math.isnan(v)]
+    if not good:
+        return "\u2014"
+    median = statistics.median(good)
+    if len(good) == 1:
+        return _fmt(median, digits)
+    return f"{_fmt(median, digits)} ({_fmt(min(good), digits)}{DASH}{_fmt(max(good), digits)})"
+
+
+def ratios(a: list[float], b: list[float]) -> str:
+    out = []
+    for x, y in zip(a, b, strict=True):
+        out.append(f"{x / y:.2f}" if not (math.isnan(x) or math.isnan(y) or y == 0) else "—")
+    return ", ".join(out)
+
+
+def load_side(rounds: list[dict[str, dict[str, dict]]]) -> dict[str, float]:
+    worst: dict[str, float] = {}
+    for rnd in rounds:
+        for per_step in rnd.values():
+            for result in per_step.values():
+                if not isinstance(result, dict):
+                    continue
+                for key in (
+                    "loadgen_cpu_pct",
+                    "engine_cpu_pct",
+                    "cpu0_busy_pct",
+                    "cpu1_busy_pct",
+                    "other_cpu_pct",
+                    "cpu0_steal_pct",
+                    "cpu1_steal_pct",
+                ):
+                    if key in result:
+                        worst[key] = max(worst.get(key, 0.0), result[key])
+    return worst
+
+
+def machine() -> dict[str, str]:
+    model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    mem = ""
+    with contextlib.suppress(OSError):
+        kb = int(Path("/proc/meminfo").read_text().split()[1])
+        mem = f"{kb / 2**20:.0f} GiB"
+    versions = {}
+    for name in (
+        "trio",
+        "hypercorn",
+        "h11",
+        "pyzmq",
+        "msgpack",
+        "fastapi",
+        "starlette",
+        "uvicorn",
+        "uvloop",
+        "httptools",
+        "pydantic",
+        "orjson",
+    ):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            versions[name] = metadata.version(name)
+    return {
+        "machine": platform.machine(),
+        "cpu": model,
+        "cores": str(os.cpu_count()),
+        "memory": mem,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "packages": ", ".join(f"{k} {v}" for k, v in versions.items()),
+    }
+
+
+def report(
+    plan: Plan,
+    meta: dict,
+    figures: list[Figure],
+    labels: list[str],
+    checks: list[dict],
+    worst: dict[str, float],
+    failures: list[str],
+) -> str:
+    m = meta["machine"]
+    reference = labels[-1]
+    lines = [
+        BEGIN,
+        "## trioserve against a FastAPI + uvicorn frontend",
+        "",
+        f"Measured {meta['date']} on {m['machine']}, {m['cpu']}, {m['cores']} cores, "
+        f"{m['memory']}, Linux {m['kernel']}, Python {m['python']}, with "
+        f"`{meta['command']}` ({meta['duration_s'] / 60:.1f} minutes).",
+        "",
+        f"- Frontends: {', '.join(f'`{x}`' for x in meta['frontend_commands'])}. The "
+        "reference is `tools/reference_server.py`: FastAPI on uvicorn (uvloop, httptools, no "
+        "access log), orjson + pydantic for the body, pre-encoded chunks, an asyncio DEALER "
+        "client with one reader task, heartbeats and an abort on disconnect.",
+        f"- Pinning: {meta['pinning']}.",
+        f"- Engine: `{meta['engine_command']}`. Streams ask for {plan.stream_rate:g} tokens/s "
+        f"each, {plan.stream_tokens} tokens per answer, next answer on the same connection; "
+        "non-streaming requests ask for 16 tokens with no engine delay (mock_ttft_ms 0, "
+        "mock_tokens_per_second 0).",
+        f"- {plan.rounds} round(s), A B A B; each cell is the median over rounds (min{DASH}max); "
+        f"the last column is {labels[0]} / {reference} for each round. Windows: "
+        f"{plan.json_duration:g} s (non-streaming), {plan.stream_duration:g} s (streaming), after "
+        f"{plan.json_warmup:g} s / {plan.stream_warmup:g} s of warm-up. Inter-token latency "
+        "is the gap between a stream's consecutive tokens as the client reads them (tokens "
+        "read together: 0). TTFT: the same request alternately straight to the engine over "
+        "ZeroMQ and through the frontend, one at a time, "
+        f"{plan.ttft_count} each, mock TTFT {plan.ttft_ms:g} ms.",
+        f"- Code under test: {', '.join(dict.fromkeys(meta['source_per_round']))}"
+        + (
+            " (**it changed during the run**: rounds are not comparable)"
+            if len({_code(state) for state in meta["source_per_round"]}) > 1
+            else ""
+        )
+        + ".",
+        "- Same bytes: "
+        + ", ".join(
+            f"{c['case']} {'identical' if c['identical'] else '**DIFFERENT**'}" for c in checks
+        )
+        + " (bodies compared with `created` masked).",
+        "",
+    ]
+    head = (
+        "| figure | "
+        + " | ".join(labels)
+        + " | "
+        + " | ".join(f"{label} / {reference}" for label in labels[:-1])
+        + " |"
+    )
+    lines += [head, "|---" * (2 * len(labels)) + "|"]
+    for figure in figures:
+        row = f"| {figure.label} ({figure.unit}) | " + " | ".join(
+            cell(figure.values[label], figure.digits) for label in labels
+        )
+        row += " | " + " | ".join(
+            ratios(figure.values[label], figure.values[reference]) for label in labels[:-1]
+        )
+        lines.append(row + " |")
+    lines += [
+        "",
+        "Load side, worst window of the run: load generator "
+        f"{worst.get('loadgen_cpu_pct', math.nan):.0f}% of a core, engine "
+        f"{worst.get('engine_cpu_pct', math.nan):.0f}%, core 0 busy "
+        f"{worst.get('cpu0_busy_pct', math.nan):.0f}%, core 1 busy "
+        f"{worst.get('cpu1_busy_pct', math.nan):.0f}%, other processes "
+        f"{worst.get('other_cpu_pct', math.nan):.0f}% of a core, steal "
+        f"{max(worst.get('cpu0_steal_pct', 0), worst.get('cpu1_steal_pct', 0)):.0f}%.",
+    ]
+    if failures:
+        lines += ["", "Runs that failed:", ""] + [f"- {f}" for f in failures]
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def write_docs(path: Path, text: str) -> None:
+    doc = path.read_text()
+    if BEGIN in doc and END in doc:
+        doc = doc[: doc.index(BEGIN)] + text + doc[doc.index(END) + len(END) :]
+    else:
+        doc = doc.rstrip("\n") + "\n\n" + text + "\n"
+    path.write_text(doc)
+
+
+# -- main -----------------------------------------------------------------------------------
+
+
+def levels(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def build_plan(args: argparse.Namespace) -> Plan:
+    if args.quick:
+        plan = Plan(
+            rounds=1,
+            json_levels=[1, 32],
+            json_duration=1.0,
+            json_warmup=0.3,
+            stream_levels=[8, 32, 64],
+            stream_rate=args.stream_rate,
+            stream_tokens=args.stream_tokens,
+            stream_duration=1.5,
+            stream_warmup=0.5,
+            ttft_count=20,
+            ttft_warmup=5,
+            ttft_ms=args.ttft_ms,
+            idle_levels=[50, 200],
+            scenarios=args.scenarios,
+        )
+    else:
+        plan = Plan(
+            rounds=args.rounds,
+            json_levels=args.json_levels,
+            json_duration=args.json_duration,
+            json_warmup=1.0,
+            stream_levels=args.stream_levels,
+            stream_rate=args.stream_rate,
+            stream_tokens=args.stream_tokens,
+            stream_duration=args.stream_duration,
+            stream_warmup=2.0,
+            ttft_count=args.ttft_count,
+            ttft_warmup=20,
+            ttft_ms=args.ttft_ms,
+            idle_levels=args.idle_levels,
+            scenarios=args.scenarios,
+        )
+    return plan
+
+
+def main() -> int:
+    class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+        pass
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=Formatter)
+    parser.add_argument("--quick", action="store_true", help="seconds-long smoke run, 1 round")
+    parser.add_argument("--rounds", type=int, default=3, help="A B rounds")
+    parser.add_argument(
+        "--trioserve-args",
+        action="append",
+        default=[],
+        metavar="ARGS",
+        help="extra arguments of `trioserve run` (repeatable: one trioserve per use)",
+    )
+    parser.add_argument("--json-levels", type=levels, default=[1, 32], help="concurrencies")
+    parser.add_argument("--json-duration", type=float, default=5.0, help="seconds per run")
+    parser.add_argument(
+        "--stream-levels", type=levels, default=[32, 256, 1024], help="concurrent streams"
+    )
+    parser.add_argument("--stream-rate", type=float, default=5.0, help="tokens/s per stream")
+    parser.add_argument("--stream-tokens", type=int, default=64, help="tokens per answer")
+    parser.add_argument("--stream-duration", type=float, default=6.0, help="seconds per run")
+    parser.add_argument("--ttft-count", type=int, default=200, help="requests per side")
+    parser.add_argument("--ttft-ms", type=float, default=10.0, help="the mock engine's TTFT")
+    parser.add_argument(
+        "--idle-levels", type=levels, default=[1000, 10000], help="idle streams held open"
+    )
+    parser.add_argument(
+        "--scenarios",
+        type=lambda t: t.split(","),
+        default=["idle", "json", "stream", "ttft"],
+        help="which to run",
+    )
+    parser.add_argument("--no-pin", action="store_true", help="do not pin processes to cores")
+    parser.add_argument("--json", type=Path, help="write every figure here as JSON")
+    parser.add_argument(
+        "--write-docs",
+        type=Path,
+        metavar="MARKDOWN",
+        help=f"replace the text between {BEGIN} and {END} in this file (appended if absent)",
+    )
+    args = parser.parse_args()
+    plan = build_plan(args)
+    command = "python tools/bench.py" + (" " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "")
+    pin = not args.no_pin and (os.cpu_count() or 1) >= 2 and shutil.which("taskset") is not None
+    if pin:
+        os.sched_setaffinity(0, {LOAD_CORE})
+        pinning = (
+            "taskset: the frontend under test alone on core 0 (the others idle meanwhile); "
+            "the mock engine, the load generator and the driver on core 1"
+        )
+    else:
+        pinning = (
+            "none (" + ("--no-pin" if args.no_pin else "fewer than 2 cores or no taskset") + ")"
+        )
+    _raise_fd_limit()
+    most = max(plan.idle_levels + plan.stream_levels + plan.json_levels) + 64
+    specs = frontend_specs(args.trioserve_args, most)
+    labels = [spec.label for spec in specs]
+    steps = plan.steps()
+    total = plan.rounds * (len(specs) * (sum(plan.estimate(step) for step in steps) + 2) + 3) + 5
+    progress = Progress(total)
+    progress.note(f"{command}: pinning {pinning}")
+    workdir = Path(tempfile.mkdtemp(prefix="trioserve-bench-"))
+    t_start = time.monotonic()
+    engine_port = free_port()
+    engine_address = f"tcp://127.0.0.1:{engine_port}"
+    engine_command = [
+        sys.executable,
+        "-m",
+        "trioserve",
+        "engine",
+        "mock",
+        "--bind",
+        engine_address,
+        "--tokens-per-second",
+        f"{plan.stream_rate:g}",
+        "--ttft-ms",
+        f"{plan.ttft_ms:g}",
+    ]
+    engine = spawn("engine", [*pin_prefix(LOAD_CORE, pin), *engine_command], workdir)
+    rounds: list[dict[str, dict[str, dict]]] = []
+    failures: list[str] = []
+    checks: list[dict] = []
+    sources: list[str] = []
+    running: list[Proc] = []
+    try:
+        wait_for_log(engine, re.compile("mock engine serving"))
+        for r in range(plan.rounds):
+            progress.show(f"round {r + 1}/{plan.rounds}: starting the frontends")
+            sources.append(source_state())
+            if r and _code(sources[-1]) != _code(sources[-2]):
+                progress.note(f"the code under test changed: {sources[-2]} -> {sources[-1]}")
+            frontends = []
+            for spec in specs:
+                proc = start_frontend(spec, engine_address, pin, workdir)
+                running.append(proc)
+                frontends.append(proc)
+            if r == 0:
+                checks = byte_check(frontends)
+                for check in checks:
+                    if not check["identical"]:
+                        progress.note(f"bytes differ: {check['case']}: {check.get('answers')}")
+            results: dict[str, dict[str, dict]] = {label: {} for label in labels}
+            for step in steps:
+                kind, level = step
+                for proc in frontends:
+                    if proc.popen.poll() is not None:
+                        result = {"error": f"the frontend had exited: {proc.log_tail(500)}"}
+                    else:
+                        status = f"round {r + 1}/{plan.rounds}: {kind} {level or ''} · {proc.name}"
+                        timeout = 120 + 3 * plan.estimate(step)
+                        result = run_loadgen(
+                            loadgen_args(plan, step, engine_address),
+                            proc,
+                            engine,
+                            pin,
+                            progress,
+                            status,
+                            timeout,
+                        )
+                    results[proc.name][f"{kind}:{level}"] = result
+                    label = {"json": f"non-streaming c={level}", "stream": f"{level} streams"}.get(
+                        kind, kind
+                    )
+                    progress.note(
+                        f"round {r + 1} {proc.name:<12} {label}: {summary_of(kind, level, result)}"
+                    )
+                    if "error" in result:
+                        failures.append(f"round {r + 1}, {proc.name}, {label}: {result['error']}")
+            rounds.append(results)
+            for proc in frontends:
+                proc.stop()
+                running.remove(proc)
+    finally:
+        for proc in running:
+            proc.stop()
+        engine.stop(graceful=True)
+    duration = time.monotonic() - t_start
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": command,
+        "machine": machine(),
+        "pinning": pinning,
+        "engine_command": shlex.join(["trioserve", *engine_command[3:]]),
+        "frontend_commands": [
+            shlex.join(
+                ["trioserve", *spec.command[3:]]
+                if spec.label != "reference"
+                else ["python", "tools/reference_server.py"]
+            )
+            + " --engine … --port 0"
+            for spec in specs
+        ],
+        "duration_s": duration,
+        "logs": str(workdir),
+        "source_per_round": sources,
+    }
+    figures = extract(plan, rounds, labels)
+    worst = load_side(rounds)
+    text = report(plan, meta, figures, labels, checks, worst, failures)
+    print(text)
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "meta": meta,
+                    "plan": plan.__dict__,
+                    "byte_check": checks,
+                    "figures": {
+                        f.key: {"label": f.label, "unit": f.unit, "values": f.values}
+                        for f in figures
+                    },
+                    "load_side_worst": worst,
+                    "failures": failures,
+                    "rounds": rounds,
+                },
+                indent=2,
+                default=str,
+            )
+        )
+    if args.write_docs:
+        write_docs(args.write_docs, text)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
