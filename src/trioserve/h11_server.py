@@ -287,6 +287,8 @@ class _HTTPExchange:
         self.response_done = False
         self._chunked = False
         self._head: bytes = b""
+        #: Bytes try_send_body accepted but the socket did not take yet; sent first.
+        self._pending = b""
 
     def scope(self) -> dict[str, Any]:
         request = self.request
@@ -306,8 +308,12 @@ class _HTTPExchange:
             "client": self.connection.client,
             "server": self.connection.server,
             "state": {},
-            # send() either completes or closes the connection: no shield needed.
-            "extensions": {"trioserve.cancel_safe_send": {}},
+            "extensions": {
+                # send() either completes or closes the connection: no shield needed.
+                "trioserve.cancel_safe_send": {},
+                # A synchronous body send for the per-token path (see try_send_body).
+                "trioserve.try_send_body": {"call": self.try_send_body},
+            },
         }
 
     async def run(self) -> None:
@@ -339,6 +345,38 @@ class _HTTPExchange:
             }
         )
         await self.send({"type": "http.response.body", "body": b""})
+
+    def try_send_body(self, body: bytes) -> bool:
+        """Send one more chunk of a started chunked response without awaiting anything.
+
+        True when the chunk is taken (written, or its unwritten tail kept to go first on
+        the next send); False, with nothing written, when it cannot be: the response is
+        not a started chunked one, or the socket is full (the caller then takes the
+        ordinary, awaiting path, which waits under the write timeout).
+        """
+        connection = self.connection
+        if (
+            self._pending
+            or self._head
+            or not self._chunked
+            or self.response_done
+            or connection.closed
+        ):
+            return False
+        data = b"%x\r\n%b\r\n" % (len(body), body)
+        try:
+            sent = os.write(connection.fd, data)
+        except BlockingIOError:
+            return False
+        except OSError:
+            # The peer is gone: drop the chunk; receive() reports the disconnect.
+            self.disconnected = True
+            connection.closed = True
+            connection.stream.socket.close()
+            return True
+        if sent < len(data):
+            self._pending = data[sent:]
+        return True
 
     async def receive(self) -> dict[str, Any]:
         connection = self.connection
@@ -402,8 +440,8 @@ class _HTTPExchange:
         body = message.get("body", b"")
         more = message.get("more_body", False)
         h = connection.h11
-        data = self._head
-        self._head = b""
+        data = self._head + self._pending
+        self._head = self._pending = b""
         if body:
             if self._chunked:
                 data += b"%x\r\n%b\r\n" % (len(body), body)

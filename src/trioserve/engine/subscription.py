@@ -56,11 +56,24 @@ class Subscription:
         self._bound = buffer
         self._closed = False  # no more items will be added
         self._waiter: trio.lowlevel.Task | None = None
+        #: Optional synchronous consumer of non-final items (see ``deliver``).
+        self.sink: Callable[[OutputItem], bool] | None = None
 
     # -- called by the engine connection (in its socket-owner task) --------------------
 
     def deliver(self, item: OutputItem) -> None:
         """Hand one item to the consumer, never blocking the caller."""
+        # The per-token fast path: the consumer is parked with nothing queued, so this item
+        # is next in order; a sink that takes it leaves the consumer asleep.
+        sink = self.sink
+        if (
+            sink is not None
+            and self._waiter is not None
+            and not self._items
+            and not item.final
+            and sink(item)
+        ):
+            return
         if len(self._items) >= self._bound:
             self.fail(SlowClientError("the client is not reading fast enough"), "slow_client")
             return

@@ -63,6 +63,7 @@ class Exchange:
         "send",
         "started",
         "state",
+        "try_send_body",
     )
 
     def __init__(
@@ -78,7 +79,10 @@ class Exchange:
         for name, value in scope["headers"]:
             self.headers[name.lower()] = value
         self.started = False
-        self._cancel_safe = CANCEL_SAFE_SEND in scope.get("extensions", ())
+        extensions = scope.get("extensions") or {}
+        self._cancel_safe = CANCEL_SAFE_SEND in extensions
+        #: The server's synchronous body send, if it has one (trioserve's h11 server).
+        self.try_send_body = extensions.get("trioserve.try_send_body", {}).get("call")
         self.request_id = self._request_id()
         #: Added to every response (CORS).
         self.extra_headers: list[tuple[bytes, bytes]] = []

@@ -181,6 +181,9 @@ async def _relay(
             if await writer.write(batch):
                 handle.completed = True
                 return None
+            if sub.sink is None and hasattr(writer, "sink"):
+                # The response has started: plain deltas may now skip this task.
+                sub.sink = writer.sink()
             batch = await sub.receive_batch()
         return None
     except EngineItemError as exc:

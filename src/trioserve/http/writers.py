@@ -135,6 +135,26 @@ class SSEWriter:
             await exchange.start(200, SSE_HEADERS)
         await exchange.body(data, more)
 
+    def sink(self) -> Callable[[OutputItem], bool] | None:
+        """A synchronous path for plain deltas, once the response has started.
+
+        The socket owner calls it with each item while this request's relay is parked
+        and nothing is queued: the event goes straight to the client socket, with no
+        task switch. Returns False (and sends nothing) when the server cannot take it
+        at once; the item then takes the queued, awaiting path.
+        """
+        try_send = self.exchange.try_send_body
+        if try_send is None or not self.exchange.started:
+            return None
+        delta = self.fmt.delta
+
+        def send_now(item: OutputItem) -> bool:
+            if not item.data:
+                return True  # nothing to relay
+            return try_send(b"data: " + delta(text_of(item.data)) + b"\n\n")
+
+        return send_now
+
     async def keepalive(self) -> None:
         """A comment line (ignored by SSE clients) so that proxies keep a silent stream open.
 
