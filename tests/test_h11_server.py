@@ -212,3 +212,17 @@ async def test_a_websocket_peer_that_stops_answering_pings_is_gone(nursery):
     ]
     assert ends == ["aborted"]
     await stream.aclose()
+
+
+async def test_clients_that_reset_at_once_do_not_bring_the_server_down(nursery):
+    port, _ = await serve(nursery)
+    for _ in range(300):
+        sock = trio.socket.socket()
+        await sock.connect(("127.0.0.1", port))
+        sock.setsockopt(
+            trio.socket.SOL_SOCKET, trio.socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
+        )
+        sock.close()
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(get("/still-here"))
+    assert b'"/still-here"' in await read_responses(stream, 1)

@@ -676,7 +676,14 @@ async def serve_h11(
         log.info("Running on http://%s:%d (CTRL + C to quit)", name[0], name[1])
 
     async def handle(stream: trio.SocketStream) -> None:
-        await _HTTPConnection(stream, app, shared).run()
+        try:
+            connection = _HTTPConnection(stream, app, shared)
+        except OSError:
+            # The client reset before we looked at it (getpeername: ENOTCONN). One
+            # connection's trouble must never reach the nursery that serves them all.
+            stream.socket.close()
+            return
+        await connection.run()
 
     async with trio.open_nursery() as connections:
         async with trio.open_nursery() as accepting:
