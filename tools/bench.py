@@ -4,8 +4,9 @@ Starts the mock engine, trioserve (``trioserve run``, once per ``--trioserve-arg
 the reference (``tools/reference_server.py``) as separate processes, pins them with
 ``taskset`` (the frontend under test alone on core 0; the engine, the load generator and
 this script on core 1), and drives the frontends in alternation, A B A B, for ``--rounds``
-rounds with ``tools/loadgen.py``. Each round starts the frontends afresh. Before the first
-round it checks that both frontends answer the same bytes to the same requests.
+rounds with ``tools/loadgen.py``. Each round starts the frontends afresh, and again after
+the memory figures. Before the first round it checks that both frontends answer the same
+bytes to the same requests.
 
 Figures (each: the median over rounds, its range, and trioserve/reference per round):
 
@@ -948,23 +949,33 @@ def main() -> int:
     try:
         wait_for_log(engine, re.compile("mock engine serving"))
         for r in range(plan.rounds):
-            progress.show(f"round {r + 1}/{plan.rounds}: starting the frontends")
             sources.append(source_state())
             if r and _code(sources[-1]) != _code(sources[-2]):
                 progress.note(f"the code under test changed: {sources[-2]} -> {sources[-1]}")
-            frontends = []
-            for spec in specs:
-                proc = start_frontend(spec, engine_address, pin, workdir)
-                running.append(proc)
-                frontends.append(proc)
-            if r == 0:
-                checks = byte_check(frontends)
-                for check in checks:
-                    if not check["identical"]:
-                        progress.note(f"bytes differ: {check['case']}: {check.get('answers')}")
             results: dict[str, dict[str, dict]] = {label: {} for label in labels}
-            for step in steps:
+            frontends: list[Proc] = []
+            for i, step in enumerate(steps):
                 kind, level = step
+                # Fresh processes for the memory figures, and fresh ones again after them:
+                # 10,000 streams leave a frontend with a big heap and much to collect,
+                # which the throughput figures must not inherit.
+                if i == 0 or kind == "idle" or steps[i - 1][0] == "idle":
+                    for proc in frontends:
+                        proc.stop()
+                        running.remove(proc)
+                    progress.show(f"round {r + 1}/{plan.rounds}: starting the frontends")
+                    frontends = []
+                    for spec in specs:
+                        proc = start_frontend(spec, engine_address, pin, workdir)
+                        running.append(proc)
+                        frontends.append(proc)
+                    if not checks:
+                        checks = byte_check(frontends)
+                        for check in checks:
+                            if not check["identical"]:
+                                progress.note(
+                                    f"bytes differ: {check['case']}: {check.get('answers')}"
+                                )
                 for proc in frontends:
                     if proc.popen.poll() is not None:
                         result = {"error": f"the frontend had exited: {proc.log_tail(500)}"}
@@ -993,6 +1004,7 @@ def main() -> int:
             for proc in frontends:
                 proc.stop()
                 running.remove(proc)
+            frontends = []
     finally:
         for proc in running:
             proc.stop()

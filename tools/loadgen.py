@@ -169,11 +169,12 @@ def chat_request(host: str, body: dict) -> bytes:
 class Response:
     """Incremental parser of one HTTP/1.1 response (content-length or chunked)."""
 
-    __slots__ = ("_buf", "_chunked", "_need", "done", "status")
+    __slots__ = ("_buf", "_chunked", "_need", "close", "done", "status")
 
     def __init__(self) -> None:
         self._buf = b""
         self.status = 0
+        self.close = False  # the server said "connection: close"
         self._chunked: bool | None = None  # None while the head is incomplete
         self._need = -1  # content-length mode: bytes left; chunked: -1 = want a size line
         self.done = False
@@ -188,6 +189,7 @@ class Response:
                 return b""
             head = buf[:end].lower()
             self.status = int(head[9:12])
+            self.close = b"connection: close" in head
             buf = buf[end + 4 :]
             if b"transfer-encoding: chunked" in head:
                 self._chunked = True
@@ -297,7 +299,7 @@ async def run_json(args: argparse.Namespace) -> dict:
         },
     )
     latencies = array("d")
-    state = {"measuring": False, "count": 0, "errors": 0, "running": True}
+    state = {"measuring": False, "count": 0, "errors": 0, "reconnects": 0, "running": True}
     meter = CpuMeter(args.frontend_pid, args.engine_pid)
     loop = asyncio.get_running_loop()
 
@@ -305,6 +307,11 @@ async def run_json(args: argparse.Namespace) -> dict:
         conn = await connect(host, port)
         try:
             while state["running"]:
+                if conn.closed.done():
+                    # The server ends keep-alive connections when it likes (hypercorn:
+                    # after 1000 requests): open another, as any client would.
+                    conn = await connect(host, port)
+                    state["reconnects"] += 1
                 done = loop.create_future()
                 response = Response()
 
@@ -317,14 +324,24 @@ async def run_json(args: argparse.Namespace) -> dict:
                 t0 = time.perf_counter()
                 assert conn.transport is not None
                 conn.transport.write(request)
-                await asyncio.wait_for(done, 30)
+                await asyncio.wait(
+                    (done, conn.closed), timeout=30, return_when=asyncio.FIRST_COMPLETED
+                )
                 elapsed = time.perf_counter() - t0
+                if not done.done():
+                    if conn.closed.done():
+                        continue  # closed before answering: ask again on a new connection
+                    raise TimeoutError("no response in 30 s")
                 if state["measuring"]:
                     if response.status == 200:
                         state["count"] += 1
                         latencies.append(elapsed)
                     else:
                         state["errors"] += 1
+                if response.close:
+                    assert conn.transport is not None
+                    conn.transport.close()
+                    await conn.closed
         finally:
             conn.reset()
 
@@ -346,6 +363,7 @@ async def run_json(args: argparse.Namespace) -> dict:
         "concurrency": args.concurrency,
         "requests": state["count"],
         "errors": state["errors"],
+        "reconnects": state["reconnects"],
         "rps": state["count"] / wall,
         "p50_ms": percentile(latencies, 50) * 1000,
         "p99_ms": percentile(latencies, 99) * 1000,
