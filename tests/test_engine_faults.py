@@ -150,3 +150,27 @@ async def test_asyncio_engine_shell_serves_the_same_protocol(nursery):
             "/v1/completions", json={"prompt": "x", "mock_error_after": 1, "mock_error_status": 422}
         )
         assert response.status_code == 422
+
+
+async def test_a_busy_frontend_loop_does_not_declare_a_healthy_engine_lost(nursery):
+    import time
+
+    from trioserve.engine import HeartbeatConfig, open_engine_client
+    from trioserve.protocol import Submit
+
+    port = free_port()
+    await start_engine_process(nursery, port)
+    heartbeat = HeartbeatConfig(interval=0.05, timeout=0.3)
+    async with open_engine_client([f"tcp://127.0.0.1:{port}"], heartbeat=heartbeat) as client:
+        with trio.fail_after(HANG_GUARD):
+            await client.wait_ready()
+        sub = client.submit(
+            Submit("busy", "mock", "completion", {"prompt": "p"}, {"mock_hang_after": 0}),
+            "completion",
+        )
+        for _ in range(5):
+            await trio.sleep(0.06)  # pings go out, pongs come back
+            time.sleep(0.5)  # noqa: ASYNC251 - the loop is busy: pongs wait unread
+        await trio.sleep(0.2)
+        assert client.ready and sub.state == "open"
+        sub.abort("cancel")

@@ -87,7 +87,13 @@ class EngineConnection:
         sock.setsockopt(zmq.ROUTING_ID, frontend_id.encode())
         sock.connect(address)
         self._sock = sock
-        self._pump = ZmqPump(sock, self._on_message, self._flush_aborts)
+        self._pump = ZmqPump(sock, self._on_message, self._before_flush)
+        #: Set by the heartbeat when the engine looks silent; judged by the socket owner.
+        self._liveness_check = False
+        #: When the oldest ping still without any message after it was sent (None: none).
+        #: Silence is counted from there, not from the last message: a frontend whose own
+        #: loop was too busy to ping has not given the engine anything to answer.
+        self._unanswered_since: float | None = None
         self._gauge_running = metrics.ENGINE_RUNNING.labels(engine=address)
         self._gauge_queued = metrics.ENGINE_QUEUED.labels(engine=address)
         self._gauge_connected = metrics.ENGINE_CONNECTED.labels(engine=address)
@@ -141,6 +147,19 @@ class EngineConnection:
         self._pending_aborts.append(request_id)
         self._pump.wake()
 
+    def _before_flush(self) -> None:
+        """Run by the socket owner after it has read everything waiting."""
+        if self._liveness_check:
+            self._liveness_check = False
+            # Judged here, not in the heartbeat task: a frontend whose event loop was busy
+            # may simply not have read the pongs yet, and they are read by now.
+            since = self._unanswered_since
+            silent = 0.0 if since is None else trio.current_time() - since
+            if self.welcome is not None and silent > self.heartbeat.timeout:
+                self._declare_lost(f"no answer to a ping for {silent:.1f} s")
+                self._pump.drop_outbox()
+        self._flush_aborts()
+
     def _flush_aborts(self) -> None:
         if self._pending_aborts:
             ids, self._pending_aborts = self._pending_aborts, []
@@ -160,6 +179,7 @@ class EngineConnection:
             log.warning("engine %s: dropping malformed frame: %s", self.address, exc)
             return
         self._last_heard = trio.current_time()
+        self._unanswered_since = None
         if isinstance(message, Outputs):
             subs = self._subs
             for item in message.items:
@@ -240,10 +260,12 @@ class EngineConnection:
                     # rely on, so retry the send on every tick.
                     self._pump.wake()
             else:
-                if now - self._last_heard > self.heartbeat.timeout:
-                    self._declare_lost(f"no message for {self.heartbeat.timeout:g} s")
-                    self._pump.drop_outbox()
-                    continue
+                since = self._unanswered_since
+                if since is not None and now - since > self.heartbeat.timeout:
+                    self._liveness_check = True
+                    self._pump.wake()
+                if since is None:
+                    self._unanswered_since = now
                 self._ping_seq += 1
                 self._pump.send([encode(Ping(self._ping_seq))])
             # Until welcomed, say hello often: the engine may just be starting.
