@@ -291,23 +291,9 @@ class _HTTPExchange:
         self._pending = b""
 
     def scope(self) -> dict[str, Any]:
-        request = self.request
-        target = request.target
-        path, _, query = target.partition(b"?")
         return {
-            "type": "http",
-            "asgi": {"version": "3.0", "spec_version": "2.3"},
-            "http_version": request.http_version.decode(),
-            "method": request.method.decode("ascii"),
-            "scheme": "http",
-            "path": unquote(path.decode("latin-1")),
-            "raw_path": path,
-            "query_string": query,
-            "root_path": "",
-            "headers": list(request.headers),
-            "client": self.connection.client,
-            "server": self.connection.server,
-            "state": {},
+            **_scope("http", self.request, self.connection),
+            "method": self.request.method.decode("ascii"),
             "extensions": {
                 # send() either completes or closes the connection: no shield needed.
                 "trioserve.cancel_safe_send": {},
@@ -474,24 +460,7 @@ class _WebSocketConnection:
         self._heard = True
 
     def scope(self) -> dict[str, Any]:
-        request = self.request
-        path, _, query = request.target.partition(b"?")
-        return {
-            "type": "websocket",
-            "asgi": {"version": "3.0", "spec_version": "2.3"},
-            "http_version": request.http_version.decode(),
-            "scheme": "ws",
-            "path": unquote(path.decode("latin-1")),
-            "raw_path": path,
-            "query_string": query,
-            "root_path": "",
-            "headers": list(request.headers),
-            "client": self.connection.client,
-            "server": self.connection.server,
-            "subprotocols": [],
-            "state": {},
-            "extensions": {},
-        }
+        return {**_scope("websocket", self.request, self.connection), "subprotocols": []}
 
     async def run(self) -> None:
         request = self.request
@@ -620,6 +589,26 @@ class _WebSocketConnection:
         except (_Gone, WSLocalProtocolError):
             pass
         await self.connection.close()
+
+
+def _scope(kind: str, request: h11.Request, connection: _HTTPConnection) -> dict[str, Any]:
+    """The ASGI scope keys an http and a websocket scope share."""
+    path, _, query = request.target.partition(b"?")
+    return {
+        "type": kind,
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": request.http_version.decode(),
+        "scheme": "http" if kind == "http" else "ws",
+        "path": unquote(path.decode("latin-1")),
+        "raw_path": path,
+        "query_string": query,
+        "root_path": "",
+        "headers": list(request.headers),
+        "client": connection.client,
+        "server": connection.server,
+        "state": {},
+        "extensions": {},
+    }
 
 
 def _is_chunked(status: int, headers: list[tuple[bytes, bytes]], request: h11.Request) -> bool:
