@@ -177,14 +177,19 @@ async def _relay(
             batch = await _first_batch(sub, writer, keepalive)
         else:
             batch = await sub.receive_batch()
-        while batch:
+        if not batch:
+            return None
+        if await writer.write(batch):
+            handle.completed = True
+            return None
+        # The response has started: from now on plain deltas may skip this task.
+        make_sink = getattr(writer, "sink", None)
+        if make_sink is not None:
+            sub.sink = make_sink()
+        while batch := await sub.receive_batch():
             if await writer.write(batch):
                 handle.completed = True
                 return None
-            if sub.sink is None and hasattr(writer, "sink"):
-                # The response has started: plain deltas may now skip this task.
-                sub.sink = writer.sink()
-            batch = await sub.receive_batch()
         return None
     except EngineItemError as exc:
         return exc.error
