@@ -7,6 +7,7 @@ import json
 import openai
 import pytest
 
+from tests.http.helpers import capture_submits
 from trioserve.sdk.mock import expected_text
 
 CHAT = {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 5}
@@ -216,19 +217,7 @@ async def test_wrong_json_types_are_named_not_python_errors(frontend, body, loc,
 
 
 async def test_message_fields_reach_the_engine_untouched(frontend):
-    seen = []
-    core = frontend.engine.core
-    original = core.handle
-
-    def spy(identity, frame, now):
-        from trioserve.protocol import Submit, decode
-
-        message = decode(frame)
-        if isinstance(message, Submit):
-            seen.append(message)
-        return original(identity, frame, now)
-
-    core.handle = spy
+    seen = capture_submits(frontend)
     messages = [
         {"role": "user", "content": "weather?"},
         {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function"}]},

@@ -261,10 +261,19 @@ def structure_fields(body: Body, cls: type[T]) -> T:
     try:
         return structure(body.fields, cls)
     except HTTPError as error:
-        if body.is_form and error.status == 422:
-            error.status = 400
-            error.type = "invalid_request_error"
-        raise
+        raise _for_body(body, error) from None
+
+
+def invalid_fields(body: Body, errors: list[dict[str, str]]) -> HTTPError:
+    """The error for fields that parsed but break a rule, with the same 422/400 rule."""
+    return _for_body(body, invalid(errors))
+
+
+def _for_body(body: Body, error: HTTPError) -> HTTPError:
+    if body.is_form and error.status == 422:
+        error.status = 400
+        error.type = "invalid_request_error"
+    return error
 
 
 def extra_params(body: Body, cls: type, exclude: frozenset[str] = frozenset()) -> dict[str, Any]:

@@ -17,9 +17,8 @@ import attrs
 from ..protocol import OutputItem, Submit
 from .errors import HTTPError
 from .exchange import JSON_HEADERS, Exchange
-from .forms import Body, extra_params, structure_fields
+from .forms import Body, extra_params, invalid_fields, structure_fields
 from .openai_api import usage_dict
-from .validation import invalid
 from .writers import Collected, CollectingWriter, EngineItemError, engine_error
 
 if TYPE_CHECKING:
@@ -61,10 +60,7 @@ def parse(body: Body) -> GenerateRequest:
     if req.stop is not None and not isinstance(req.stop, str | list):
         errors.append({"loc": "$.stop", "msg": "expected a string or a list of strings"})
     if errors:
-        error = invalid(errors)
-        if body.is_form:
-            error.status = 400
-        raise error
+        raise invalid_fields(body, errors)
     return req
 
 

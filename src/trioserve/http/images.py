@@ -21,8 +21,7 @@ from ..protocol import Submit
 from .errors import HTTPError
 from .exchange import JSON_HEADERS, Exchange
 from .fanout import run_group
-from .forms import JSON, MULTIPART, Body, extra_params, structure_fields
-from .validation import invalid
+from .forms import JSON, MULTIPART, Body, extra_params, invalid_fields, structure_fields
 from .writers import Collected
 
 if TYPE_CHECKING:
@@ -48,10 +47,7 @@ class ImageRequest:
 def parse(body: Body) -> ImageRequest:
     req = structure_fields(body, ImageRequest)
     if req.n is not None and not 1 <= req.n <= MAX_N:
-        error = invalid([{"loc": "$.n", "msg": f"must be between 1 and {MAX_N}"}])
-        if body.is_form:
-            error.status = 400
-        raise error
+        raise invalid_fields(body, [{"loc": "$.n", "msg": f"must be between 1 and {MAX_N}"}])
     if req.response_format is not None and req.response_format not in RESPONSE_FORMATS:
         raise HTTPError(
             400,

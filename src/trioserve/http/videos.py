@@ -20,9 +20,8 @@ import attrs
 from ..protocol import Submit
 from .errors import HTTPError
 from .exchange import JSON_HEADERS, Exchange
-from .forms import JSON, MULTIPART, Body, extra_params, structure_fields
+from .forms import JSON, MULTIPART, Body, extra_params, invalid_fields, structure_fields
 from .media import Media
-from .validation import invalid
 from .writers import Collected, CollectingWriter, EngineItemError
 
 if TYPE_CHECKING:
@@ -52,10 +51,7 @@ def parse(body: Body) -> VideoRequest:
     if req.fps is not None and not req.fps > 0:
         errors.append({"loc": "$.fps", "msg": "must be greater than 0"})
     if errors:
-        error = invalid(errors)
-        if body.is_form:
-            error.status = 400
-        raise error
+        raise invalid_fields(body, errors)
     return req
 
 
