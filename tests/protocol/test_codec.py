@@ -147,7 +147,19 @@ def test_the_outputs_fast_path_agrees_with_the_converter():
                 ("modality", ["text", "audio", None, 1]),
                 ("finish_reason", ["stop", None, 2.5]),
                 ("mime_type", ["image/png", None, b"x"]),
-                ("usage", [{"prompt_tokens": 1, "completion_tokens": 2}]),
+                (
+                    "usage",
+                    [
+                        {"prompt_tokens": 1, "completion_tokens": 2},
+                        {"prompt_tokens": 1, "completion_tokens": 2, "extra": 3},
+                        {"prompt_tokens": 1, "completion_tokens": None},
+                        {"prompt_tokens": 1},
+                        {"prompt_tokens": True, "completion_tokens": 2},
+                        {"prompt_tokens": 1.0, "completion_tokens": 2},
+                        [1, 2],
+                        None,
+                    ],
+                ),
             ]:
                 if rng.random() < 0.4:
                     item[key] = rng.choice(values)
@@ -166,3 +178,13 @@ def test_the_outputs_fast_path_agrees_with_the_converter():
                 decode(frame)
         else:
             assert decode(frame) == slow
+
+
+def test_the_last_item_of_a_request_takes_the_fast_path():
+    from trioserve.protocol.codec import _fast_outputs
+
+    usage = {"prompt_tokens": 3, "completion_tokens": 16}
+    body = {"items": [{"request_id": "r", "seq": 15, "finish_reason": "stop", "usage": usage}]}
+    fast = _fast_outputs(body)
+    assert fast is not None
+    assert fast.items[0].usage == Usage(3, 16)

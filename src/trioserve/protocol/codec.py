@@ -113,17 +113,31 @@ def encode(message: Message) -> bytes:
 
 
 _PLAIN_ITEM_KEYS = frozenset(
-    {"request_id", "seq", "modality", "data", "finish_reason", "mime_type"}
+    {"request_id", "seq", "modality", "data", "finish_reason", "mime_type", "usage"}
 )
+_USAGE_KEYS = frozenset({"prompt_tokens", "completion_tokens"})
+
+
+def _fast_usage(raw: Any) -> Usage | bool | None:
+    """An item's usage checked by hand: None (absent), a Usage, or False (not plain)."""
+    if raw is None:
+        return None
+    if type(raw) is not dict or raw.keys() != _USAGE_KEYS:
+        return False
+    prompt = raw["prompt_tokens"]
+    completion = raw["completion_tokens"]
+    if type(prompt) is not int or type(completion) is not int:
+        return False
+    return Usage(prompt, completion)
 
 
 def _fast_outputs(body: dict) -> Outputs | None:
     """The per-token hot path: an outputs frame of plain items, checked by hand.
 
     Applies exactly the converter's rules (strict types, nil = absent, unknown keys
-    ignored) to items with no nested records; returns None for anything else (an item
-    with usage or an error, a type mismatch), which then takes the converter's path and
-    its detailed error messages.
+    ignored) to items whose only nested record is a plain usage (the last item of every
+    request); returns None for anything else (an error item, unknown keys, a type
+    mismatch), which then takes the converter's path and its detailed error messages.
     """
     raw = body.get("items")
     if type(raw) is not list or len(body) != 1:
@@ -139,8 +153,10 @@ def _fast_outputs(body: dict) -> Outputs | None:
         data = d.get("data")
         finish = d.get("finish_reason")
         mime = d.get("mime_type")
+        usage = _fast_usage(d.get("usage"))
         if (
-            type(request_id) is not str
+            usage is False
+            or type(request_id) is not str
             or type(seq) is not int
             or (modality is not None and type(modality) is not str)
             or (data is not None and type(data) is not str and type(data) is not bytes)
@@ -148,7 +164,7 @@ def _fast_outputs(body: dict) -> Outputs | None:
             or (mime is not None and type(mime) is not str)
         ):
             return None
-        append(OutputItem(request_id, seq, modality or "text", data, None, finish, None, mime))
+        append(OutputItem(request_id, seq, modality or "text", data, usage, finish, None, mime))
     return Outputs(items)
 
 
