@@ -226,3 +226,36 @@ async def test_clients_that_reset_at_once_do_not_bring_the_server_down(nursery):
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     await stream.send_all(get("/still-here"))
     assert b'"/still-here"' in await read_responses(stream, 1)
+
+
+async def test_a_request_pipelined_behind_a_stream_is_not_a_disconnect(nursery):
+    # The server watches in-flight clients for hang-ups, not for data: a next request
+    # sent before the stream ends must neither end the stream nor be lost.
+    engine = await start_engine(nursery)
+    frontend = await start_frontend(nursery, engine, server="h11")
+    body = json.dumps(
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 20,
+            "stream": True,
+            "mock_tokens_per_second": 50,
+        }
+    ).encode()
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-request-id: piped\r\n"
+        f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+    )
+    stream = await trio.open_tcp_stream(frontend.host, frontend.port)
+    await stream.send_all(head.encode() + body)
+    data = b""
+    with trio.fail_after(HANG_GUARD):
+        while b"data: " not in data:
+            data += await stream.receive_some(65536)
+        await stream.send_all(get("/live"))  # while the stream is still going
+        while b'"alive"' not in data:
+            chunk = await stream.receive_some(65536)
+            assert chunk, "the connection closed"
+            data += chunk
+    assert b"data: [DONE]" in data and data.index(b"data: [DONE]") < data.index(b'"alive"')
+    assert frontend.ends("piped") == ["finished"]
+    await stream.aclose()

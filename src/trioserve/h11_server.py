@@ -12,7 +12,9 @@ What it does, per connection:
 - keep-alive and pipelining (h11 parses; the next request waits until the response ends),
   header size limit, header-read timeout, idle timeout between requests;
 - ``http.disconnect`` delivered from ``receive()``: once the body has been read, the app's
-  ``receive()`` reads the socket itself and reports EOF as a disconnect;
+  ``receive()`` reads the socket itself and reports EOF as a disconnect; or, without a
+  task of the app's (the ``trioserve.watch_disconnect`` extension, Linux), a callback
+  from the server's one hang-up watcher (``hangups.py``);
 - every socket write bounded by ``write_timeout``: a client that stops reading has its
   connection closed (and is then reported disconnected), so no cleanup waits on a client;
 - ``Connection: close`` honoured, and after the drain signal every connection closes once
@@ -39,6 +41,8 @@ import wsproto
 import wsproto.events as ws_events
 from wsproto.utilities import LocalProtocolError as WSLocalProtocolError
 from wsproto.utilities import RemoteProtocolError as WSRemoteProtocolError
+
+from . import hangups
 
 log = logging.getLogger("trioserve.h11")
 
@@ -72,6 +76,8 @@ class _Shared:
         self.config = config
         self.terminating = False
         self.idle: set[_HTTPConnection] = set()
+        #: Hang-ups of clients with a request in flight (Linux; None elsewhere).
+        self.hangups = hangups.HangupWatcher() if hangups.available() else None
 
 
 class _Gone(Exception):
@@ -89,6 +95,8 @@ class _HTTPConnection:
         )
         self.closed = False
         self.idle_scope: trio.CancelScope | None = None
+        #: Called if the client hangs up or the connection closes (see watch_hangup).
+        self._on_hangup: Callable[[], None] | None = None
         sock = stream.socket
         self.fd = sock.fileno()
         self.client = _addr(sock.getpeername())
@@ -115,7 +123,7 @@ class _HTTPConnection:
         except BlockingIOError:
             pass
         except OSError:
-            await self.close()
+            self.close()
             raise _Gone from None
         completed = False
         try:
@@ -137,7 +145,7 @@ class _HTTPConnection:
             pass  # the peer reset, or another task closed the connection under us
         finally:
             if not completed:
-                await self.close()
+                self.close()
         if not completed:
             raise _Gone
 
@@ -149,15 +157,39 @@ class _HTTPConnection:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return b""
 
-    async def close(self) -> None:
+    def close(self) -> None:
         """Close the socket now (synchronously: nothing to flush, nothing to cancel).
 
         trio's socket close wakes any task parked on it with ClosedResourceError, which
         read() and write() turn into EOF / a lost peer.
         """
         if not self.closed:
+            on_hangup = self._on_hangup
+            self.unwatch_hangup()  # first: a closed descriptor's number is reused
             self.closed = True
             self.stream.socket.close()
+            if on_hangup is not None:
+                on_hangup()  # whoever watched learns the client is gone
+
+    def watch_hangup(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once if the client hangs up (from the server's watcher task)
+        or the connection is closed (a write found the peer gone, or timed out)."""
+        watcher = self.shared.hangups
+        assert watcher is not None and not self.closed and self._on_hangup is None
+
+        def hung_up() -> None:
+            if self._on_hangup is callback:  # the watcher has forgotten the descriptor
+                self._on_hangup = None
+                callback()
+
+        watcher.watch(self.fd, hung_up)
+        self._on_hangup = callback
+
+    def unwatch_hangup(self) -> None:
+        if self._on_hangup is not None:
+            self._on_hangup = None
+            assert self.shared.hangups is not None
+            self.shared.hangups.unwatch(self.fd)
 
     async def next_event(self) -> Any:
         """The next h11 event, reading as needed."""
@@ -193,7 +225,7 @@ class _HTTPConnection:
             pass
         finally:
             self.shared.idle.discard(self)
-            await self.close()
+            self.close()
 
     async def _wait_for_request(self) -> h11.Request | None:
         """Wait for a request head: idle timeout first, then the header timeout."""
@@ -248,7 +280,7 @@ class _HTTPConnection:
                 await self.write(data)
             except (h11.LocalProtocolError, _Gone):
                 pass
-        await self.close()
+        self.close()
 
     async def _next_cycle(self) -> bool:
         """After a response: read off what is left of the request body, then reset."""
@@ -291,16 +323,39 @@ class _HTTPExchange:
         self._pending = b""
 
     def scope(self) -> dict[str, Any]:
+        extensions: dict[str, dict[str, Any]] = {
+            # send() either completes or closes the connection: no shield needed.
+            "trioserve.cancel_safe_send": {},
+            # A synchronous body send for the per-token path (see try_send_body).
+            "trioserve.try_send_body": {"call": self.try_send_body},
+        }
+        if self.connection.shared.hangups is not None:
+            # Disconnects without a task per request (see watch_disconnect).
+            extensions["trioserve.watch_disconnect"] = {"call": self.watch_disconnect}
         return {
             **_scope("http", self.request, self.connection),
             "method": self.request.method.decode("ascii"),
-            "extensions": {
-                # send() either completes or closes the connection: no shield needed.
-                "trioserve.cancel_safe_send": {},
-                # A synchronous body send for the per-token path (see try_send_body).
-                "trioserve.try_send_body": {"call": self.try_send_body},
-            },
+            "extensions": extensions,
         }
+
+    def watch_disconnect(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` once if the client goes away; returns the call that stops
+        watching. The alternative to a task parked in ``receive()``, for after the body
+        has been read: one task of the server watches every such client (``hangups``).
+        A pipelined next request does not count; it stays in the socket until its turn.
+        """
+        connection = self.connection
+        if self.disconnected or connection.closed:
+            self.disconnected = True
+            callback()
+            return _no_op
+
+        def gone() -> None:
+            self.disconnected = True
+            callback()
+
+        connection.watch_hangup(gone)
+        return connection.unwatch_hangup
 
     async def run(self) -> None:
         connection = self.connection
@@ -313,12 +368,12 @@ class _HTTPExchange:
             if not self.response_started:
                 await self._simple(500)
             else:
-                await connection.close()
+                connection.close()
             return
         if not self.response_done:
             if self.disconnected or self.response_started or connection.closed:
                 # The client is gone (nothing to tell it), or a response broke off.
-                await connection.close()
+                connection.close()
             else:
                 await self._simple(500)  # the app returned without answering
 
@@ -357,8 +412,7 @@ class _HTTPExchange:
         except OSError:
             # The peer is gone: drop the chunk; receive() reports the disconnect.
             self.disconnected = True
-            connection.closed = True
-            connection.stream.socket.close()
+            connection.close()
             return True
         if sent < len(data):
             self._pending = data[sent:]
@@ -374,7 +428,7 @@ class _HTTPExchange:
                 event = await connection.next_event()
             except h11.RemoteProtocolError:
                 self.disconnected = True
-                await connection.close()
+                connection.close()
                 return {"type": "http.disconnect"}
             if isinstance(event, h11.Data):
                 return {"type": "http.request", "body": bytes(event.data), "more_body": True}
@@ -496,7 +550,7 @@ class _WebSocketConnection:
                 await self._write(ws_events.CloseConnection(code=code))
         except (_Gone, WSLocalProtocolError):
             pass
-        await self.connection.close()
+        self.connection.close()
 
     async def _pings(self) -> None:
         interval = self.connection.config.ws_ping_interval
@@ -505,7 +559,7 @@ class _WebSocketConnection:
             if not self._heard:
                 log.info("websocket peer %s stopped answering pings", self.connection.client)
                 self.close_code = 1006
-                await self.connection.close()
+                self.connection.close()
                 return
             self._heard = False
             await self._write(ws_events.Ping())
@@ -541,7 +595,7 @@ class _WebSocketConnection:
                     except (_Gone, WSLocalProtocolError):
                         pass
                     self.closed = True
-                    await self.connection.close()
+                    self.connection.close()
                     return {"type": "websocket.disconnect", "code": event.code}
             data = await self.connection.read()
             if not data:
@@ -588,7 +642,7 @@ class _WebSocketConnection:
             )
         except (_Gone, WSLocalProtocolError):
             pass
-        await self.connection.close()
+        self.connection.close()
 
 
 def _scope(kind: str, request: h11.Request, connection: _HTTPConnection) -> dict[str, Any]:
@@ -609,6 +663,10 @@ def _scope(kind: str, request: h11.Request, connection: _HTTPConnection) -> dict
         "state": {},
         "extensions": {},
     }
+
+
+def _no_op() -> None:
+    pass
 
 
 def _is_chunked(status: int, headers: list[tuple[bytes, bytes]], request: h11.Request) -> bool:
@@ -674,18 +732,22 @@ async def serve_h11(
             return
         await connection.run()
 
-    async with trio.open_nursery() as connections:
-        async with trio.open_nursery() as accepting:
-            accepting.start_soon(
-                partial(trio.serve_listeners, handle, listeners, handler_nursery=connections)
-            )
-            task_status.started(urls)
-            await stop_accepting.wait()
-            accepting.cancel_scope.cancel()
-        # serve_listeners closed the listeners when it was cancelled: new connections are
-        # refused from here on.
-        shared.terminating = True
-        for idle in list(shared.idle):
-            if idle.idle_scope is not None:
-                idle.idle_scope.cancel()
-        connections.cancel_scope.deadline = graceful_deadline()
+    async with trio.open_nursery() as service:
+        if shared.hangups is not None:
+            service.start_soon(shared.hangups.run)
+        async with trio.open_nursery() as connections:
+            async with trio.open_nursery() as accepting:
+                accepting.start_soon(
+                    partial(trio.serve_listeners, handle, listeners, handler_nursery=connections)
+                )
+                task_status.started(urls)
+                await stop_accepting.wait()
+                accepting.cancel_scope.cancel()
+            # serve_listeners closed the listeners when it was cancelled: new connections
+            # are refused from here on.
+            shared.terminating = True
+            for idle in list(shared.idle):
+                if idle.idle_scope is not None:
+                    idle.idle_scope.cancel()
+            connections.cancel_scope.deadline = graceful_deadline()
+        service.cancel_scope.cancel()

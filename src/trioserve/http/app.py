@@ -261,6 +261,7 @@ class App:
             timeout=timeout,
             buffer=self.settings.stream_buffer,
             wait_disconnect=exchange.wait_disconnect,
+            watch_disconnect=exchange.watch_disconnect,
             keepalive=keepalive,
         )
 

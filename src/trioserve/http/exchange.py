@@ -64,6 +64,7 @@ class Exchange:
         "started",
         "state",
         "try_send_body",
+        "watch_disconnect",
     )
 
     def __init__(
@@ -83,6 +84,12 @@ class Exchange:
         self._cancel_safe = CANCEL_SAFE_SEND in extensions
         #: The server's synchronous body send, if it has one (trioserve's h11 server).
         self.try_send_body = extensions.get("trioserve.try_send_body", {}).get("call")
+        #: The server's own disconnect watch, if it has one (trioserve's h11 server on
+        #: Linux): ``watch_disconnect(callback)`` returns the call that stops watching.
+        #: Without it, :meth:`wait_disconnect` needs a task of its own.
+        self.watch_disconnect: Callable[[Callable[[], None]], Callable[[], None]] | None = (
+            extensions.get("trioserve.watch_disconnect", {}).get("call")
+        )
         self.request_id = self._request_id()
         #: Added to every response (CORS).
         self.extra_headers: list[tuple[bytes, bytes]] = []

@@ -5,6 +5,10 @@
     request scope (deadline) ─┬─ relay: subscription → writer   (the request's work)
                               └─ disconnect watcher             (reads ASGI receive())
 
+On trioserve's own HTTP server the disconnect watcher is not a task: the server's one
+hang-up watcher calls back (``watch_disconnect``), and the relay runs in the request's
+scope with no nursery at all.
+
 Every way a request ends early is :meth:`RequestHandle.end` with a reason, which cancels
 the scope: the client disconnected, the deadline passed, ``DELETE /v1/requests/{id}``, the
 client fell behind its buffer bound, the engine was lost, the drain deadline came. The
@@ -18,6 +22,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable
+from functools import partial
 
 import attrs
 import trio
@@ -101,13 +106,16 @@ async def run_generation(
     timeout: float,
     buffer: int,
     wait_disconnect: Callable[[], Awaitable[None]] | None = None,
+    watch_disconnect: Callable[[Callable[[], None]], Callable[[], None]] | None = None,
     handle: RequestHandle | None = None,
     keepalive: float = 0,
 ) -> None:
     """Serve one generation request from submit to last byte (or to its early end).
 
     ``wait_disconnect`` returns when the client has gone (HTTP: the ASGI receive channel);
-    without it (WebSocket), the connection ends its requests through their handles.
+    ``watch_disconnect``, preferred when given, registers a callback for the same and
+    returns the call that unregisters it (no task needed). Without either (WebSocket), the
+    connection ends its requests through their handles.
     ``handle`` lets the caller keep a reference to end the request itself. With
     ``keepalive`` > 0, ``writer.keepalive()`` is called every that many seconds until the
     first output (SSE comment lines, so proxies keep a prefilling stream open).
@@ -130,13 +138,21 @@ async def run_generation(
             return
         error: HTTPError | None = None
         with handle.scope:
+            unwatch = None
             try:
-                async with trio.open_nursery() as nursery:
-                    if wait_disconnect is not None:
-                        nursery.start_soon(_watch_disconnect, wait_disconnect, handle)
+                if watch_disconnect is not None:
+                    unwatch = watch_disconnect(partial(handle.end, "disconnect"))
                     error = await _relay(sub, writer, handle, keepalive)
-                    nursery.cancel_scope.cancel()
+                elif wait_disconnect is not None:
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(_watch_disconnect, wait_disconnect, handle)
+                        error = await _relay(sub, writer, handle, keepalive)
+                        nursery.cancel_scope.cancel()
+                else:
+                    error = await _relay(sub, writer, handle, keepalive)
             finally:
+                if unwatch is not None:
+                    unwatch()
                 # The one place an abort leaves for an early end; a no-op when the engine
                 # ended the request itself (finish or error item).
                 reason = handle.end_reason or (
