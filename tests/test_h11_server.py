@@ -104,6 +104,25 @@ async def test_request_body_and_expect_100_continue(nursery):
     assert b'"body": "hello"' in await read_responses(stream, 1)
 
 
+async def test_a_body_in_pieces_chunked_or_not_reaches_the_app_whole(nursery):
+    port, _ = await serve(nursery)
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    # Content-Length, the body in three writes with pauses between.
+    await stream.send_all(b"POST /a HTTP/1.1\r\nhost: x\r\ncontent-length: 9\r\n\r\nabc")
+    for piece in (b"def", b"ghi"):
+        await trio.sleep(0.05)
+        await stream.send_all(piece)
+    assert b'"body": "abcdefghi"' in await read_responses(stream, 1)
+    # Chunked: several chunks in one packet, the rest later, a request pipelined behind.
+    await stream.send_all(
+        b"POST /b HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n2\r\nxy\r\n3\r\nz12\r\n"
+    )
+    await trio.sleep(0.05)
+    await stream.send_all(b"1\r\n3\r\n0\r\n\r\n" + get("/c"))
+    data = await read_responses(stream, 2)
+    assert b'"body": "xyz123"' in data and b'"path": "/c"' in data
+
+
 async def test_a_whole_response_leaves_in_one_write(nursery):
     port, _ = await serve(nursery)
     stream = await trio.open_tcp_stream("127.0.0.1", port)

@@ -10,7 +10,10 @@ response, head and body, leaves in one write). Hypercorn stays available
 What it does, per connection:
 
 - keep-alive and pipelining (h11 parses; the next request waits until the response ends),
-  header size limit, header-read timeout, idle timeout between requests;
+  header size limit, header-read timeout, idle timeout between requests (one task of the
+  server closes idle connections: no timer in each request's cycle);
+- a request body that came with its head is handed over without waiting
+  (``trioserve.receive_nowait``), so the app need not arm a read timeout for it;
 - ``http.disconnect`` delivered from ``receive()``: once the body has been read, the app's
   ``receive()`` reads the socket itself and reports EOF as a disconnect; or, without a
   task of the app's (the ``trioserve.watch_disconnect`` extension, Linux), a callback
@@ -75,7 +78,9 @@ class _Shared:
     def __init__(self, config: H11Config) -> None:
         self.config = config
         self.terminating = False
-        self.idle: set[_HTTPConnection] = set()
+        #: Connections waiting for their next request, with the time they are closed at
+        #: (the keep-alive timeout; enforced by :func:`_close_idle`, not a timer each).
+        self.idle: dict[_HTTPConnection, float] = {}
         #: Hang-ups of clients with a request in flight (Linux; None elsewhere).
         self.hangups = hangups.HangupWatcher() if hangups.available() else None
 
@@ -94,7 +99,6 @@ class _HTTPConnection:
             h11.SERVER, max_incomplete_event_size=self.config.max_header_bytes
         )
         self.closed = False
-        self.idle_scope: trio.CancelScope | None = None
         #: Called if the client hangs up or the connection closes (see watch_hangup).
         self._on_hangup: Callable[[], None] | None = None
         sock = stream.socket
@@ -150,12 +154,31 @@ class _HTTPConnection:
             raise _Gone
 
     async def read(self) -> bytes:
-        if self.closed:
-            return b""
-        try:
-            return await self.stream.receive_some(RECEIVE_SIZE)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            return b""
+        """The next bytes from the client; b"" at EOF, on an error, or once closed.
+
+        ``recv(2)`` first, and only if nothing is there, park until readable: one task
+        switch per wait, where trio's ``receive_some`` makes two (it also yields after a
+        successful read). A read that finds data at once yields anyway, so that a client
+        sending faster than it is answered cannot starve the other connections.
+        """
+        fd = self.fd
+        parked = False
+        while not self.closed:
+            try:
+                data = os.read(fd, RECEIVE_SIZE)
+            except BlockingIOError:
+                try:
+                    await trio.lowlevel.wait_readable(fd)
+                except trio.ClosedResourceError:  # closed by another task (drain, idle)
+                    return b""
+                parked = True
+                continue
+            except OSError:
+                return b""
+            if not parked:
+                await trio.lowlevel.checkpoint()
+            return data
+        return b""
 
     def close(self) -> None:
         """Close the socket now (synchronously: nothing to flush, nothing to cancel).
@@ -191,21 +214,20 @@ class _HTTPConnection:
             assert self.shared.hangups is not None
             self.shared.hangups.unwatch(self.fd)
 
+    async def fill(self) -> None:
+        """Read more of the client's bytes into h11 (at EOF, h11 reports ConnectionClosed
+        or an error next), answering ``Expect: 100-continue`` first."""
+        if self.h11.they_are_waiting_for_100_continue:
+            await self.write(self.h11.send(h11.InformationalResponse(status_code=100, headers=[])))
+        self.h11.receive_data(await self.read())
+
     async def next_event(self) -> Any:
         """The next h11 event, reading as needed."""
         while True:
             event = self.h11.next_event()
             if event is not h11.NEED_DATA:
                 return event
-            if self.h11.they_are_waiting_for_100_continue:
-                await self.write(
-                    self.h11.send(h11.InformationalResponse(status_code=100, headers=[]))
-                )
-            data = await self.read()
-            self.h11.receive_data(data)
-            if not data and self.h11.their_state is not h11.DONE:
-                # EOF: h11 reports ConnectionClosed (or an error) on the next call.
-                pass
+            await self.fill()
 
     # -- the connection's life -----------------------------------------------------------
 
@@ -224,33 +246,39 @@ class _HTTPConnection:
         except _Gone:
             pass
         finally:
-            self.shared.idle.discard(self)
+            self.shared.idle.pop(self, None)
             self.close()
 
     async def _wait_for_request(self) -> h11.Request | None:
         """Wait for a request head: idle timeout first, then the header timeout."""
         config = self.config
-        # Idle: nothing of the next request has arrived yet.
-        if not self.h11.trailing_data[0]:
-            self.shared.idle.add(self)
-            if self.shared.terminating:
+        shared = self.shared
+        if self.h11.trailing_data[0]:
+            await trio.lowlevel.checkpoint()  # a pipelined request: others go first
+        else:
+            # Idle: nothing of the next request has arrived yet. The keep-alive timeout
+            # closes the socket (see _close_idle), which ends the read.
+            if shared.terminating:
                 return None
-            with trio.move_on_after(config.keep_alive_timeout) as idle:
-                self.idle_scope = idle
+            shared.idle[self] = trio.current_time() + config.keep_alive_timeout
+            try:
                 data = await self.read()
-            self.idle_scope = None
-            self.shared.idle.discard(self)
-            if idle.cancelled_caught or not data:
+            finally:
+                shared.idle.pop(self, None)
+            if not data:
                 return None
             self.h11.receive_data(data)
-        with trio.move_on_after(config.header_timeout) as heads:
-            try:
-                event = await self.next_event()
-            except h11.RemoteProtocolError as exc:
-                await self._refuse(exc.error_status_hint, str(exc))
-                return None
-        if heads.cancelled_caught:
-            await self._refuse(408, "request head not received in time")
+        try:
+            event = self.h11.next_event()
+            if event is h11.NEED_DATA:
+                # The head came in part: the rest must follow within the header timeout.
+                with trio.move_on_after(config.header_timeout) as heads:
+                    event = await self.next_event()
+                if heads.cancelled_caught:
+                    await self._refuse(408, "request head not received in time")
+                    return None
+        except h11.RemoteProtocolError as exc:
+            await self._refuse(exc.error_status_hint, str(exc))
             return None
         if isinstance(event, h11.Request):
             # h11 bounds only a head still arriving; one that came whole is checked here.
@@ -328,6 +356,8 @@ class _HTTPExchange:
             "trioserve.cancel_safe_send": {},
             # A synchronous body send for the per-token path (see try_send_body).
             "trioserve.try_send_body": {"call": self.try_send_body},
+            # The body already received, without awaiting (see receive_nowait).
+            "trioserve.receive_nowait": {"call": self.receive_nowait},
         }
         if self.connection.shared.hangups is not None:
             # Disconnects without a task per request (see watch_disconnect).
@@ -418,6 +448,37 @@ class _HTTPExchange:
             self._pending = data[sent:]
         return True
 
+    def _body_received(self) -> dict[str, Any] | None:
+        """All of the body h11 has at hand, as one message (the whole of a body that came
+        in one read); None when it has nothing. Bounded by what one read buffered."""
+        h = self.connection.h11
+        chunks: list[bytes] = []
+        while True:
+            event = h.next_event()
+            kind = type(event)
+            if kind is h11.Data:
+                chunks.append(event.data)
+            elif kind is h11.EndOfMessage:
+                self.body_done = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            elif event is h11.NEED_DATA:
+                if not chunks:
+                    return None
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": True}
+            else:  # ConnectionClosed mid-body
+                self.disconnected = True
+                return {"type": "http.disconnect"}
+
+    def receive_nowait(self) -> dict[str, Any] | None:
+        """``receive()`` of a body message when it needs no waiting, else None: the usual
+        request body came with its head, and the app need not set up a read timeout."""
+        if self.body_done or self.disconnected or self.connection.closed:
+            return None
+        try:
+            return self._body_received()
+        except h11.RemoteProtocolError:
+            return None  # receive() reports it (h11 stays in its error state)
+
     async def receive(self) -> dict[str, Any]:
         connection = self.connection
         if self.disconnected or connection.closed:
@@ -425,18 +486,13 @@ class _HTTPExchange:
             return {"type": "http.disconnect"}
         if not self.body_done:
             try:
-                event = await connection.next_event()
+                while (message := self._body_received()) is None:
+                    await connection.fill()
             except h11.RemoteProtocolError:
                 self.disconnected = True
                 connection.close()
                 return {"type": "http.disconnect"}
-            if isinstance(event, h11.Data):
-                return {"type": "http.request", "body": bytes(event.data), "more_body": True}
-            if isinstance(event, h11.EndOfMessage):
-                self.body_done = True
-                return {"type": "http.request", "body": b"", "more_body": False}
-            self.disconnected = True  # ConnectionClosed mid-body
-            return {"type": "http.disconnect"}
+            return message
         # The body is read: the only thing left to learn is whether the client goes away.
         buffered = 0
         while True:
@@ -665,6 +721,19 @@ def _scope(kind: str, request: h11.Request, connection: _HTTPConnection) -> dict
     }
 
 
+async def _close_idle(shared: _Shared) -> None:
+    """Close keep-alive connections idle past their time, checking a few times a timeout
+    (so a connection lives up to a quarter longer than the timeout). One task for the
+    server instead of a timer scope in every request's cycle."""
+    period = max(shared.config.keep_alive_timeout / 4, 0.01)
+    while True:
+        await trio.sleep(period)
+        now = trio.current_time()
+        for connection, deadline in list(shared.idle.items()):
+            if deadline <= now:
+                connection.close()
+
+
 def _no_op() -> None:
     pass
 
@@ -735,6 +804,7 @@ async def serve_h11(
     async with trio.open_nursery() as service:
         if shared.hangups is not None:
             service.start_soon(shared.hangups.run)
+        service.start_soon(_close_idle, shared)
         async with trio.open_nursery() as connections:
             async with trio.open_nursery() as accepting:
                 accepting.start_soon(
@@ -747,7 +817,6 @@ async def serve_h11(
             # are refused from here on.
             shared.terminating = True
             for idle in list(shared.idle):
-                if idle.idle_scope is not None:
-                    idle.idle_scope.cancel()
+                idle.close()
             connections.cancel_scope.deadline = graceful_deadline()
         service.cancel_scope.cancel()

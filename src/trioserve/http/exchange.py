@@ -58,6 +58,7 @@ class Exchange:
         "method",
         "path",
         "receive",
+        "receive_nowait",
         "request_id",
         "scope",
         "send",
@@ -84,6 +85,11 @@ class Exchange:
         self._cancel_safe = CANCEL_SAFE_SEND in extensions
         #: The server's synchronous body send, if it has one (trioserve's h11 server).
         self.try_send_body = extensions.get("trioserve.try_send_body", {}).get("call")
+        #: The server's body receive that never waits (None: nothing at hand), if it has
+        #: one: a body that came with its head is read without setting up a timeout.
+        self.receive_nowait: Callable[[], dict[str, Any] | None] | None = extensions.get(
+            "trioserve.receive_nowait", {}
+        ).get("call")
         #: The server's own disconnect watch, if it has one (trioserve's h11 server on
         #: Linux): ``watch_disconnect(callback)`` returns the call that stops watching.
         #: Without it, :meth:`wait_disconnect` needs a task of its own.
@@ -119,12 +125,14 @@ class Exchange:
         nothing arrives for ``timeout`` seconds (0: wait forever): a body that stops
         arriving must not hold the request (and its admission slot) forever.
         """
-        with trio.move_on_after(timeout if timeout > 0 else math.inf) as scope:
-            message = await self.receive()
-        if scope.cancelled_caught:
-            raise HTTPError(
-                408, f"the request body stopped arriving for {timeout:g} s", "body_timeout"
-            )
+        message = self.receive_nowait() if self.receive_nowait is not None else None
+        if message is None:
+            with trio.move_on_after(timeout if timeout > 0 else math.inf) as scope:
+                message = await self.receive()
+            if scope.cancelled_caught:
+                raise HTTPError(
+                    408, f"the request body stopped arriving for {timeout:g} s", "body_timeout"
+                )
         if message["type"] == "http.disconnect":
             raise ClientGone
         return message.get("body", b""), message.get("more_body", False)
