@@ -1,0 +1,83 @@
+"""ZmqPump: one owner task per ZeroMQ socket, sends from any task, real sockets."""
+
+from __future__ import annotations
+
+import trio
+import zmq
+
+from tests.conftest import HANG_GUARD, wait_until
+from trioserve.zmq_trio import ZmqPump
+
+
+def dealer(ctx: zmq.Context, address: str) -> zmq.Socket:
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.IMMEDIATE, 1)
+    sock.connect(address)
+    return sock
+
+
+def router(ctx: zmq.Context) -> tuple[zmq.Socket, str]:
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    return sock, f"tcp://127.0.0.1:{port}"
+
+
+async def test_many_senders_in_order_and_every_reply_heard(nursery):
+    # An echo peer answers every message; senders in many tasks send while the owner is
+    # parked. A send that consumes the descriptor's edge must not leave a reply unheard.
+    ctx = zmq.Context()
+    echo, address = router(ctx)
+    echo_pump = ZmqPump(echo, lambda frames: echo_pump.send(frames))
+    nursery.start_soon(echo_pump.run)
+    heard: list[bytes] = []
+    pump = ZmqPump(dealer(ctx, address), lambda frames: heard.append(frames[0]))
+    nursery.start_soon(pump.run)
+    senders, each = 20, 50
+
+    async def sender(index: int) -> None:
+        for n in range(each):
+            assert pump.send([b"%d:%d" % (index, n)])
+            if n % 7 == 0:
+                await trio.sleep(0.001)  # let the owner park between bursts
+            else:
+                await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as senders_nursery:
+        for index in range(senders):
+            senders_nursery.start_soon(sender, index)
+    await wait_until(lambda: len(heard) == senders * each, "every echo")
+    for index in range(senders):  # each sender's messages in its order
+        mine = [m for m in heard if m.startswith(b"%d:" % index)]
+        assert mine == [b"%d:%d" % (index, n) for n in range(each)]
+    nursery.cancel_scope.cancel()
+    ctx.destroy(linger=0)
+
+
+async def test_without_a_peer_messages_queue_up_to_the_bound_and_leave_once_it_comes(
+    nursery, tmp_path
+):
+    ctx = zmq.Context()
+    address = f"ipc://{tmp_path}/engine"  # nobody there yet
+    pump = ZmqPump(dealer(ctx, address), lambda frames: None, outbox_limit=5)
+    nursery.start_soon(pump.run)
+    assert all(pump.send([b"m%d" % i]) for i in range(5))
+    assert pump.pending == 5
+    assert not pump.send([b"over"])  # full: refused, nothing queued
+    assert pump.pending == 5
+    peer = ctx.socket(zmq.ROUTER)
+    peer.setsockopt(zmq.LINGER, 0)
+    peer.bind(address)
+    got: list[bytes] = []
+    with trio.fail_after(HANG_GUARD):
+        while len(got) < 5:
+            pump.wake()  # as the engine connection's heartbeat does until connected
+            try:
+                got.append(peer.recv_multipart(zmq.NOBLOCK)[1])
+            except zmq.Again:
+                await trio.sleep(0.01)
+    assert got == [b"m%d" % i for i in range(5)]
+    assert pump.pending == 0
+    nursery.cancel_scope.cancel()
+    ctx.destroy(linger=0)
