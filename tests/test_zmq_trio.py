@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import trio
 import zmq
 
@@ -79,5 +81,33 @@ async def test_without_a_peer_messages_queue_up_to_the_bound_and_leave_once_it_c
                 await trio.sleep(0.01)
     assert got == [b"m%d" % i for i in range(5)]
     assert pump.pending == 0
+    nursery.cancel_scope.cancel()
+    ctx.destroy(linger=0)
+
+
+async def test_a_send_that_consumes_the_descriptors_edge_wakes_the_owner(nursery):
+    # The owner is parked on the descriptor; a message arrives and the descriptor fires;
+    # before trio looks, another task sends, and zmq's send handles the pending
+    # commands, which resets the descriptor. Unless that sender wakes the owner, the
+    # message waits for ever.
+    ctx = zmq.Context()
+    peer, address = router(ctx)
+    heard: list[bytes] = []
+    pump = ZmqPump(dealer(ctx, address), lambda frames: heard.append(frames[0]))
+    nursery.start_soon(pump.run)
+    assert pump.send([b"hello"])
+    with trio.fail_after(HANG_GUARD):
+        while True:
+            try:
+                identity, _ = peer.recv_multipart(zmq.NOBLOCK)
+                break
+            except zmq.Again:
+                await trio.sleep(0.01)
+    for round_ in range(5):
+        await trio.sleep(0.01)  # the owner parks
+        peer.send_multipart([identity, b"reply %d" % round_])
+        time.sleep(0.05)  # noqa: ASYNC251 - keep trio from polling while it arrives
+        assert pump.send([b"more"])  # no checkpoint in between
+        await wait_until(lambda n=round_ + 1: len(heard) == n, "the reply")
     nursery.cancel_scope.cancel()
     ctx.destroy(linger=0)

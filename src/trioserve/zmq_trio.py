@@ -11,7 +11,12 @@ consume the edge too. So the owner task
 
 Skipping step 3 is the classic bug: a reader that sleeps forever with messages waiting.
 Two tasks waiting on the same descriptor is another (trio raises ``BusyResourceError``),
-which is why every other task only *enqueues* (:meth:`ZmqPump.send`) and wakes the owner.
+which is why no other task ever waits on the socket. Other tasks may *send* on it
+(:meth:`ZmqPump.send`), without waiting: when nothing is queued before it, a message
+leaves at once, in the caller's task (tasks share one thread, and a non-blocking send
+cannot park); if that send consumed the descriptor's edge with a message waiting, the
+caller wakes the owner. Anything that cannot leave at once is queued, in order, for the
+owner, which is woken to send it.
 """
 
 from __future__ import annotations
@@ -55,11 +60,27 @@ class ZmqPump:
         self._flush_wanted = False
 
     def send(self, frames: list[bytes]) -> bool:
-        """Queue a multipart message; False (and nothing queued) when the outbox is full."""
-        if len(self._outbox) >= self._outbox_limit:
-            return False
-        self._outbox.append(frames)
-        self.wake()
+        """Send a multipart message now, or queue it behind the ones already waiting (or
+        when the socket cannot take it); False, with nothing sent or queued, when the
+        outbox is full. Never waits."""
+        outbox = self._outbox
+        if outbox:
+            if len(outbox) >= self._outbox_limit:
+                return False
+            outbox.append(frames)
+            self.wake()
+            return True
+        sock = self.sock
+        try:
+            sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+        except zmq.Again:  # high-water mark, or no peer yet (ZMQ_IMMEDIATE)
+            outbox.append(frames)
+            self.wake()
+            return True
+        # The send may have consumed the descriptor's edge with a message waiting: then
+        # the owner, parked on the descriptor, would not hear of it.
+        if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self.wake()
         return True
 
     def wake(self) -> None:
