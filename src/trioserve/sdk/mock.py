@@ -92,6 +92,51 @@ async def _sleep(seconds: float) -> None:
         await asyncio.sleep(seconds)
 
 
+async def _next_step(period: float) -> None:
+    """Wait for the next boundary of the engine-wide step grid of ``period`` seconds."""
+    if sniffio.current_async_library() == "trio":
+        await _trio_step(period)
+    else:
+        import asyncio
+
+        now = time.monotonic()
+        await asyncio.sleep(math.ceil(now / period) * period - now or period)
+
+
+#: trio: the requests waiting for each step boundary (per trio run), woken together.
+_STEPS: dict[tuple[object, float], Any] = {}
+
+
+async def _trio_step(period: float) -> None:
+    """One sleeping task per step boundary, the others parked behind it.
+
+    A ``trio.sleep`` per token is a cancel scope expiring per token, the most expensive
+    wake-up trio has: at a thousand streams it was most of the mock's CPU, and a
+    benchmark's engine must not be the bottleneck. Here the first request to wait for a
+    boundary sleeps until it, and wakes everyone parked behind it; if it is cancelled
+    first (its request aborted), the others wake early, see the boundary not reached and
+    elect a new sleeper.
+    """
+    import trio
+
+    now = trio.current_time()
+    boundary = math.ceil(now / period) * period
+    if boundary <= now:
+        boundary += period
+    key = (trio.lowlevel.current_trio_token(), boundary)
+    while trio.current_time() < boundary:
+        lot = _STEPS.get(key)
+        if lot is not None:
+            await lot.park()
+            continue
+        lot = _STEPS[key] = trio.lowlevel.ParkingLot()
+        try:
+            await trio.sleep_until(boundary)
+        finally:
+            del _STEPS[key]
+            lot.unpark_all()
+
+
 async def _sleep_forever() -> None:
     if sniffio.current_async_library() == "trio":
         import trio
@@ -325,8 +370,7 @@ class MockBackend:
             step = steps[index]
             if index and period:
                 # Align to the engine-wide step grid so concurrent requests share steps.
-                now = time.monotonic()
-                await _sleep(math.ceil(now / period) * period - now or period)
+                await _next_step(period)
             if hang_after is not None and index >= hang_after:
                 await _sleep_forever()
             if error_after is not None and index >= error_after:
