@@ -15,7 +15,14 @@ Figures (each: the median over rounds, its range, and trioserve/reference per ro
   rate per stream: token events relayed per second, inter-token latency p50/p99, CPU the
   frontend used per relayed event (/proc/PID/stat);
 - time to first token added by the frontend to the engine's own (c=1);
-- resident memory of the frontend holding 1,000 and 10,000 idle, open streams.
+- resident memory of the frontend holding 1,000 and 10,000 idle, open streams;
+- relay capacity: ``--capacity-streams`` streams offered more and more tokens per second
+  (``--capacity-rates``); a frontend keeps up with a level when it relays at least 95%
+  of the offered events with an inter-token p99 under 250 ms, and its capacity is the
+  most events/s it relayed at a level it kept up with. On two cores the load side (the
+  engine and the load generator, sharing core 1) cannot offer what trioserve relays on a
+  whole core, so for this scenario each frontend is capped to ``--capacity-cpu`` of a
+  core by a cgroup CPU quota (when the machine allows one; the report says which).
 
 The load side reports its own CPU (load generator, engine, each core, everything else on
 the machine), so a run shows whether it measured the frontend or something else. trioserve's
@@ -66,6 +73,10 @@ BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 DASH = "\u2013"
 URL_RE = re.compile(r"Running on (http://127\.0\.0\.1:\d+)")
 FRONTEND_CORE, LOAD_CORE = 0, 1
+#: A frontend keeps up with an offered load when it relays this share of it...
+KEEP_UP_SHARE = 0.95
+#: ... with an inter-token p99 under this (ms).
+KEEP_UP_ITL_P99_MS = 250.0
 
 # -- processes ------------------------------------------------------------------------------
 
@@ -109,6 +120,59 @@ class Proc:
             except subprocess.TimeoutExpired:
                 self.popen.kill()
                 self.popen.wait(10)
+
+
+class CpuQuota:
+    """A cgroup with a CPU quota (``share`` of one core), that a process enters and leaves.
+
+    cgroup v2 (``cpu.max``) or v1 (the ``cpu`` controller); :meth:`create` returns None
+    where neither is writable (not root, no controller). The period is 10 ms, so a capped
+    process waits at most that long for its share (a 100 ms period would show as stalls
+    in the inter-token latency).
+    """
+
+    PERIOD_US = 10_000
+
+    def __init__(self, base: Path, path: Path, share: float) -> None:
+        self.base, self.path, self.share = base, path, share
+
+    @classmethod
+    def create(cls, share: float) -> CpuQuota | None:
+        name = f"trioserve-bench-{os.getpid()}"
+        quota = max(1000, int(share * cls.PERIOD_US))
+        for base, files in (
+            (Path("/sys/fs/cgroup"), {"cpu.max": f"{quota} {cls.PERIOD_US}"}),
+            (
+                Path("/sys/fs/cgroup/cpu"),
+                {"cpu.cfs_period_us": str(cls.PERIOD_US), "cpu.cfs_quota_us": str(quota)},
+            ),
+        ):
+            path = base / name
+            try:
+                if base == Path("/sys/fs/cgroup"):
+                    if not (base / "cgroup.controllers").exists():
+                        continue
+                    (base / "cgroup.subtree_control").write_text("+cpu")
+                path.mkdir(exist_ok=True)
+                for file, value in files.items():
+                    (path / file).write_text(value)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    path.rmdir()
+                continue
+            return cls(base, path, share)
+        return None
+
+    def enter(self, pid: int) -> None:
+        (self.path / "cgroup.procs").write_text(str(pid))
+
+    def leave(self, pid: int) -> None:
+        with contextlib.suppress(OSError):  # the process may have exited
+            (self.base / "cgroup.procs").write_text(str(pid))
+
+    def remove(self) -> None:
+        with contextlib.suppress(OSError):
+            self.path.rmdir()
 
 
 def spawn(name: str, command: list[str], workdir: Path) -> Proc:
@@ -307,6 +371,10 @@ class Plan:
     ttft_ms: float
     idle_levels: list[int]
     scenarios: list[str]
+    capacity_streams: int = 512
+    capacity_rates: list[int] = field(default_factory=lambda: [10, 20, 30, 40, 50, 60])
+    capacity_duration: float = 4.0
+    capacity_cpu: float = 0.5
 
     def steps(self) -> list[tuple[str, int]]:
         out: list[tuple[str, int]] = []
@@ -318,6 +386,8 @@ class Plan:
             out += [("stream", n) for n in self.stream_levels]
         if "ttft" in self.scenarios:
             out.append(("ttft", 1))
+        if "capacity" in self.scenarios:
+            out += [("capacity", rate) for rate in self.capacity_rates]
         return out
 
     def estimate(self, step: tuple[str, int]) -> float:
@@ -328,6 +398,8 @@ class Plan:
             return self.stream_duration + self.stream_warmup + 1 + level / 300
         if kind == "ttft":
             return 1 + (self.ttft_count + self.ttft_warmup) * (self.ttft_ms + 3) / 1000
+        if kind == "capacity":
+            return self.capacity_duration + 2 + 1 + self.capacity_streams / 300
         return 2 + sum(self.idle_levels) / 1500
 
 
@@ -342,6 +414,20 @@ def loadgen_args(plan: Plan, step: tuple[str, int], engine_address: str) -> list
             str(plan.json_duration),
             "--warmup",
             str(plan.json_warmup),
+        ]
+    if kind == "capacity":
+        return [
+            "stream",
+            "--streams",
+            str(plan.capacity_streams),
+            "--rate",
+            str(level),
+            "--stream-tokens",
+            "1000000",
+            "--duration",
+            str(plan.capacity_duration),
+            "--warmup",
+            "2",
         ]
     if kind == "stream":
         return [
@@ -455,7 +541,7 @@ def summary_of(kind: str, level: int, result: dict) -> str:
             f"{result['rps']:.0f} req/s, p50 {result['p50_ms']:.2f} ms, "
             f"p99 {result['p99_ms']:.2f} ms, {cpu}"
         )
-    if kind == "stream":
+    if kind in ("stream", "capacity"):
         return (
             f"{result['events_per_s']:.0f} events/s (nominal {result['expected_per_s']:.0f}), "
             f"ITL p50 {result['itl_p50_ms']:.0f} ms p99 {result['itl_p99_ms']:.0f} ms, "
@@ -581,6 +667,18 @@ def extract(
                 "aborted_in_s",
             )
         )
+    for rate in plan.capacity_rates if "capacity" in plan.scenarios else []:
+        offered = rate * plan.capacity_streams
+        defs.append(
+            (
+                f"capacity_{rate}",
+                f"capacity, {offered:,} events/s offered: relayed",
+                "ev/s",
+                0,
+                f"capacity:{rate}",
+                "events_per_s",
+            )
+        )
     defs += [
         (
             "load_other",
@@ -618,7 +716,35 @@ def extract(
                 series.append(value if value is not None else math.nan)
             figure.values[frontend] = series
         figures.append(figure)
+    if "capacity" in plan.scenarios:
+        figure = Figure(
+            "capacity",
+            f"relay capacity: most events/s relayed while keeping up (≥{KEEP_UP_SHARE:.0%} "
+            f"of the offered, inter-token p99 < {KEEP_UP_ITL_P99_MS:.0f} ms)",
+            "ev/s",
+            0,
+        )
+        for frontend in labels:
+            figure.values[frontend] = [capacity_of(plan, rnd.get(frontend, {})) for rnd in rounds]
+        at = next(i for i, f in enumerate(figures) if f.key.startswith("capacity_"))
+        figures.insert(at, figure)
     return figures
+
+
+def capacity_of(plan: Plan, results: dict[str, dict]) -> float:
+    """The most events/s a frontend relayed at a load level it kept up with (nan: none)."""
+    best = math.nan
+    for rate in plan.capacity_rates:
+        result = results.get(f"capacity:{rate}") or {}
+        relayed = result.get("events_per_s")
+        if relayed is None or "error" in result:
+            continue
+        if (
+            relayed >= KEEP_UP_SHARE * result["expected_per_s"]
+            and result["itl_p99_ms"] < KEEP_UP_ITL_P99_MS
+        ):
+            best = relayed if math.isnan(best) else max(best, relayed)
+    return best
 
 
 def _across(results: dict[str, dict], name: str) -> float:
@@ -760,6 +886,15 @@ def report(
         "read together: 0). TTFT: the same request alternately straight to the engine over "
         "ZeroMQ and through the frontend, one at a time, "
         f"{plan.ttft_count} each, mock TTFT {plan.ttft_ms:g} ms.",
+        *(
+            [
+                f"- Capacity: {plan.capacity_streams} streams at each of "
+                f"{', '.join(map(str, plan.capacity_rates))} tokens/s, "
+                f"{plan.capacity_duration:g} s windows; {meta['capacity_cpu']}."
+            ]
+            if "capacity" in plan.scenarios
+            else []
+        ),
         f"- Code under test: {', '.join(dict.fromkeys(meta['source_per_round']))}"
         + (
             " (**it changed during the run**: rounds are not comparable)"
@@ -839,6 +974,10 @@ def build_plan(args: argparse.Namespace) -> Plan:
             ttft_ms=args.ttft_ms,
             idle_levels=[50, 200],
             scenarios=args.scenarios,
+            capacity_streams=32,
+            capacity_rates=[10, 40],
+            capacity_duration=1.5,
+            capacity_cpu=args.capacity_cpu,
         )
     else:
         plan = Plan(
@@ -856,6 +995,9 @@ def build_plan(args: argparse.Namespace) -> Plan:
             ttft_ms=args.ttft_ms,
             idle_levels=args.idle_levels,
             scenarios=args.scenarios,
+            capacity_streams=args.capacity_streams,
+            capacity_rates=args.capacity_rates,
+            capacity_cpu=args.capacity_cpu,
         )
     return plan
 
@@ -888,9 +1030,24 @@ def main() -> int:
         "--idle-levels", type=levels, default=[1000, 10000], help="idle streams held open"
     )
     parser.add_argument(
+        "--capacity-streams", type=int, default=512, help="capacity: concurrent streams"
+    )
+    parser.add_argument(
+        "--capacity-rates",
+        type=levels,
+        default=[10, 20, 30, 40, 50, 60],
+        help="capacity: tokens/s per stream, one load level each",
+    )
+    parser.add_argument(
+        "--capacity-cpu",
+        type=float,
+        default=0.5,
+        help="capacity: the frontend's CPU cap, in cores (cgroup quota, where possible)",
+    )
+    parser.add_argument(
         "--scenarios",
         type=lambda t: t.split(","),
-        default=["idle", "json", "stream", "ttft"],
+        default=["idle", "json", "stream", "ttft", "capacity"],
         help="which to run",
     )
     parser.add_argument("--no-pin", action="store_true", help="do not pin processes to cores")
@@ -916,7 +1073,8 @@ def main() -> int:
             "none (" + ("--no-pin" if args.no_pin else "fewer than 2 cores or no taskset") + ")"
         )
     _raise_fd_limit()
-    most = max(plan.idle_levels + plan.stream_levels + plan.json_levels) + 64
+    most = max(plan.idle_levels + plan.stream_levels + plan.json_levels)
+    most = max(most, plan.capacity_streams) + 64
     specs = frontend_specs(args.trioserve_args, most)
     labels = [spec.label for spec in specs]
     steps = plan.steps()
@@ -924,6 +1082,17 @@ def main() -> int:
     progress = Progress(total)
     progress.note(f"{command}: pinning {pinning}")
     workdir = Path(tempfile.mkdtemp(prefix="trioserve-bench-"))
+    quota = CpuQuota.create(plan.capacity_cpu) if "capacity" in plan.scenarios else None
+    if "capacity" in plan.scenarios:
+        capacity_cpu = (
+            f"each frontend capped to {plan.capacity_cpu:g} of a core meanwhile (a cgroup "
+            "CPU quota, 10 ms period)"
+            if quota is not None
+            else "no CPU cap (no writable cgroup here): the load side may be the limit"
+        )
+        progress.note(f"capacity: {capacity_cpu}")
+    else:
+        capacity_cpu = ""
     t_start = time.monotonic()
     engine_port = free_port()
     engine_address = f"tcp://127.0.0.1:{engine_port}"
@@ -982,19 +1151,28 @@ def main() -> int:
                     else:
                         status = f"round {r + 1}/{plan.rounds}: {kind} {level or ''} · {proc.name}"
                         timeout = 120 + 3 * plan.estimate(step)
-                        result = run_loadgen(
-                            loadgen_args(plan, step, engine_address),
-                            proc,
-                            engine,
-                            pin,
-                            progress,
-                            status,
-                            timeout,
-                        )
+                        capped = kind == "capacity" and quota is not None
+                        if capped:
+                            quota.enter(proc.pid)
+                        try:
+                            result = run_loadgen(
+                                loadgen_args(plan, step, engine_address),
+                                proc,
+                                engine,
+                                pin,
+                                progress,
+                                status,
+                                timeout,
+                            )
+                        finally:
+                            if capped:
+                                quota.leave(proc.pid)
                     results[proc.name][f"{kind}:{level}"] = result
-                    label = {"json": f"non-streaming c={level}", "stream": f"{level} streams"}.get(
-                        kind, kind
-                    )
+                    label = {
+                        "json": f"non-streaming c={level}",
+                        "stream": f"{level} streams",
+                        "capacity": f"capacity {level}/s x {plan.capacity_streams}",
+                    }.get(kind, kind)
                     progress.note(
                         f"round {r + 1} {proc.name:<12} {label}: {summary_of(kind, level, result)}"
                     )
@@ -1009,6 +1187,8 @@ def main() -> int:
         for proc in running:
             proc.stop()
         engine.stop(graceful=True)
+        if quota is not None:
+            quota.remove()
     duration = time.monotonic() - t_start
     if sys.stderr.isatty():
         print(file=sys.stderr)
@@ -1028,6 +1208,7 @@ def main() -> int:
             for spec in specs
         ],
         "duration_s": duration,
+        "capacity_cpu": capacity_cpu,
         "logs": str(workdir),
         "source_per_round": sources,
     }
