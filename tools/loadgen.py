@@ -686,6 +686,10 @@ async def run_idle(args: argparse.Namespace) -> dict:
 
     result: dict = {"mode": "idle", "levels": {}}
     try:
+        # Requests of an earlier scenario may still be ending at the engine (a frontend
+        # stopped with streams open leaves them to the engine's orphan sweep): counting
+        # from a baseline that is still falling would miscount what this run opens.
+        await wait_running(0, 60, "waiting for the engine to end earlier requests")
         baseline_running = probe.running()
         result["rss_baseline_bytes"] = rss_bytes(pid)
         for level in args.levels:
