@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import trio
 import zmq
 
 from tests.conftest import HANG_GUARD, wait_until
 from trioserve.zmq_trio import ZmqPump
+
+
+@pytest.fixture
+def ctx():
+    # Destroyed even when a test fails: a context left to the garbage collector waits
+    # for its sockets for ever.
+    context = zmq.Context()
+    yield context
+    context.destroy(linger=0)
 
 
 def dealer(ctx: zmq.Context, address: str) -> zmq.Socket:
@@ -26,10 +36,9 @@ def router(ctx: zmq.Context) -> tuple[zmq.Socket, str]:
     return sock, f"tcp://127.0.0.1:{port}"
 
 
-async def test_many_senders_in_order_and_every_reply_heard(nursery):
+async def test_many_senders_in_order_and_every_reply_heard(nursery, ctx):
     # An echo peer answers every message; senders in many tasks send while the owner is
     # parked. A send that consumes the descriptor's edge must not leave a reply unheard.
-    ctx = zmq.Context()
     echo, address = router(ctx)
     echo_pump = ZmqPump(echo, lambda frames: echo_pump.send(frames))
     nursery.start_soon(echo_pump.run)
@@ -54,13 +63,11 @@ async def test_many_senders_in_order_and_every_reply_heard(nursery):
         mine = [m for m in heard if m.startswith(b"%d:" % index)]
         assert mine == [b"%d:%d" % (index, n) for n in range(each)]
     nursery.cancel_scope.cancel()
-    ctx.destroy(linger=0)
 
 
 async def test_without_a_peer_messages_queue_up_to_the_bound_and_leave_once_it_comes(
-    nursery, tmp_path
+    nursery, ctx, tmp_path
 ):
-    ctx = zmq.Context()
     address = f"ipc://{tmp_path}/engine"  # nobody there yet
     pump = ZmqPump(dealer(ctx, address), lambda frames: None, outbox_limit=5)
     nursery.start_soon(pump.run)
@@ -82,15 +89,13 @@ async def test_without_a_peer_messages_queue_up_to_the_bound_and_leave_once_it_c
     assert got == [b"m%d" % i for i in range(5)]
     assert pump.pending == 0
     nursery.cancel_scope.cancel()
-    ctx.destroy(linger=0)
 
 
-async def test_a_send_that_consumes_the_descriptors_edge_wakes_the_owner(nursery):
+async def test_a_send_that_consumes_the_descriptors_edge_wakes_the_owner(nursery, ctx):
     # The owner is parked on the descriptor; a message arrives and the descriptor fires;
     # before trio looks, another task sends, and zmq's send handles the pending
     # commands, which resets the descriptor. Unless that sender wakes the owner, the
     # message waits for ever.
-    ctx = zmq.Context()
     peer, address = router(ctx)
     heard: list[bytes] = []
     pump = ZmqPump(dealer(ctx, address), lambda frames: heard.append(frames[0]))
@@ -110,4 +115,43 @@ async def test_a_send_that_consumes_the_descriptors_edge_wakes_the_owner(nursery
         assert pump.send([b"more"])  # no checkpoint in between
         await wait_until(lambda n=round_ + 1: len(heard) == n, "the reply")
     nursery.cancel_scope.cancel()
-    ctx.destroy(linger=0)
+
+
+async def test_a_flood_of_slow_messages_does_not_starve_other_tasks(nursery, ctx):
+    # Each message takes at least a millisecond to handle (an engine frame carrying a
+    # step's outputs for hundreds of streams); another task (the heartbeat, a relay)
+    # must get its turn long before the owner has handled them all.
+    peer, address = router(ctx)
+    handled: list[int] = []
+
+    def slow(frames: list[bytes]) -> None:
+        time.sleep(0.001)
+        handled.append(int(frames[0]))
+
+    pump = ZmqPump(dealer(ctx, address), slow)
+    nursery.start_soon(pump.run)
+    assert pump.send([b"hello"])
+    with trio.fail_after(HANG_GUARD):
+        while True:
+            try:
+                identity, _ = peer.recv_multipart(zmq.NOBLOCK)
+                break
+            except zmq.Again:
+                await trio.sleep(0.01)
+    total = 300
+    for n in range(total):
+        peer.send_multipart([identity, b"%d" % n])
+    time.sleep(0.2)  # noqa: ASYNC251 - let them all arrive before the owner looks
+    seen_at: list[int] = []
+
+    async def other() -> None:
+        while len(handled) < total:
+            seen_at.append(len(handled))
+            await trio.lowlevel.checkpoint()
+
+    nursery.start_soon(other)
+    await wait_until(lambda: len(handled) == total, "every message handled")
+    # The other task ran many times while the messages were being handled.
+    assert len([n for n in seen_at if 0 < n < total]) > 10
+    assert handled == list(range(total))
+    nursery.cancel_scope.cancel()

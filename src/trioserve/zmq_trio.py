@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import time
 from collections.abc import Callable
 
 import trio
@@ -32,8 +33,12 @@ log = logging.getLogger(__name__)
 
 #: Frames a pump holds for sending before :meth:`ZmqPump.send` refuses more.
 OUTBOX_LIMIT = 16_384
-#: Messages received in one go before the owner yields to other tasks.
+#: Messages received in one go before the owner yields to other tasks...
 RECV_BATCH = 512
+#: ... or seconds spent handling them, whichever comes first: one engine frame can carry
+#: a whole step's outputs (a write to a client each), and an owner that handled 512 of
+#: them in a row starved every other task, heartbeats included, for seconds.
+RECV_BUDGET = 0.005
 
 
 class ZmqPump:
@@ -115,8 +120,11 @@ class ZmqPump:
             self._park = None
 
     def _receive_available(self) -> int:
+        """Receive and handle what is waiting, within RECV_BATCH and RECV_BUDGET; returns
+        the count, RECV_BATCH when the budget ran out (there may be more)."""
         sock = self.sock
         count = 0
+        budget_end = time.perf_counter() + RECV_BUDGET
         while count < RECV_BATCH:
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
@@ -127,6 +135,8 @@ class ZmqPump:
                 self._on_message(frames)
             except Exception:  # one bad message must never kill the socket's owner
                 log.exception("dropping a message its handler could not process")
+            if time.perf_counter() > budget_end:
+                return RECV_BATCH
         return count
 
     def _send_available(self) -> None:
