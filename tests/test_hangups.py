@@ -22,6 +22,18 @@ async def pair(listener: trio.socket.SocketType) -> tuple[trio.socket.SocketType
     return client, server
 
 
+async def hang_up_another(
+    watcher: HangupWatcher, listener: trio.socket.SocketType, heard: list[str], name: str
+) -> None:
+    """Watch a new connection, hang it up and wait for its callback: proof that the
+    watcher had its turn after whatever the test did before."""
+    client, server = await pair(listener)
+    watcher.watch(server.fileno(), lambda: heard.append(name))
+    client.close()
+    await wait_until(lambda: name in heard, f"the {name} socket's hang-up")
+    server.close()
+
+
 @pytest.fixture
 async def setup(nursery):
     watcher = HangupWatcher()
@@ -56,17 +68,14 @@ async def test_data_from_the_client_is_not_a_hang_up(setup):
     client, server = await pair(listener)
     watcher.watch(server.fileno(), lambda: heard.append("x"))
     await client.send(b"GET /next HTTP/1.1\r\nhost: x\r\n\r\n")  # a pipelined request
-    # A hang-up watched after the data proves the watcher had its turn in between.
-    other, other_server = await pair(listener)
-    watcher.watch(other_server.fileno(), lambda: heard.append("other"))
-    other.close()
-    await wait_until(lambda: heard == ["other"], "the other socket's hang-up")
+    await hang_up_another(watcher, listener, heard, "other")
+    assert heard == ["other"]
     assert len(watcher) == 1
     with trio.fail_after(HANG_GUARD):  # the data is still there for the connection
         assert (await server.recv(1024)).startswith(b"GET /next")
     watcher.unwatch(server.fileno())
-    for sock in (client, server, other_server):
-        sock.close()
+    client.close()
+    server.close()
 
 
 async def test_an_unwatched_socket_is_not_reported(setup):
@@ -77,12 +86,9 @@ async def test_an_unwatched_socket_is_not_reported(setup):
     watcher.unwatch(server.fileno())
     watcher.unwatch(server.fileno())  # twice is harmless
     client.close()
-    other, other_server = await pair(listener)
-    watcher.watch(other_server.fileno(), lambda: heard.append("other"))
-    other.close()
-    await wait_until(lambda: heard == ["other"], "the other socket's hang-up")
+    await hang_up_another(watcher, listener, heard, "other")
+    assert heard == ["other"]
     server.close()
-    other_server.close()
 
 
 async def test_a_failing_callback_does_not_stop_the_watcher(setup):
@@ -96,12 +102,8 @@ async def test_a_failing_callback_does_not_stop_the_watcher(setup):
     watcher.watch(first_server.fileno(), fail)
     first.close()
     await wait_until(lambda: len(watcher) == 0, "the failing callback to run")
-    second, second_server = await pair(listener)
-    watcher.watch(second_server.fileno(), lambda: heard.append("second"))
-    second.close()
-    await wait_until(lambda: heard == ["second"], "the next hang-up")
+    await hang_up_another(watcher, listener, heard, "second")
     first_server.close()
-    second_server.close()
 
 
 async def test_a_descriptor_is_watched_once(setup):

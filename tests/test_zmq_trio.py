@@ -36,6 +36,17 @@ def router(ctx: zmq.Context) -> tuple[zmq.Socket, str]:
     return sock, f"tcp://127.0.0.1:{port}"
 
 
+async def first_identity(peer: zmq.Socket) -> bytes:
+    """The routing identity of the first message the ROUTER ``peer`` receives."""
+    with trio.fail_after(HANG_GUARD):
+        while True:
+            try:
+                identity, _ = peer.recv_multipart(zmq.NOBLOCK)
+                return identity
+            except zmq.Again:
+                await trio.sleep(0.01)
+
+
 async def test_many_senders_in_order_and_every_reply_heard(nursery, ctx):
     # An echo peer answers every message; senders in many tasks send while the owner is
     # parked. A send that consumes the descriptor's edge must not leave a reply unheard.
@@ -101,13 +112,7 @@ async def test_a_send_that_consumes_the_descriptors_edge_wakes_the_owner(nursery
     pump = ZmqPump(dealer(ctx, address), lambda frames: heard.append(frames[0]))
     nursery.start_soon(pump.run)
     assert pump.send([b"hello"])
-    with trio.fail_after(HANG_GUARD):
-        while True:
-            try:
-                identity, _ = peer.recv_multipart(zmq.NOBLOCK)
-                break
-            except zmq.Again:
-                await trio.sleep(0.01)
+    identity = await first_identity(peer)
     for round_ in range(5):
         await trio.sleep(0.01)  # the owner parks
         peer.send_multipart([identity, b"reply %d" % round_])
@@ -131,13 +136,7 @@ async def test_a_flood_of_slow_messages_does_not_starve_other_tasks(nursery, ctx
     pump = ZmqPump(dealer(ctx, address), slow)
     nursery.start_soon(pump.run)
     assert pump.send([b"hello"])
-    with trio.fail_after(HANG_GUARD):
-        while True:
-            try:
-                identity, _ = peer.recv_multipart(zmq.NOBLOCK)
-                break
-            except zmq.Again:
-                await trio.sleep(0.01)
+    identity = await first_identity(peer)
     total = 300
     for n in range(total):
         peer.send_multipart([identity, b"%d" % n])
