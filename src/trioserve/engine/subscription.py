@@ -84,6 +84,11 @@ class Subscription:
             self._closed = True
         self._wake()
 
+    def interrupt(self) -> None:
+        """Wake a consumer waiting in :meth:`receive_batch`: it returns what is queued, or
+        ``[]`` (the request is ending, and its owner aborts it)."""
+        self._wake()
+
     def _wake(self) -> None:
         if self._waiter is not None:
             task, self._waiter = self._waiter, None
