@@ -19,7 +19,7 @@ from .errors import HTTPError
 from .exchange import JSON_HEADERS, Exchange
 from .forms import Body, extra_params, invalid_fields, structure_fields
 from .openai_api import usage_dict
-from .writers import Collected, CollectingWriter, EngineItemError, engine_error
+from .writers import Collected, CollectingWriter, EngineItemError, end_batch, engine_error
 
 if TYPE_CHECKING:
     from .app import App
@@ -157,15 +157,7 @@ class NDJSONWriter:
             if item.finish_reason is not None:
                 done = True
                 break
-        if failure is not None and not self.exchange.started:
-            raise failure
-        if out:
-            if not self.exchange.started:
-                await self.exchange.start(200, NDJSON_HEADERS)
-            await self.exchange.body(b"".join(out), more=not done)
-        if failure is not None:
-            raise failure
-        return done
+        return await end_batch(self.exchange, NDJSON_HEADERS, out, done, failure)
 
     async def fail(self, error: HTTPError) -> None:
         exchange = self.exchange

@@ -91,6 +91,35 @@ class JSONWriter:
             await self.exchange.respond_error(error)
 
 
+async def stream_body(
+    exchange: Exchange, headers: list[tuple[bytes, bytes]], data: bytes, more: bool
+) -> None:
+    """Send ``data`` on a streaming response, starting it (200, ``headers``) if need be."""
+    if not exchange.started:
+        await exchange.start(200, headers)
+    await exchange.body(data, more)
+
+
+async def end_batch(
+    exchange: Exchange,
+    headers: list[tuple[bytes, bytes]],
+    out: list[bytes],
+    done: bool,
+    failure: EngineItemError | None,
+) -> bool:
+    """How a streaming writer finishes one batch: an engine error before anything was
+    sent is raised at once (the client gets its own status); what the batch produced
+    leaves in one write; an error after that is raised for the writer's error line.
+    Returns ``done``."""
+    if failure is not None and not exchange.started:
+        raise failure
+    if out:
+        await stream_body(exchange, headers, b"".join(out), more=not done)
+    if failure is not None:
+        raise failure
+    return done
+
+
 class SSEWriter:
     """``text/event-stream``: one ``data:`` event per chunk, ``data: [DONE]`` at the end.
 
@@ -121,19 +150,7 @@ class SSEWriter:
                 out.append(SSE_DONE)
                 done = True
                 break
-        if failure is not None and not self.exchange.started:
-            raise failure  # nothing sent yet: the error's own status
-        if out:
-            await self._send(b"".join(out), more=not done)
-        if failure is not None:
-            raise failure
-        return done
-
-    async def _send(self, data: bytes, more: bool) -> None:
-        exchange = self.exchange
-        if not exchange.started:
-            await exchange.start(200, SSE_HEADERS)
-        await exchange.body(data, more)
+        return await end_batch(self.exchange, SSE_HEADERS, out, done, failure)
 
     def sink(self) -> Callable[[OutputItem], bool] | None:
         """A synchronous path for plain deltas, once the response has started.
@@ -160,7 +177,7 @@ class SSEWriter:
 
         It starts the response: an error after it is an error event, not a status.
         """
-        await self._send(SSE_KEEPALIVE, more=True)
+        await stream_body(self.exchange, SSE_HEADERS, SSE_KEEPALIVE, more=True)
 
     async def fail(self, error: HTTPError) -> None:
         exchange = self.exchange
