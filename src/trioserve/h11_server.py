@@ -201,9 +201,10 @@ class _HTTPConnection:
         assert watcher is not None and not self.closed and self._on_hangup is None
 
         def hung_up() -> None:
-            if self._on_hangup is callback:  # the watcher has forgotten the descriptor
-                self._on_hangup = None
-                callback()
+            # Only the watcher calls this, and only while watched (unwatch_hangup and
+            # close take the descriptor out first); it has forgotten the descriptor.
+            self._on_hangup = None
+            callback()
 
         watcher.watch(self.fd, hung_up)
         self._on_hangup = callback

@@ -104,13 +104,13 @@ class ZmqPump:
         sock = self.sock
         fd = sock.getsockopt(zmq.FD)
         while True:
-            received = self._receive_available()
+            cut_short = self._receive_available()
             self._flush_wanted = False
             if self._before_flush is not None:
                 self._before_flush()
             self._send_available()
             events = sock.getsockopt(zmq.EVENTS)
-            if events & zmq.POLLIN or received >= RECV_BATCH or self._flush_wanted:
+            if events & zmq.POLLIN or cut_short or self._flush_wanted:
                 # More is (or may be) waiting: go round again, letting others run first.
                 await trio.lowlevel.checkpoint()
                 continue
@@ -119,25 +119,23 @@ class ZmqPump:
                 await trio.lowlevel.wait_readable(fd)
             self._park = None
 
-    def _receive_available(self) -> int:
-        """Receive and handle what is waiting, within RECV_BATCH and RECV_BUDGET; returns
-        the count, RECV_BATCH when the budget ran out (there may be more)."""
+    def _receive_available(self) -> bool:
+        """Receive and handle what is waiting, within RECV_BATCH and RECV_BUDGET; True
+        when a limit cut the pass short (more may be waiting)."""
         sock = self.sock
-        count = 0
         budget_end = time.perf_counter() + RECV_BUDGET
-        while count < RECV_BATCH:
+        for _ in range(RECV_BATCH):
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
             except zmq.Again:
-                break
-            count += 1
+                return False
             try:
                 self._on_message(frames)
             except Exception:  # one bad message must never kill the socket's owner
                 log.exception("dropping a message its handler could not process")
             if time.perf_counter() > budget_end:
-                return RECV_BATCH
-        return count
+                return True
+        return True
 
     def _send_available(self) -> None:
         sock = self.sock
