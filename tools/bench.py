@@ -377,6 +377,7 @@ class Plan:
     capacity_streams: int = 512
     capacity_rates: list[int] = field(default_factory=lambda: [10, 15, 20, 25, 30, 40])
     capacity_duration: float = 4.0
+    capacity_warmup: float = 2.0
     capacity_cpu: float = 0.25
 
     def steps(self) -> list[tuple[str, int]]:
@@ -402,8 +403,26 @@ class Plan:
         if kind == "ttft":
             return 1 + (self.ttft_count + self.ttft_warmup) * (self.ttft_ms + 3) / 1000
         if kind == "capacity":
-            return self.capacity_duration + 2 + 1 + self.capacity_streams / 300
+            return self.capacity_duration + self.capacity_warmup + 1 + self.capacity_streams / 300
         return 2 + sum(self.idle_levels) / 1500
+
+
+def _stream_args(
+    streams: int, rate: float, tokens: int, duration: float, warmup: float
+) -> list[str]:
+    return [
+        "stream",
+        "--streams",
+        str(streams),
+        "--rate",
+        str(rate),
+        "--stream-tokens",
+        str(tokens),
+        "--duration",
+        str(duration),
+        "--warmup",
+        str(warmup),
+    ]
 
 
 def loadgen_args(plan: Plan, step: tuple[str, int], engine_address: str) -> list[str]:
@@ -418,34 +437,18 @@ def loadgen_args(plan: Plan, step: tuple[str, int], engine_address: str) -> list
             "--warmup",
             str(plan.json_warmup),
         ]
-    if kind == "capacity":
-        return [
-            "stream",
-            "--streams",
-            str(plan.capacity_streams),
-            "--rate",
-            str(level),
-            "--stream-tokens",
-            "1000000",
-            "--duration",
-            str(plan.capacity_duration),
-            "--warmup",
-            "2",
-        ]
+    if kind == "capacity":  # streams that never finish, so that the load stays put
+        return _stream_args(
+            plan.capacity_streams,
+            level,
+            1_000_000,
+            plan.capacity_duration,
+            plan.capacity_warmup,
+        )
     if kind == "stream":
-        return [
-            "stream",
-            "--streams",
-            str(level),
-            "--rate",
-            str(plan.stream_rate),
-            "--stream-tokens",
-            str(plan.stream_tokens),
-            "--duration",
-            str(plan.stream_duration),
-            "--warmup",
-            str(plan.stream_warmup),
-        ]
+        return _stream_args(
+            level, plan.stream_rate, plan.stream_tokens, plan.stream_duration, plan.stream_warmup
+        )
     if kind == "ttft":
         return [
             "ttft",
