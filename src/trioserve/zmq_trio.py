@@ -40,6 +40,13 @@ RECV_BATCH = 512
 #: them in a row starved every other task, heartbeats included, for seconds.
 RECV_BUDGET = 0.005
 
+# Plain ints: pyzmq's constants are enums, and arithmetic on them goes through the enum
+# machinery (a few µs per call on the per-request path).
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
+_NOBLOCK = int(zmq.NOBLOCK)
+_RCVMORE = int(zmq.RCVMORE)
+
 
 class ZmqPump:
     """The single owner of one ZeroMQ socket.
@@ -77,14 +84,14 @@ class ZmqPump:
             return True
         sock = self.sock
         try:
-            sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+            _send(sock, frames)
         except zmq.Again:  # high-water mark, or no peer yet (ZMQ_IMMEDIATE)
             outbox.append(frames)
             self.wake()
             return True
         # The send may have consumed the descriptor's edge with a message waiting: then
         # the owner, parked on the descriptor, would not hear of it.
-        if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        if sock.getsockopt(_EVENTS) & _POLLIN:
             self.wake()
         return True
 
@@ -109,8 +116,7 @@ class ZmqPump:
             if self._before_flush is not None:
                 self._before_flush()
             self._send_available()
-            events = sock.getsockopt(zmq.EVENTS)
-            if events & zmq.POLLIN or cut_short or self._flush_wanted:
+            if sock.getsockopt(_EVENTS) & _POLLIN or cut_short or self._flush_wanted:
                 # More is (or may be) waiting: go round again, letting others run first.
                 await trio.lowlevel.checkpoint()
                 continue
@@ -126,9 +132,11 @@ class ZmqPump:
         budget_end = time.perf_counter() + RECV_BUDGET
         for _ in range(RECV_BATCH):
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
+                frames = [sock.recv(_NOBLOCK)]
             except zmq.Again:
                 return False
+            while sock.getsockopt(_RCVMORE):
+                frames.append(sock.recv(_NOBLOCK))
             try:
                 self._on_message(frames)
             except Exception:  # one bad message must never kill the socket's owner
@@ -142,7 +150,7 @@ class ZmqPump:
         outbox = self._outbox
         while outbox:
             try:
-                sock.send_multipart(outbox[0], zmq.NOBLOCK, copy=False)
+                _send(sock, outbox[0])
             except zmq.Again:
                 # High-water mark reached, or (with ZMQ_IMMEDIATE) no peer connected. The
                 # descriptor fires when that changes; until then the frames wait here.
@@ -154,3 +162,12 @@ class ZmqPump:
         count = len(self._outbox)
         self._outbox.clear()
         return count
+
+
+def _send(sock: zmq.Socket, frames: list[bytes]) -> None:
+    """One non-blocking multipart send (a single part, the usual case, without pyzmq's
+    per-part loop)."""
+    if len(frames) == 1:
+        sock.send(frames[0], _NOBLOCK, copy=False)
+    else:
+        sock.send_multipart(frames, _NOBLOCK, copy=False)
