@@ -188,3 +188,36 @@ def test_the_last_item_of_a_request_takes_the_fast_path():
     fast = _fast_outputs(body)
     assert fast is not None
     assert fast.items[0].usage == Usage(3, 16)
+
+
+@pytest.mark.parametrize(
+    "submit",
+    [
+        Submit("r", "m", "chat", {"messages": [{"role": "user", "content": "hi"}]}),
+        Submit(
+            "r",
+            "m",
+            "chat",
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "what is this?"},
+                            {"type": "image", "media": {"mime_type": "image/png", "data": b"\x89"}},
+                        ],
+                    }
+                ],
+                "modalities": ["text", "image"],
+            },
+            {"max_tokens": 3, "temperature": 0.5, "stop": ["\n", "."], "seed": None},
+        ),
+        Submit("r", "m", "completion", {"prompt": "x"}, {"mock_by_seed": {"1": {"a": [1]}}}),
+    ],
+)
+def test_a_submit_encodes_to_the_converters_bytes(submit):
+    # encode() builds a submit's map by hand (the per-request path): it must be exactly
+    # what the converter would have produced.
+    from trioserve.protocol.codec import converter
+
+    assert encode(submit) == msgpack.packb(["submit", converter.unstructure(submit)])

@@ -63,26 +63,26 @@ class Subscription:
 
     def deliver(self, item: OutputItem) -> None:
         """Hand one item to the consumer, never blocking the caller."""
+        items = self._items
+        final = item.finish_reason is not None or item.error is not None
         # The per-token fast path: the consumer is parked with nothing queued, so this item
         # is next in order; a sink that takes it leaves the consumer asleep.
-        sink = self.sink
-        if (
-            sink is not None
-            and self._waiter is not None
-            and not self._items
-            and not item.final
-            and sink(item)
-        ):
-            return
-        if len(self._items) >= self._bound:
+        if not final and not items and self._waiter is not None:
+            sink = self.sink
+            if sink is not None and sink(item):
+                return
+        if len(items) >= self._bound:
             self.fail(SlowClientError("the client is not reading fast enough"), "slow_client")
             return
-        self._items.append(item)
-        if item.final:
+        items.append(item)
+        if final:
             self.state = "finished"
             self.engine.forget(self.request_id)
             self._closed = True
-        self._wake()
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            trio.lowlevel.reschedule(waiter)
 
     def interrupt(self) -> None:
         """Wake a consumer waiting in :meth:`receive_batch`: it returns what is queued, or
@@ -116,7 +116,7 @@ class Subscription:
         self.state = "lost" if reason == "engine_lost" else "aborted"
         self.engine.forget(self.request_id)
         self.engine.queue_abort(self.request_id)
-        metrics.ENGINE_ABORTS.labels(reason=reason).inc()
+        metrics.engine_aborts(reason).inc()
         self._closed = True
         self._wake()
 

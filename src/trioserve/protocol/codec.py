@@ -17,7 +17,17 @@ import cattrs
 import msgpack
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn
 
-from .messages import TAGS, ErrorInfo, Limits, Message, ModelCard, OutputItem, Outputs, Usage
+from .messages import (
+    TAGS,
+    ErrorInfo,
+    Limits,
+    Message,
+    ModelCard,
+    OutputItem,
+    Outputs,
+    Submit,
+    Usage,
+)
 
 _CLASSES = {tag: cls for cls, tag in TAGS.items()}
 
@@ -109,6 +119,17 @@ _packer = msgpack.Packer(use_bin_type=True)
 
 def encode(message: Message) -> bytes:
     """Serialize one message into one frame."""
+    if type(message) is Submit:
+        # The per-request path. A submit's inputs and params are plain data (parsed JSON,
+        # media as bytes), which the converter would copy unchanged: the same bytes.
+        body = {
+            "request_id": message.request_id,
+            "model": message.model,
+            "task": message.task,
+            "inputs": message.inputs,
+            "params": message.params,
+        }
+        return _packer.pack(["submit", body])
     return _packer.pack([TAGS[type(message)], converter.unstructure(message)])
 
 
