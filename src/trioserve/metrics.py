@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -24,6 +26,22 @@ ENGINE_ABORTS = Counter(
     ["reason"],
     registry=REGISTRY,
 )
+
+
+# Per request: labels() validates and takes a lock on every call; the label sets are small
+# and fixed (outcomes and end reasons), so each child is looked up once.
+@functools.cache
+def requests_ended(outcome: str) -> Counter:
+    """The ``REQUESTS`` counter of one outcome."""
+    return REQUESTS.labels(outcome=outcome)
+
+
+@functools.cache
+def engine_aborts(reason: str) -> Counter:
+    """The ``ENGINE_ABORTS`` counter of one reason."""
+    return ENGINE_ABORTS.labels(reason=reason)
+
+
 ENGINE_RUNNING = Gauge(
     "trioserve_engine_requests_running",
     "Requests each engine reports running in its last pong.",

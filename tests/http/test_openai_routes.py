@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 
 import openai
 import pytest
@@ -140,7 +141,10 @@ async def test_client_supplied_request_id_is_echoed(frontend):
         hostile = await client.post(
             "/v1/chat/completions", json=CHAT, headers={"x-request-id": "x" * 500}
         )
-        assert len(hostile.headers["x-request-id"]) == 32
+        made = hostile.headers["x-request-id"]
+        assert uuid.UUID(hex=made).version == 4 and made == uuid.UUID(hex=made).hex
+        again = await client.post("/v1/chat/completions", json=CHAT)
+        assert again.headers["x-request-id"] != made
 
 
 async def test_engine_error_before_output_keeps_its_status_and_sends_no_abort(frontend):

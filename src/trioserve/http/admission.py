@@ -8,9 +8,6 @@ Operations routes (health, liveness, metrics, models) never take a slot.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 from .. import metrics
 from .errors import HTTPError
 
@@ -40,12 +37,3 @@ class Admission:
 
     def release(self) -> None:
         self.in_use -= 1
-
-    @contextlib.contextmanager
-    def slot(self) -> Iterator[None]:
-        """Hold a slot for the body of the ``with`` (raises 503 when none is free)."""
-        self.try_acquire()
-        try:
-            yield
-        finally:
-            self.release()

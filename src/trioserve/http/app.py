@@ -115,8 +115,12 @@ class App:
             else:
                 exchange.detail_errors = route.detail_errors
                 self.require_capability(route.capability, exchange)
-                with self.admission.slot():  # held until the last byte is sent
+                admission = self.admission
+                admission.try_acquire()  # held until the last byte is sent
+                try:
                     await route.handler(exchange)
+                finally:
+                    admission.release()
         except HTTPError as error:
             if not exchange.started:
                 await exchange.respond_error(error)

@@ -189,7 +189,7 @@ async def run_generation(
     finally:
         registry.remove(handle)
         metrics.REQUESTS_IN_FLIGHT.dec()
-        metrics.REQUESTS.labels(outcome=outcome).inc()
+        metrics.requests_ended(outcome).inc()
         if outcome not in ("completed", "disconnect"):
             log.info("request %s ended: %s", handle.id, outcome)
 

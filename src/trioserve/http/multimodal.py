@@ -18,8 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import attrs
-
+from ..protocol import Submit
 from .media import AUDIO_FORMATS, Media, MediaFetcher, decode_base64
 from .openai_api import Generation
 from .validation import invalid
@@ -85,4 +84,6 @@ async def resolve_chat_media(generation: Generation, fetcher: MediaFetcher) -> G
     submit = generation.submit
     messages, modalities = await translate_messages(submit.inputs["messages"], fetcher)
     inputs = {**submit.inputs, "messages": messages, "modalities": modalities}
-    return attrs.evolve(generation, submit=attrs.evolve(submit, inputs=inputs))
+    # Built directly: evolve() introspects the class on every call (per request).
+    resolved = Submit(submit.request_id, submit.model, submit.task, inputs, submit.params)
+    return Generation(resolved, generation.capability, generation.stream, generation.include_usage)

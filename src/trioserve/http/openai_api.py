@@ -224,23 +224,35 @@ class StreamFormat:
         else:
             self.id = f"cmpl-{request_id}"
             self.object = "text_completion"
+        #: The pre-encoded parts of a streamed chunk, built with the first one (a
+        #: non-streaming answer never needs them).
+        self._head = b""
+        self._started = False
+
+    def _prepare(self) -> None:
         head = _dumps({"id": self.id, "object": self.object, "created": self.created})[:-1]
-        self._head = head + b',"model":' + _dumps(model) + b',"choices":'
-        if kind == "chat":
+        self._head = head + b',"model":' + _dumps(self.model) + b',"choices":'
+        if self.kind == "chat":
             self._prefix = self._head + b'[{"index":0,"delta":{"content":'
             self._first_prefix = self._head + b'[{"index":0,"delta":{"role":"assistant","content":'
             self._suffix = b'},"logprobs":null,"finish_reason":null}]}'
         else:
             self._prefix = self._first_prefix = self._head + b'[{"index":0,"text":'
             self._suffix = b',"logprobs":null,"finish_reason":null}]}'
-        self._started = False
 
     def delta(self, text: str) -> bytes:
-        prefix = self._prefix if self._started else self._first_prefix
-        self._started = True
+        if not self._started:
+            self._started = True
+            if not self._head:
+                self._prepare()
+            prefix = self._first_prefix
+        else:
+            prefix = self._prefix
         return b"".join((prefix, json.dumps(text).encode(), self._suffix))
 
     def finish(self, reason: str) -> bytes:
+        if not self._head:
+            self._prepare()
         if self.kind == "chat":
             choice = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}
         else:
@@ -248,6 +260,8 @@ class StreamFormat:
         return self._head + _dumps([choice]) + b"}"
 
     def usage(self, usage: Usage | None) -> bytes:
+        if not self._head:
+            self._prepare()
         return self._head + b'[],"usage":' + _dumps(usage_dict(usage)) + b"}"
 
     def complete(self, text: str, finish_reason: str | None, usage: Usage | None) -> bytes:
