@@ -3,10 +3,10 @@
 Starts the mock engine, trioserve (``trioserve run``, once per ``--trioserve-args``) and
 the reference (``tools/reference_server.py``) as separate processes, pins them with
 ``taskset`` (the frontend under test alone on core 0; the engine, the load generator and
-this script on core 1), and drives the frontends in alternation, A B A B, for ``--rounds``
-rounds with ``tools/loadgen.py``. Each round starts the frontends afresh, and again after
-the memory figures. Before the first round it checks that both frontends answer the same
-bytes to the same requests.
+this script on core 1), and drives the frontends in alternation for ``--rounds`` rounds
+with ``tools/loadgen.py``, A B in one round and B A in the next. Each round starts the
+frontends afresh, and again after the memory figures. Before the first round it checks
+that both frontends answer the same bytes to the same requests.
 
 Figures (each: the median over rounds, its range, and trioserve/reference per round):
 
@@ -892,7 +892,8 @@ def report(
         f"each, {plan.stream_tokens} tokens per answer, next answer on the same connection; "
         "non-streaming requests ask for 16 tokens with no engine delay (mock_ttft_ms 0, "
         "mock_tokens_per_second 0).",
-        f"- {plan.rounds} round(s), A B A B; each cell is the median over rounds (min{DASH}max); "
+        f"- {plan.rounds} round(s), A B then B A; each cell is the median over rounds "
+        f"(min{DASH}max); "
         f"the last column is {labels[0]} / {reference} for each round. Windows: "
         f"{plan.json_duration:g} s (non-streaming), {plan.stream_duration:g} s (streaming), after "
         f"{plan.json_warmup:g} s / {plan.stream_warmup:g} s of warm-up. Inter-token latency "
@@ -1022,7 +1023,7 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=Formatter)
     parser.add_argument("--quick", action="store_true", help="seconds-long smoke run, 1 round")
-    parser.add_argument("--rounds", type=int, default=3, help="A B rounds")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds (A B, then B A)")
     parser.add_argument(
         "--trioserve-args",
         action="append",
@@ -1159,7 +1160,9 @@ def main() -> int:
                                 progress.note(
                                     f"bytes differ: {check['case']}: {check.get('answers')}"
                                 )
-                for proc in frontends:
+                # Odd rounds go B A: whatever the first or second run of a pair inherits
+                # (a warmer engine, the host's rhythm) falls on each frontend alike.
+                for proc in frontends if r % 2 == 0 else frontends[::-1]:
                     if proc.popen.poll() is not None:
                         result = {"error": f"the frontend had exited: {proc.log_tail(500)}"}
                     else:

@@ -1,0 +1,280 @@
+"""CPU instructions per request, trioserve against the reference frontend, under callgrind.
+
+Wall-clock CPU figures on a shared machine move by 10-20% from one run to the next, more
+than the differences worth measuring on the per-request path. ``valgrind --tool=callgrind``
+counts the user-space instructions a process executes instead: for the same code and the
+same requests the count repeats to a few per cent whatever else the machine is doing. What
+it does not count: the kernel's work on the process's behalf (system calls, the network
+stack) and how long each instruction took (cache misses, branch mispredictions), so it is a
+companion to ``tools/bench.py``'s timings, not a replacement.
+
+Starts the mock engine (not under valgrind), then each frontend in turn under callgrind
+with instrumentation off; warms it up with each kind, switches instrumentation on, and for
+each kind zeroes the counters, sends ``--requests`` requests from ``--concurrency``
+keep-alive connections (opened before the zeroing, closed after the dump: the count is
+of requests, not connections) and dumps the counters (``callgrind_control``). Every thread of
+the frontend counts (the ZeroMQ I/O thread too). Kinds: a non-streaming chat completion
+of 16 tokens, and the same streamed (SSE; the engine produces the 16 tokens at once, so
+they leave in one or two writes). All traffic is on 127.0.0.1.
+
+    python tools/instructions.py                      # 400 requests of each kind
+    python tools/instructions.py --requests 40        # a smoke run
+    python tools/instructions.py --write-docs docs/benchmarks.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+TOOLS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TOOLS))
+
+import loadgen  # noqa: E402
+
+BEGIN, END = "<!-- instructions:begin -->", "<!-- instructions:end -->"
+PROMPT = "Count the instructions of one request."
+KINDS = {
+    "non-streaming (JSON)": {"max_tokens": 16},
+    "streaming (SSE)": {"max_tokens": 16, "stream": True},
+}
+ENGINE_KNOBS = {"mock_ttft_ms": 0, "mock_tokens_per_second": 0}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def drive(
+    port: int,
+    body: dict,
+    count: int,
+    concurrency: int,
+    before: Callable[[], None] = lambda: None,
+    after: Callable[[], None] = lambda: None,
+) -> int:
+    """``count`` requests over ``concurrency`` keep-alive connections; returns how many
+    were answered 200. ``before`` runs once every connection is open and ``after`` once
+    every answer is in, so that what they count is the requests, not the connections."""
+    request = loadgen.chat_request(f"127.0.0.1:{port}", body)
+    share = [count // concurrency + (i < count % concurrency) for i in range(concurrency)]
+    sockets = [socket.create_connection(("127.0.0.1", port), timeout=120) for n in share if n]
+    ok = [0]
+    lock = threading.Lock()
+    errors: list[str] = []
+
+    def worker(sock: socket.socket, n: int) -> None:
+        try:
+            for _ in range(n):
+                sock.sendall(request)
+                response = loadgen.Response()
+                while not response.done:
+                    data = sock.recv(65536)
+                    if not data:
+                        raise ConnectionError("the frontend closed the connection")
+                    response.feed(data, None)
+                if response.status == 200:
+                    with lock:
+                        ok[0] += 1
+        except OSError as exc:
+            errors.append(str(exc))
+
+    try:
+        before()
+        threads = [
+            threading.Thread(target=worker, args=(sock, n))
+            for sock, n in zip(sockets, [n for n in share if n], strict=True)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        after()
+    finally:
+        for sock in sockets:
+            sock.close()
+    if errors:
+        raise RuntimeError(f"requests failed: {errors[0]}")
+    return ok[0]
+
+
+def wait_ready(port: int, process: subprocess.Popen, timeout: float) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError("the frontend exited during start-up")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"the frontend did not become ready in {timeout:g} s")
+
+
+def control(*args: str) -> None:
+    subprocess.run(["callgrind_control", *args], check=True, capture_output=True, timeout=120)
+
+
+def dumped_instructions(directory: Path, pid: int, timeout: float = 60) -> int:
+    """The instruction count of the one dump ``callgrind_control -d`` asked for."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for path in directory.glob(f"callgrind.{pid}.out*"):
+            text = path.read_text(errors="replace")
+            if re.search(r"^desc: Trigger: dump\s*$", text, re.M):
+                events = re.search(r"^events: (.*)$", text, re.M)
+                totals = re.search(r"^(?:summary|totals): (.*)$", text, re.M)
+                if events and totals:
+                    return int(totals.group(1).split()[events.group(1).split().index("Ir")])
+        time.sleep(0.2)
+    raise RuntimeError("callgrind wrote no dump")
+
+
+def measure_frontend(
+    name: str, command: list[str], port: int, args: argparse.Namespace, workdir: Path
+) -> dict[str, float]:
+    out = workdir / name
+    out.mkdir()
+    log = (workdir / f"{name}.log").open("wb")
+    process = subprocess.Popen(
+        [
+            "valgrind",
+            "--tool=callgrind",
+            "--instr-atstart=no",
+            "--dump-instr=no",
+            f"--callgrind-out-file={out}/callgrind.%p.out",
+            "-q",
+            *command,
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    figures: dict[str, float] = {}
+    try:
+        wait_ready(port, process, timeout=300)
+        bodies = {
+            kind: {"messages": [{"role": "user", "content": PROMPT}], **extra, **ENGINE_KNOBS}
+            for kind, extra in KINDS.items()
+        }
+        for body in bodies.values():  # uninstrumented (faster): first-request work, caches
+            drive(port, body, args.warmup, args.concurrency)
+        control("-i", "on", str(process.pid))
+        for kind, body in bodies.items():
+            for path in out.glob("callgrind.*"):
+                path.unlink()
+            pid = str(process.pid)
+            answered = drive(
+                port,
+                body,
+                args.requests,
+                args.concurrency,
+                before=lambda pid=pid: control("-z", pid),
+                after=lambda pid=pid: control("-d", pid),
+            )
+            if answered != args.requests:
+                raise RuntimeError(f"{name}: {args.requests - answered} requests failed")
+            figures[kind] = dumped_instructions(out, process.pid) / answered
+            if not args.quiet:
+                print(f"{name:<10} {kind}: {figures[kind] / 1000:,.0f}k", file=sys.stderr)
+    finally:
+        process.terminate()
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+    return figures
+
+
+def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    engine_port = free_port()
+    engine_address = f"tcp://127.0.0.1:{engine_port}"
+    engine = subprocess.Popen(
+        [sys.executable, "-m", "trioserve", "engine", "mock", "--bind", engine_address],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    results: dict[str, dict[str, float]] = {}
+    try:
+        with tempfile.TemporaryDirectory(prefix="trioserve-instructions-") as tmp:
+            for name in ("trioserve", "reference"):
+                port = free_port()
+                common = ["--engine", engine_address, "--host", "127.0.0.1", "--port", str(port)]
+                if name == "trioserve":
+                    command = [sys.executable, "-m", "trioserve", "--log-level", "warning", "run"]
+                else:
+                    command = [sys.executable, str(TOOLS / "reference_server.py")]
+                results[name] = measure_frontend(name, command + common, port, args, Path(tmp))
+    finally:
+        engine.terminate()
+        engine.wait(30)
+    return results
+
+
+def table(results: dict[str, dict[str, float]], command: str) -> str:
+    valgrind = subprocess.run(["valgrind", "--version"], capture_output=True, text=True).stdout
+    lines = [
+        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on "
+        f"{platform.machine()}, Python {platform.python_version()}, {valgrind.strip()}, "
+        f"with `{command}`.",
+        "",
+        "| user-space instructions per request | trioserve | reference | trioserve / reference |",
+        "|---|---|---|---|",
+    ]
+    for kind in KINDS:
+        ours, theirs = results["trioserve"][kind], results["reference"][kind]
+        lines.append(
+            f"| {kind}, 16 tokens | {ours / 1000:,.0f}k | {theirs / 1000:,.0f}k "
+            f"| {ours / theirs:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=400, help="counted, per kind")
+    parser.add_argument("--warmup", type=int, default=64, help="uncounted, per kind, first")
+    parser.add_argument("--concurrency", type=int, default=8, help="keep-alive connections")
+    parser.add_argument("--json", help="write the figures here")
+    parser.add_argument("--write-docs", help="replace the table between the markers here")
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args()
+    for tool in ("valgrind", "callgrind_control"):
+        if shutil.which(tool) is None:
+            parser.error(f"{tool} is not installed (Debian: apt-get install valgrind)")
+    shown = f"--requests {args.requests} --warmup {args.warmup} --concurrency {args.concurrency}"
+    command = f"python tools/instructions.py {shown}"
+    results = measure(args)
+    text = table(results, command)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"command": command, "results": results}, indent=2))
+    if args.write_docs:
+        path = Path(args.write_docs)
+        doc = path.read_text()
+        start, end = doc.index(BEGIN) + len(BEGIN), doc.index(END)
+        path.write_text(doc[:start] + "\n" + text + "\n" + doc[end:])
+
+
+if __name__ == "__main__":
+    main()
