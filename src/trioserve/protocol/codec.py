@@ -137,6 +137,7 @@ _PLAIN_ITEM_KEYS = frozenset(
     {"request_id", "seq", "modality", "data", "finish_reason", "mime_type", "usage"}
 )
 _USAGE_KEYS = frozenset({"prompt_tokens", "completion_tokens"})
+_TOKEN_KEYS = frozenset({"request_id", "seq", "data"})
 
 
 def _fast_usage(raw: Any) -> Usage | bool | None:
@@ -166,7 +167,22 @@ def _fast_outputs(body: dict) -> Outputs | None:
     items = []
     append = items.append
     for d in raw:
-        if type(d) is not dict or not d.keys() <= _PLAIN_ITEM_KEYS:
+        if type(d) is not dict:
+            return None
+        keys = d.keys()
+        if keys == _TOKEN_KEYS:
+            # A plain token, most items of most frames: three lookups, three type checks.
+            request_id = d["request_id"]
+            seq = d["seq"]
+            data = d["data"]
+            if (
+                type(request_id) is str
+                and type(seq) is int
+                and (type(data) is str or type(data) is bytes)
+            ):
+                append(OutputItem(request_id, seq, "text", data))
+                continue
+        if not keys <= _PLAIN_ITEM_KEYS:
             return None
         request_id = d.get("request_id")
         seq = d.get("seq")
