@@ -147,6 +147,33 @@ async def test_malformed_request_gets_400(nursery):
     assert (await read_responses(stream, 1)).startswith(b"HTTP/1.1 400")
 
 
+async def test_a_malformed_body_gets_400_and_the_server_keeps_serving(nursery):
+    port, _ = await serve(nursery)
+    chunked = b"POST /p HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
+    # The fault in the first read (a chunk size that is not hex), and after a good chunk
+    # that arrived on its own.
+    for first, later in [
+        (chunked + b"zz\r\nhello\r\n0\r\n\r\n", b""),
+        (chunked + b"2\r\nab\r\n", b"2\r\nabXY"),
+    ]:
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(first)
+        if later:
+            await trio.sleep(0.05)
+            await stream.send_all(later)
+        data = await read_responses(stream, 1)
+        head, _, body = data.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400") and b"connection: close" in head.lower()
+        error = json.loads(body)["error"]
+        assert error["code"] == "bad_request" and "malformed request body" in error["message"]
+        with trio.fail_after(HANG_GUARD):
+            assert await stream.receive_some(1024) == b""  # closed: nothing can follow
+    # Other clients are served as before.
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(get("/after"))
+    assert b'"/after"' in await read_responses(stream, 1)
+
+
 async def test_a_head_that_stops_arriving_gets_408(nursery):
     port, _ = await serve(nursery, header_timeout=0.2)
     stream = await trio.open_tcp_stream("127.0.0.1", port)

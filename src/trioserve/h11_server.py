@@ -276,21 +276,21 @@ class _HTTPConnection:
                 with trio.move_on_after(config.header_timeout) as heads:
                     event = await self.next_event()
                 if heads.cancelled_caught:
-                    await self._refuse(408, "request head not received in time")
+                    await self.refuse(408, "request head not received in time")
                     return None
         except h11.RemoteProtocolError as exc:
-            await self._refuse(exc.error_status_hint, str(exc))
+            await self.refuse(exc.error_status_hint, str(exc))
             return None
         if isinstance(event, h11.Request):
             # h11 bounds only a head still arriving; one that came whole is checked here.
             size = len(event.target) + sum(len(k) + len(v) + 4 for k, v in event.headers)
             if size > config.max_header_bytes:
-                await self._refuse(431, f"the request head exceeds {config.max_header_bytes} bytes")
+                await self.refuse(431, f"the request head exceeds {config.max_header_bytes} bytes")
                 return None
             return event
         return None  # ConnectionClosed
 
-    async def _refuse(self, status: int, reason: str) -> None:
+    async def refuse(self, status: int, reason: str) -> None:
         if self.h11.our_state in (h11.IDLE, h11.SEND_RESPONSE):
             error = {"message": reason, "type": "invalid_request_error", "code": "bad_request"}
             body = json.dumps({"error": error}).encode()
@@ -489,9 +489,17 @@ class _HTTPExchange:
             try:
                 while (message := self._body_received()) is None:
                     await connection.fill()
-            except h11.RemoteProtocolError:
+            except h11.RemoteProtocolError as exc:
+                # A body h11 cannot parse (chunk framing, a size that is not hex, ...): the
+                # client gets a 400 of its own unless a response has started, the
+                # connection closes (nothing after the fault can be framed), and the app
+                # hears a disconnect.
                 self.disconnected = True
-                connection.close()
+                reason = f"malformed request body: {exc}"
+                if self.response_started:
+                    connection.close()
+                else:
+                    await connection.refuse(exc.error_status_hint, reason)
                 return {"type": "http.disconnect"}
             return message
         # The body is read: the only thing left to learn is whether the client goes away.
@@ -509,6 +517,13 @@ class _HTTPExchange:
 
     async def send(self, message: dict[str, Any]) -> None:
         connection = self.connection
+        if connection.closed:
+            # As hypercorn does: a send to a client that is gone (or was refused) is
+            # dropped; the app learns of the disconnect from receive(). (A checkpoint, so
+            # that an app which keeps sending cannot starve the task that would tell it.)
+            self.disconnected = True
+            await trio.lowlevel.checkpoint()
+            return
         kind = message["type"]
         if kind == "http.response.start":
             if self.response_started:
@@ -527,13 +542,6 @@ class _HTTPExchange:
             return
         if not self.response_started or self.response_done:
             raise RuntimeError("http.response.body outside a response")
-        if connection.closed:
-            # As hypercorn does: a send to a client that is gone is dropped; the app learns
-            # of the disconnect from receive(). (A checkpoint, so that an app which keeps
-            # sending cannot starve the task that would tell it.)
-            self.disconnected = True
-            await trio.lowlevel.checkpoint()
-            return
         body = message.get("body", b"")
         more = message.get("more_body", False)
         h = connection.h11

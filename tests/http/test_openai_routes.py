@@ -7,7 +7,9 @@ import uuid
 
 import openai
 import pytest
+import trio
 
+from tests.conftest import HANG_GUARD
 from tests.http.helpers import capture_submits
 from trioserve.sdk.mock import expected_text
 
@@ -241,3 +243,25 @@ async def test_405_says_which_methods_are_allowed(frontend):
     async with frontend.client() as client:
         response = await client.get("/v1/chat/completions")
     assert response.status_code == 405 and response.headers["allow"] == "POST"
+
+
+async def test_a_malformed_chunked_body_is_a_400_and_nothing_reaches_the_engine(
+    frontend, http_server
+):
+    submits = capture_submits(frontend)
+    stream = await trio.open_tcp_stream(frontend.host, frontend.port)
+    await stream.send_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b'transfer-encoding: chunked\r\n\r\n5\r\n{"mes\r\nnot-hex\r\n'
+    )
+    data = b""
+    with trio.fail_after(HANG_GUARD):
+        while chunk := await stream.receive_some(65536):
+            data += chunk
+    await stream.aclose()
+    assert data.startswith(b"HTTP/1.1 400")
+    if http_server == "h11":  # hypercorn answers its own 400, without a body
+        assert json.loads(data.partition(b"\r\n\r\n")[2])["error"]["code"] == "bad_request"
+    async with frontend.client() as client:  # the server keeps serving
+        assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+    assert len(submits) == 1  # the good request only
