@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -386,6 +387,7 @@ def _run(args: argparse.Namespace) -> int:
                     await _stop_child(process)
 
     status = 0
+    _tune_gc()
     try:
         trio.run(main_task)
     except* ProtocolVersionError as group:
@@ -393,6 +395,26 @@ def _run(args: argparse.Namespace) -> int:
             log.error("stopping: %s", exc)
         status = 2
     return status
+
+
+#: The young generation is collected after this many new container objects (CPython's
+#: default is 700).
+GC_GEN0_THRESHOLD = 10_000
+
+
+def _tune_gc() -> None:
+    """Keep the garbage collector's full passes off the relay path.
+
+    A full collection walks every tracked object, and after start-up most of them are
+    modules, classes and functions that live as long as the process. With 512 streams at
+    10 tokens/s on a quarter of a core, collections were a quarter of the frontend's CPU
+    (13% of a core against 9-10% without them) and put the inter-token p99 at 320-350 ms
+    instead of about 130 ms. So what is alive at start-up moves to the permanent
+    generation, and the young generation is collected every GC_GEN0_THRESHOLD allocations.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_GEN0_THRESHOLD, 10, 10)
 
 
 async def _stop_child(process: trio.Process) -> None:
