@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from functools import partial
 
 import trio
 from hypercorn.config import Config
@@ -99,7 +98,3 @@ async def serve_frontend(
 
             binds = await nursery.start(serve_http)
             task_status.started((app, drain, binds))
-
-
-def run_frontend(settings: Settings) -> None:
-    trio.run(partial(serve_frontend, settings))
