@@ -13,50 +13,31 @@ pytestmark = pytest.mark.integration
 TOOLS = Path(__file__).parent.parent / "tools"
 
 
-def test_abort_latency_tool_runs_and_reports_both_kinds(tmp_path):
-    out = tmp_path / "figures.json"
+def run_tool(name: str, out: Path, *args: str, timeout: float) -> str:
+    """Run ``tools/<name>`` quietly with its figures written to ``out``; its stdout."""
     result = subprocess.run(
-        [
-            sys.executable,
-            str(TOOLS / "abort_latency.py"),
-            "--count",
-            "3",
-            "--quiet",
-            "--json",
-            str(out),
-        ],
+        [sys.executable, str(TOOLS / name), *args, "--quiet", "--json", str(out)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
     )
     assert result.returncode == 0, result.stderr
-    assert "| streaming (SSE) | 3 |" in result.stdout
-    assert "| non-streaming (JSON) | 3 |" in result.stdout
+    return result.stdout
+
+
+def test_abort_latency_tool_runs_and_reports_both_kinds(tmp_path):
+    out = tmp_path / "figures.json"
+    stdout = run_tool("abort_latency.py", out, "--count", "3", timeout=120)
+    assert "| streaming (SSE) | 3 |" in stdout
+    assert "| non-streaming (JSON) | 3 |" in stdout
     assert out.exists()
 
 
 def test_instruction_count_tool_runs_and_reports_both_frontends(tmp_path):
     out = tmp_path / "figures.json"
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(TOOLS / "instructions.py"),
-            "--requests",
-            "6",
-            "--warmup",
-            "2",
-            "--concurrency",
-            "2",
-            "--quiet",
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr
-    assert "| non-streaming (JSON), 16 tokens |" in result.stdout
-    assert "| streaming (SSE), 16 tokens |" in result.stdout
+    args = ("--requests", "6", "--warmup", "2", "--concurrency", "2")
+    stdout = run_tool("instructions.py", out, *args, timeout=600)
+    assert "| non-streaming (JSON), 16 tokens |" in stdout
+    assert "| streaming (SSE), 16 tokens |" in stdout
     figures = json.loads(out.read_text())["results"]
     assert set(figures) == {"trioserve", "reference"}
