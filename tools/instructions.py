@@ -37,6 +37,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 TOOLS = Path(__file__).resolve().parent
@@ -177,18 +178,18 @@ def measure_frontend(
         }
         for body in bodies.values():  # uninstrumented (faster): first-request work, caches
             drive(port, body, args.warmup, args.concurrency)
-        control("-i", "on", str(process.pid))
+        pid = str(process.pid)
+        control("-i", "on", pid)
         for kind, body in bodies.items():
             for path in out.glob("callgrind.*"):
                 path.unlink()
-            pid = str(process.pid)
             answered = drive(
                 port,
                 body,
                 args.requests,
                 args.concurrency,
-                before=lambda pid=pid: control("-z", pid),
-                after=lambda pid=pid: control("-d", pid),
+                before=partial(control, "-z", pid),  # counters from here...
+                after=partial(control, "-d", pid),  # ...to here
             )
             if answered != args.requests:
                 raise RuntimeError(f"{name}: {args.requests - answered} requests failed")
