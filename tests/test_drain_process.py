@@ -25,6 +25,15 @@ async def open_stream(url: str, results: dict, name: str) -> None:
         results[name] = response.text
 
 
+async def wait_ready(url: str) -> None:
+    """Until /health says 200: the listener is up before the engine handshake completes,
+    and a request in between is refused (503 engine_unavailable), by design."""
+    async with httpx.AsyncClient(base_url=url, timeout=HANG_GUARD) as client:
+        with trio.fail_after(HANG_GUARD):
+            while (await client.get("/health")).status_code != 200:
+                await trio.sleep(0.05)
+
+
 def ends(engine: TrioEngine, name: str) -> list[str]:
     return [how for (_, rid), hows in engine.core.ends.items() if rid == name for how in hows]
 
@@ -41,6 +50,7 @@ async def test_sigterm_past_the_grace_period_sends_error_event_and_abort_and_exi
         "--graceful-timeout",
         str(grace),
     )
+    await wait_ready(url)
     results: dict[str, str] = {}
     async with trio.open_nursery() as clients:
         clients.start_soon(open_stream, url, results, "long")
@@ -63,10 +73,8 @@ async def test_second_sigterm_skips_to_the_end_and_the_mock_engine_stops_too(nur
     engine_pid = int(
         (await frontend.wait_for_output(r"started the mock engine \(pid (\d+)\)")).group(1)
     )
+    await wait_ready(url)
     async with httpx.AsyncClient(base_url=url, timeout=HANG_GUARD) as client:
-        with trio.fail_after(HANG_GUARD):
-            while (await client.get("/health")).status_code != 200:
-                await trio.sleep(0.05)
         results: dict[str, str] = {}
         async with trio.open_nursery() as clients:
             clients.start_soon(open_stream, url, results, "s")
