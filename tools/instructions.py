@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import re
 import shutil
@@ -43,6 +42,7 @@ from pathlib import Path
 TOOLS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TOOLS))
 
+import bench  # noqa: E402  (tools/bench.py: process helpers)
 import loadgen  # noqa: E402
 
 BEGIN, END = "<!-- instructions:begin -->", "<!-- instructions:end -->"
@@ -52,12 +52,6 @@ KINDS = {
     "streaming (SSE)": {"max_tokens": 16, "stream": True},
 }
 ENGINE_KNOBS = {"mock_ttft_ms": 0, "mock_tokens_per_second": 0}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def drive(
@@ -73,7 +67,8 @@ def drive(
     every answer is in, so that what they count is the requests, not the connections."""
     request = loadgen.chat_request(f"127.0.0.1:{port}", body)
     share = [count // concurrency + (i < count % concurrency) for i in range(concurrency)]
-    sockets = [socket.create_connection(("127.0.0.1", port), timeout=120) for n in share if n]
+    share = [n for n in share if n]
+    sockets = [socket.create_connection(("127.0.0.1", port), timeout=120) for _ in share]
     ok = [0]
     lock = threading.Lock()
     errors: list[str] = []
@@ -98,7 +93,7 @@ def drive(
         before()
         threads = [
             threading.Thread(target=worker, args=(sock, n))
-            for sock, n in zip(sockets, [n for n in share if n], strict=True)
+            for sock, n in zip(sockets, share, strict=True)
         ]
         for thread in threads:
             thread.start()
@@ -111,23 +106,6 @@ def drive(
     if errors:
         raise RuntimeError(f"requests failed: {errors[0]}")
     return ok[0]
-
-
-def wait_ready(port: int, process: subprocess.Popen, timeout: float) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError("the frontend exited during start-up")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as answer:
-                if answer.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"the frontend did not become ready in {timeout:g} s")
 
 
 def control(*args: str) -> None:
@@ -154,31 +132,26 @@ def measure_frontend(
 ) -> dict[str, float]:
     out = workdir / name
     out.mkdir()
-    log = (workdir / f"{name}.log").open("wb")
-    process = subprocess.Popen(
-        [
-            "valgrind",
-            "--tool=callgrind",
-            "--instr-atstart=no",
-            "--dump-instr=no",
-            f"--callgrind-out-file={out}/callgrind.%p.out",
-            "-q",
-            *command,
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    valgrind = [
+        "valgrind",
+        "--tool=callgrind",
+        "--instr-atstart=no",
+        "--dump-instr=no",
+        f"--callgrind-out-file={out}/callgrind.%p.out",
+        "-q",
+    ]
+    proc = bench.spawn(name, [*valgrind, *command], workdir)
+    proc.url = f"http://127.0.0.1:{port}"
     figures: dict[str, float] = {}
     try:
-        wait_ready(port, process, timeout=300)
+        bench.wait_healthy(proc, timeout=300)
         bodies = {
             kind: {"messages": [{"role": "user", "content": PROMPT}], **extra, **ENGINE_KNOBS}
             for kind, extra in KINDS.items()
         }
         for body in bodies.values():  # uninstrumented (faster): first-request work, caches
             drive(port, body, args.warmup, args.concurrency)
-        pid = str(process.pid)
+        pid = str(proc.pid)
         control("-i", "on", pid)
         for kind, body in bodies.items():
             for path in out.glob("callgrind.*"):
@@ -193,42 +166,35 @@ def measure_frontend(
             )
             if answered != args.requests:
                 raise RuntimeError(f"{name}: {args.requests - answered} requests failed")
-            figures[kind] = dumped_instructions(out, process.pid) / answered
+            figures[kind] = dumped_instructions(out, proc.pid) / answered
             if not args.quiet:
                 print(f"{name:<10} {kind}: {figures[kind] / 1000:,.0f}k", file=sys.stderr)
     finally:
-        process.terminate()
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
+        proc.stop()  # the counts are dumped already: no need to wait for a drain
     return figures
 
 
 def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
-    engine_port = free_port()
-    engine_address = f"tcp://127.0.0.1:{engine_port}"
-    engine = subprocess.Popen(
-        [sys.executable, "-m", "trioserve", "engine", "mock", "--bind", engine_address],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    engine_address = f"tcp://127.0.0.1:{bench.free_port()}"
     results: dict[str, dict[str, float]] = {}
-    try:
-        with tempfile.TemporaryDirectory(prefix="trioserve-instructions-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="trioserve-instructions-") as tmp:
+        workdir = Path(tmp)
+        engine = bench.spawn(
+            "engine",
+            [sys.executable, "-m", "trioserve", "engine", "mock", "--bind", engine_address],
+            workdir,
+        )
+        try:
             for name in ("trioserve", "reference"):
-                port = free_port()
+                port = bench.free_port()
                 common = ["--engine", engine_address, "--host", "127.0.0.1", "--port", str(port)]
                 if name == "trioserve":
                     command = [sys.executable, "-m", "trioserve", "--log-level", "warning", "run"]
                 else:
                     command = [sys.executable, str(TOOLS / "reference_server.py")]
-                results[name] = measure_frontend(name, command + common, port, args, Path(tmp))
-    finally:
-        engine.terminate()
-        engine.wait(30)
+                results[name] = measure_frontend(name, command + common, port, args, workdir)
+        finally:
+            engine.stop()
     return results
 
 
