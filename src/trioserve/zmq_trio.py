@@ -76,23 +76,22 @@ class ZmqPump:
         when the socket cannot take it); False, with nothing sent or queued, when the
         outbox is full. Never waits."""
         outbox = self._outbox
-        if outbox:
-            if len(outbox) >= self._outbox_limit:
-                return False
-            outbox.append(frames)
-            self.wake()
-            return True
-        sock = self.sock
-        try:
-            _send(sock, frames)
-        except zmq.Again:  # high-water mark, or no peer yet (ZMQ_IMMEDIATE)
-            outbox.append(frames)
-            self.wake()
-            return True
-        # The send may have consumed the descriptor's edge with a message waiting: then
-        # the owner, parked on the descriptor, would not hear of it.
-        if sock.getsockopt(_EVENTS) & _POLLIN:
-            self.wake()
+        if not outbox:
+            sock = self.sock
+            try:
+                _send(sock, frames)
+            except zmq.Again:  # high-water mark, or no peer yet (ZMQ_IMMEDIATE): queue it
+                pass
+            else:
+                # The send may have consumed the descriptor's edge with a message waiting:
+                # then the owner, parked on the descriptor, would not hear of it.
+                if sock.getsockopt(_EVENTS) & _POLLIN:
+                    self.wake()
+                return True
+        elif len(outbox) >= self._outbox_limit:
+            return False
+        outbox.append(frames)
+        self.wake()
         return True
 
     def wake(self) -> None:
