@@ -63,6 +63,8 @@ class Subscription:
 
     def deliver(self, item: OutputItem) -> None:
         """Hand one item to the consumer, never blocking the caller."""
+        # OutputItem.final and _wake, written out: a property and a method call per token
+        # were 1% of a non-streaming request's instructions (16 items; callgrind).
         items = self._items
         final = item.finish_reason is not None or item.error is not None
         # The per-token fast path: the consumer is parked with nothing queued, so this item
