@@ -7,6 +7,7 @@ One translation and one chunk format serve every transport (JSON, SSE, and WebSo
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from typing import Any
@@ -224,35 +225,39 @@ class StreamFormat:
         else:
             self.id = f"cmpl-{request_id}"
             self.object = "text_completion"
-        #: The pre-encoded parts of a streamed chunk, built with the first one (a
-        #: non-streaming answer never needs them).
-        self._head = b""
+        self._suffix = (
+            b'},"logprobs":null,"finish_reason":null}]}'
+            if kind == "chat"
+            else b',"logprobs":null,"finish_reason":null}]}'
+        )
         self._started = False
 
-    def _prepare(self) -> None:
+    # The pre-encoded parts of a streamed chunk, each built on first use: a non-streaming
+    # answer never needs them.
+
+    @functools.cached_property
+    def _head(self) -> bytes:
         head = _dumps({"id": self.id, "object": self.object, "created": self.created})[:-1]
-        self._head = head + b',"model":' + _dumps(self.model) + b',"choices":'
+        return head + b',"model":' + _dumps(self.model) + b',"choices":'
+
+    @functools.cached_property
+    def _prefix(self) -> bytes:
         if self.kind == "chat":
-            self._prefix = self._head + b'[{"index":0,"delta":{"content":'
-            self._first_prefix = self._head + b'[{"index":0,"delta":{"role":"assistant","content":'
-            self._suffix = b'},"logprobs":null,"finish_reason":null}]}'
-        else:
-            self._prefix = self._first_prefix = self._head + b'[{"index":0,"text":'
-            self._suffix = b',"logprobs":null,"finish_reason":null}]}'
+            return self._head + b'[{"index":0,"delta":{"content":'
+        return self._head + b'[{"index":0,"text":'
+
+    @functools.cached_property
+    def _first_prefix(self) -> bytes:
+        if self.kind == "chat":
+            return self._head + b'[{"index":0,"delta":{"role":"assistant","content":'
+        return self._prefix
 
     def delta(self, text: str) -> bytes:
-        if not self._started:
-            self._started = True
-            if not self._head:
-                self._prepare()
-            prefix = self._first_prefix
-        else:
-            prefix = self._prefix
+        prefix = self._prefix if self._started else self._first_prefix
+        self._started = True
         return b"".join((prefix, json.dumps(text).encode(), self._suffix))
 
     def finish(self, reason: str) -> bytes:
-        if not self._head:
-            self._prepare()
         if self.kind == "chat":
             choice = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}
         else:
@@ -260,8 +265,6 @@ class StreamFormat:
         return self._head + _dumps([choice]) + b"}"
 
     def usage(self, usage: Usage | None) -> bytes:
-        if not self._head:
-            self._prepare()
         return self._head + b'[],"usage":' + _dumps(usage_dict(usage)) + b"}"
 
     def complete(self, text: str, finish_reason: str | None, usage: Usage | None) -> bytes:
