@@ -30,6 +30,7 @@ from .messages import (
 )
 
 _CLASSES = {tag: cls for cls, tag in TAGS.items()}
+_SUBMIT_TAG = TAGS[Submit]
 
 
 class ProtocolError(ValueError):
@@ -129,7 +130,7 @@ def encode(message: Message) -> bytes:
             "inputs": message.inputs,
             "params": message.params,
         }
-        return _packer.pack(["submit", body])
+        return _packer.pack([_SUBMIT_TAG, body])
     return _packer.pack([TAGS[type(message)], converter.unstructure(message)])
 
 
