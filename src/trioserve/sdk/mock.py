@@ -92,6 +92,12 @@ async def _sleep(seconds: float) -> None:
         await asyncio.sleep(seconds)
 
 
+def _next_boundary(now: float, period: float) -> float:
+    """The first boundary of the step grid of ``period`` seconds strictly after ``now``."""
+    boundary = math.ceil(now / period) * period
+    return boundary + period if boundary <= now else boundary
+
+
 async def _next_step(period: float) -> None:
     """Wait for the next boundary of the engine-wide step grid of ``period`` seconds."""
     if sniffio.current_async_library() == "trio":
@@ -100,7 +106,7 @@ async def _next_step(period: float) -> None:
         import asyncio
 
         now = time.monotonic()
-        await asyncio.sleep(math.ceil(now / period) * period - now or period)
+        await asyncio.sleep(_next_boundary(now, period) - now)
 
 
 #: trio: the requests waiting for each step boundary (per trio run), woken together.
@@ -119,10 +125,7 @@ async def _trio_step(period: float) -> None:
     """
     import trio
 
-    now = trio.current_time()
-    boundary = math.ceil(now / period) * period
-    if boundary <= now:
-        boundary += period
+    boundary = _next_boundary(trio.current_time(), period)
     key = (trio.lowlevel.current_trio_token(), boundary)
     while trio.current_time() < boundary:
         lot = _STEPS.get(key)
