@@ -81,6 +81,12 @@ KEEP_UP_SHARE = 0.95
 KEEP_UP_ITL_PERIODS = 2.0
 KEEP_UP_ITL_SLACK_MS = 50.0
 
+
+def keep_up_itl_ms(rate: float) -> float:
+    """The inter-token p99 (ms) a frontend must stay within at ``rate`` tokens/s a stream."""
+    return KEEP_UP_ITL_PERIODS * 1000 / rate + KEEP_UP_ITL_SLACK_MS
+
+
 # -- processes ------------------------------------------------------------------------------
 
 
@@ -687,7 +693,7 @@ def extract(
             (
                 f"capacity_{rate}_itl99",
                 f"capacity, {offered:,} events/s offered: inter-token p99 "
-                f"(keeping up: ≤ {KEEP_UP_ITL_PERIODS * 1000 / rate + KEEP_UP_ITL_SLACK_MS:.0f})",
+                f"(keeping up: ≤ {keep_up_itl_ms(rate):.0f})",
                 "ms",
                 0,
                 f"capacity:{rate}",
@@ -755,8 +761,9 @@ def capacity_of(plan: Plan, results: dict[str, dict]) -> float:
         relayed = result.get("events_per_s")
         if relayed is None or "error" in result:
             continue
-        bound = KEEP_UP_ITL_PERIODS * 1000 / rate + KEEP_UP_ITL_SLACK_MS
-        if relayed >= KEEP_UP_SHARE * result["expected_per_s"] and result["itl_p99_ms"] <= bound:
+        if relayed >= KEEP_UP_SHARE * result["expected_per_s"] and result[
+            "itl_p99_ms"
+        ] <= keep_up_itl_ms(rate):
             best = relayed if math.isnan(best) else max(best, relayed)
     return best
 
