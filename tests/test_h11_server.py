@@ -55,12 +55,10 @@ async def echo_app(scope, receive, send):
 echo_app.disconnects = 0
 
 
-async def serve(nursery: trio.Nursery, **config: object) -> tuple[int, trio.Event]:
+async def serve(nursery: trio.Nursery, app=echo_app, **config: object) -> tuple[int, trio.Event]:
     stop = trio.Event()
     [url] = await nursery.start(
-        partial(
-            serve_h11, echo_app, "127.0.0.1", 0, config=H11Config(**config), stop_accepting=stop
-        )
+        partial(serve_h11, app, "127.0.0.1", 0, config=H11Config(**config), stop_accepting=stop)
     )
     return int(url.rsplit(":", 1)[1]), stop
 
@@ -172,6 +170,79 @@ async def test_a_malformed_body_gets_400_and_the_server_keeps_serving(nursery):
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     await stream.send_all(get("/after"))
     assert b'"/after"' in await read_responses(stream, 1)
+
+
+async def test_request_smuggling_is_refused_before_the_app(nursery):
+    port, _ = await serve(nursery)
+    # Two framings for one body: which one a proxy in front believed is unknowable.
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(
+        b"POST /p HTTP/1.1\r\nhost: x\r\ncontent-length: 4\r\n"
+        b"transfer-encoding: chunked\r\n\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nhost: x\r\n\r\n"
+    )
+    data = await read_responses(stream, 1)
+    assert data.startswith(b"HTTP/1.1 400") and b"/smuggled" not in data
+    assert json.loads(data.partition(b"\r\n\r\n")[2])["error"]["code"] == "bad_request"
+    with trio.fail_after(HANG_GUARD):
+        assert await stream.receive_some(1024) == b""
+
+
+async def test_a_head_request_gets_no_body_and_the_next_response_is_intact(nursery):
+    port, _ = await serve(nursery)
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(b"HEAD /h HTTP/1.1\r\nhost: x\r\n\r\n" + get("/after"))
+    data = await read_responses(stream, 2)
+    head, _, rest = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"content-length: " in head
+    assert rest.startswith(b"HTTP/1.1 200") and rest.endswith(b'"path": "/after", "body": ""}')
+
+
+async def test_an_h2c_upgrade_is_answered_as_http_1_1(nursery):
+    port, _ = await serve(nursery)
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(
+        get(
+            "/h2c",
+            "connection: Upgrade, HTTP2-Settings\r\nupgrade: h2c\r\n"
+            "http2-settings: AAMAAABkAAQAAP__\r\n",
+        )
+    )
+    data = await read_responses(stream, 1)
+    assert data.startswith(b"HTTP/1.1 200") and b'"/h2c"' in data
+
+
+async def bad_header_app(scope, receive, send):
+    """Sends what the path says: a header with CR LF in it, or too short a body."""
+    await receive()
+    if scope["path"] == "/split":
+        headers = [(b"x-echo", b"a\r\nset-cookie: evil=1"), (b"content-length", b"2")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b"ok"})
+    else:
+        headers = [(b"content-length", b"10")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b"short"})
+
+
+async def test_a_header_that_would_split_the_response_becomes_a_500(nursery):
+    port, _ = await serve(nursery, app=bad_header_app)
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(get("/split"))
+    with trio.fail_after(HANG_GUARD):
+        data = await stream.receive_some(65536)
+    assert data.startswith(b"HTTP/1.1 500") and b"evil" not in data
+
+
+async def test_a_body_shorter_than_its_content_length_ends_the_connection(nursery):
+    port, _ = await serve(nursery, app=bad_header_app)
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(get("/short"))
+    data = b""
+    with trio.fail_after(HANG_GUARD):
+        while chunk := await stream.receive_some(65536):
+            data += chunk
+    # The client can tell the body is cut short: the connection closed before 10 bytes.
+    assert data.startswith(b"HTTP/1.1 200") and data.endswith(b"\r\n\r\nshort")
 
 
 async def test_a_head_that_stops_arriving_gets_408(nursery):

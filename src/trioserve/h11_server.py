@@ -1,4 +1,8 @@
-"""A lean HTTP/1.1 server on trio + h11 (and wsproto for WebSocket) hosting an ASGI app.
+"""A lean HTTP/1.1 server on trio hosting an ASGI app (``--server h11``).
+
+Requests are parsed and responses framed by ``http1.py`` (httptools, i.e. llhttp; the
+server began on h11, hence its name, and left it for a sixth of the CPU per request:
+``docs/architecture.md``); WebSocket is wsproto's.
 
 Why not only hypercorn: its trio worker restarts a keep-alive timer task per request,
 takes a lock and a shielded cancel scope around every socket write and makes three writes
@@ -9,7 +13,7 @@ response, head and body, leaves in one write). Hypercorn stays available
 
 What it does, per connection:
 
-- keep-alive and pipelining (h11 parses; the next request waits until the response ends),
+- keep-alive and pipelining (the next request waits until the response ends),
   header size limit, header-read timeout, idle timeout between requests (one task of the
   server closes idle connections: no timer in each request's cycle);
 - a request body that came with its head is handed over without waiting
@@ -38,14 +42,14 @@ from typing import Any
 from urllib.parse import unquote
 
 import attrs
-import h11
 import trio
 import wsproto
 import wsproto.events as ws_events
 from wsproto.utilities import LocalProtocolError as WSLocalProtocolError
 from wsproto.utilities import RemoteProtocolError as WSRemoteProtocolError
 
-from . import hangups
+from . import hangups, http1
+from .http1 import CLOSED, END, NEED_DATA, ProtocolError, Request
 
 log = logging.getLogger("trioserve.h11")
 
@@ -95,10 +99,10 @@ class _HTTPConnection:
         self.app = app
         self.shared = shared
         self.config = shared.config
-        self.h11 = h11.Connection(
-            h11.SERVER, max_incomplete_event_size=self.config.max_header_bytes
-        )
+        self.parser = http1.RequestParser(self.config.max_header_bytes)
         self.closed = False
+        #: False once a response said the connection closes after it.
+        self.keep_alive = True
         #: Called if the client hangs up or the connection closes (see watch_hangup).
         self._on_hangup: Callable[[], None] | None = None
         sock = stream.socket
@@ -114,7 +118,7 @@ class _HTTPConnection:
         The common case, a socket with room in its buffer, is one ``send(2)`` and no
         scheduling: the per-event cost that matters when relaying tokens. Only a full
         buffer parks the task, under the write timeout. A write interrupted half-way
-        (cancelled, timed out) closes the connection: h11 already counted those bytes.
+        (cancelled, timed out) closes the connection: its framing is broken.
         """
         if self.closed:
             raise _Gone
@@ -216,17 +220,19 @@ class _HTTPConnection:
             self.shared.hangups.unwatch(self.fd)
 
     async def fill(self) -> None:
-        """Read more of the client's bytes into h11 (at EOF, h11 reports ConnectionClosed
-        or an error next), answering ``Expect: 100-continue`` first."""
-        if self.h11.they_are_waiting_for_100_continue:
-            await self.write(self.h11.send(h11.InformationalResponse(status_code=100, headers=[])))
-        self.h11.receive_data(await self.read())
+        """Read more of the client's bytes into the parser (at EOF, it reports CLOSED
+        next), answering ``Expect: 100-continue`` first."""
+        parser = self.parser
+        if parser.awaiting_continue:
+            parser.awaiting_continue = False
+            await self.write(http1.CONTINUE)
+        parser.receive_data(await self.read())
 
-    async def next_event(self) -> Any:
-        """The next h11 event, reading as needed."""
+    async def next_event(self) -> object:
+        """The next request event (see ``http1.RequestParser``), reading as needed."""
         while True:
-            event = self.h11.next_event()
-            if event is not h11.NEED_DATA:
+            event = self.parser.next_event()
+            if event is not NEED_DATA:
                 return event
             await self.fill()
 
@@ -238,11 +244,12 @@ class _HTTPConnection:
                 request = await self._wait_for_request()
                 if request is None:
                     return
-                if _is_websocket_upgrade(request):
+                if http1.is_websocket_upgrade(request):
                     await _WebSocketConnection(self, request).run()
                     return
-                await _HTTPExchange(self, request).run()
-                if not await self._next_cycle():
+                exchange = _HTTPExchange(self, request)
+                await exchange.run()
+                if not await self._next_cycle(exchange):
                     return
         except _Gone:
             pass
@@ -250,11 +257,12 @@ class _HTTPConnection:
             self.shared.idle.pop(self, None)
             self.close()
 
-    async def _wait_for_request(self) -> h11.Request | None:
+    async def _wait_for_request(self) -> Request | None:
         """Wait for a request head: idle timeout first, then the header timeout."""
         config = self.config
         shared = self.shared
-        if self.h11.trailing_data[0]:
+        parser = self.parser
+        if parser.has_events or parser.head_open:
             await trio.lowlevel.checkpoint()  # a pipelined request: others go first
         else:
             # Idle: nothing of the next request has arrived yet. The keep-alive timeout
@@ -268,85 +276,69 @@ class _HTTPConnection:
                 shared.idle.pop(self, None)
             if not data:
                 return None
-            self.h11.receive_data(data)
+            parser.receive_data(data)
         try:
-            event = self.h11.next_event()
-            if event is h11.NEED_DATA:
+            event = parser.next_event()
+            if event is NEED_DATA:
                 # The head came in part: the rest must follow within the header timeout.
                 with trio.move_on_after(config.header_timeout) as heads:
                     event = await self.next_event()
                 if heads.cancelled_caught:
                     await self.refuse(408, "request head not received in time")
                     return None
-        except h11.RemoteProtocolError as exc:
-            await self.refuse(exc.error_status_hint, str(exc))
+        except ProtocolError as exc:
+            await self.refuse(exc.status, exc.reason)
             return None
-        if isinstance(event, h11.Request):
-            # h11 bounds only a head still arriving; one that came whole is checked here.
-            size = len(event.target) + sum(len(k) + len(v) + 4 for k, v in event.headers)
-            if size > config.max_header_bytes:
-                await self.refuse(431, f"the request head exceeds {config.max_header_bytes} bytes")
-                return None
+        if type(event) is Request:
             return event
-        return None  # ConnectionClosed
+        return None  # CLOSED
 
     async def refuse(self, status: int, reason: str) -> None:
-        if self.h11.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-            error = {"message": reason, "type": "invalid_request_error", "code": "bad_request"}
-            body = json.dumps({"error": error}).encode()
-            try:
-                data = self.h11.send(
-                    h11.Response(
-                        status_code=status,
-                        headers=[
-                            (b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close"),
-                        ],
-                    )
-                )
-                data += self.h11.send(h11.Data(data=body)) + self.h11.send(h11.EndOfMessage())
-                await self.write(data)
-            except (h11.LocalProtocolError, _Gone):
-                pass
+        """Answer an error of the client's own (no response may have begun) and close."""
+        error = {"message": reason, "type": "invalid_request_error", "code": "bad_request"}
+        body = json.dumps({"error": error}).encode()
+        try:
+            await self.write(http1.simple_response(status, body, b"application/json"))
+        except _Gone:
+            pass
         self.close()
 
-    async def _next_cycle(self) -> bool:
-        """After a response: read off what is left of the request body, then reset."""
-        conn = self.h11
-        if conn.our_state is not h11.DONE or self.shared.terminating:
+    async def _next_cycle(self, exchange: _HTTPExchange) -> bool:
+        """After a response: read off what is left of the request body."""
+        if not (exchange.response_done and self.keep_alive) or self.shared.terminating:
             return False
         # The app may not have read the whole body (e.g. a 404): discard a bounded amount.
         discarded = 0
-        while conn.their_state is not h11.DONE:
+        while not exchange.body_done:
             try:
                 event = await self.next_event()
-            except h11.RemoteProtocolError:
+            except ProtocolError:
                 return False
-            if isinstance(event, h11.Data):
-                discarded += len(event.data)
-                if discarded > PIPELINE_BUFFER:
-                    return False
-            elif isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
+            if event is END:
+                break
+            if event is CLOSED:
                 return False
-        try:
-            conn.start_next_cycle()
-        except h11.LocalProtocolError:
-            return False
-        return True
+            discarded += len(event)  # type: ignore[arg-type]
+            if discarded > PIPELINE_BUFFER:
+                return False
+        return not self.closed
 
 
 class _HTTPExchange:
     """One request/response on an HTTP connection, as an ASGI http scope."""
 
-    def __init__(self, connection: _HTTPConnection, request: h11.Request) -> None:
+    def __init__(self, connection: _HTTPConnection, request: Request) -> None:
         self.connection = connection
         self.request = request
         self.body_done = False
         self.disconnected = False
         self.response_started = False
         self.response_done = False
-        self._chunked = False
+        self._framing = http1.NO_BODY
+        #: Body bytes still owed (LENGTH framing).
+        self._remaining = 0
+        #: A fault in the body found by receive_nowait, for receive() to report.
+        self._fault: ProtocolError | None = None
         self._head: bytes = b""
         #: Bytes try_send_body accepted but the socket did not take yet; sent first.
         self._pending = b""
@@ -430,7 +422,7 @@ class _HTTPExchange:
         if (
             self._pending
             or self._head
-            or not self._chunked
+            or self._framing is not http1.CHUNKED
             or self.response_done
             or connection.closed
         ):
@@ -450,23 +442,23 @@ class _HTTPExchange:
         return True
 
     def _body_received(self) -> dict[str, Any] | None:
-        """All of the body h11 has at hand, as one message (the whole of a body that came
-        in one read); None when it has nothing. Bounded by what one read buffered."""
-        h = self.connection.h11
+        """All of the body the parser has at hand, as one message (the whole of a body
+        that came in one read); None when it has nothing. Bounded by what one read
+        buffered."""
+        parser = self.connection.parser
         chunks: list[bytes] = []
         while True:
-            event = h.next_event()
-            kind = type(event)
-            if kind is h11.Data:
-                chunks.append(event.data)
-            elif kind is h11.EndOfMessage:
+            event = parser.next_event()
+            if type(event) is bytes:
+                chunks.append(event)
+            elif event is END:
                 self.body_done = True
                 return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-            elif event is h11.NEED_DATA:
+            elif event is NEED_DATA:
                 if not chunks:
                     return None
                 return {"type": "http.request", "body": b"".join(chunks), "more_body": True}
-            else:  # ConnectionClosed mid-body
+            else:  # CLOSED mid-body
                 self.disconnected = True
                 return {"type": "http.disconnect"}
 
@@ -477,8 +469,9 @@ class _HTTPExchange:
             return None
         try:
             return self._body_received()
-        except h11.RemoteProtocolError:
-            return None  # receive() reports it (h11 stays in its error state)
+        except ProtocolError as exc:
+            self._fault = exc  # receive() reports it
+            return None
 
     async def receive(self) -> dict[str, Any]:
         connection = self.connection
@@ -487,19 +480,21 @@ class _HTTPExchange:
             return {"type": "http.disconnect"}
         if not self.body_done:
             try:
+                if self._fault is not None:
+                    raise self._fault
                 while (message := self._body_received()) is None:
                     await connection.fill()
-            except h11.RemoteProtocolError as exc:
-                # A body h11 cannot parse (chunk framing, a size that is not hex, ...): the
-                # client gets a 400 of its own unless a response has started, the
-                # connection closes (nothing after the fault can be framed), and the app
-                # hears a disconnect.
+            except ProtocolError as exc:
+                # A body that cannot be parsed (chunk framing, a size that is not hex,
+                # ...): the client gets a 400 of its own unless a response has started,
+                # the connection closes (nothing after the fault can be framed), and the
+                # app hears a disconnect.
                 self.disconnected = True
-                reason = f"malformed request body: {exc}"
+                reason = f"malformed request body: {exc.reason}"
                 if self.response_started:
                     connection.close()
                 else:
-                    await connection.refuse(exc.error_status_hint, reason)
+                    await connection.refuse(exc.status, reason)
                 return {"type": "http.disconnect"}
             return message
         # The body is read: the only thing left to learn is whether the client goes away.
@@ -510,7 +505,7 @@ class _HTTPExchange:
                 self.disconnected = True
                 return {"type": "http.disconnect"}
             # A pipelined next request: keep it for later (bounded), keep watching.
-            connection.h11.receive_data(data)
+            connection.parser.receive_data(data)
             buffered += len(data)
             if buffered > PIPELINE_BUFFER:
                 await trio.sleep_forever()  # ended by the response finishing (cancel)
@@ -528,15 +523,18 @@ class _HTTPExchange:
         if kind == "http.response.start":
             if self.response_started:
                 raise RuntimeError("http.response.start sent twice")
-            self.response_started = True
-            headers = [(bytes(k), bytes(v)) for k, v in message.get("headers", ())]
-            status = message["status"]
-            self._head = connection.h11.send(h11.Response(status_code=status, headers=headers))
-            # A chunked body is framed here: h11 keeps no count for it, and its generic
-            # send path costs more than the framing itself on every relayed event.
-            self._chunked = connection.h11.our_state is h11.SEND_BODY and _is_chunked(
-                status, headers, self.request
+            head = http1.response_head(
+                message["status"],
+                message.get("headers", ()),
+                self.request,
+                closing=self.connection.shared.terminating,
             )
+            self.response_started = True
+            connection.parser.awaiting_continue = False  # answered: no 100 Continue now
+            connection.keep_alive = head.keep_alive
+            self._head = head.data
+            self._framing = head.framing
+            self._remaining = head.length
             return
         if kind != "http.response.body":
             return
@@ -544,17 +542,26 @@ class _HTTPExchange:
             raise RuntimeError("http.response.body outside a response")
         body = message.get("body", b"")
         more = message.get("more_body", False)
-        h = connection.h11
         data = self._head + self._pending
         self._head = self._pending = b""
+        framing = self._framing
         if body:
-            if self._chunked:
+            if framing is http1.CHUNKED:
                 data += b"%x\r\n%b\r\n" % (len(body), body)
-            else:
-                data += h.send(h11.Data(data=body))
+            elif framing is http1.LENGTH:
+                self._remaining -= len(body)
+                if self._remaining < 0:
+                    raise RuntimeError("response body longer than its Content-Length")
+                data += body
+            elif framing is http1.UNTIL_CLOSE:
+                data += body
         if not more:
-            data += h.send(h11.EndOfMessage())
             self.response_done = True
+            if framing is http1.CHUNKED:
+                data += b"0\r\n\r\n"
+            elif framing is http1.LENGTH and self._remaining:
+                log.error("response body shorter than its Content-Length: closing")
+                connection.keep_alive = False
         if data:
             try:
                 await connection.write(data)
@@ -565,7 +572,7 @@ class _HTTPExchange:
 class _WebSocketConnection:
     """A WebSocket upgraded from an HTTP connection, as an ASGI websocket scope."""
 
-    def __init__(self, connection: _HTTPConnection, request: h11.Request) -> None:
+    def __init__(self, connection: _HTTPConnection, request: Request) -> None:
         self.connection = connection
         self.request = request
         self.ws = wsproto.WSConnection(wsproto.ConnectionType.SERVER)
@@ -586,7 +593,7 @@ class _WebSocketConnection:
         head = b"%s %s HTTP/1.1\r\n" % (request.method, request.target)
         head += b"".join(b"%s: %s\r\n" % (k, v) for k, v in request.headers) + b"\r\n"
         self.ws.receive_data(head)
-        trailing, _ = self.connection.h11.trailing_data
+        trailing = self.connection.parser.trailing
         if trailing:
             self.ws.receive_data(trailing)
         try:
@@ -710,13 +717,13 @@ class _WebSocketConnection:
         self.connection.close()
 
 
-def _scope(kind: str, request: h11.Request, connection: _HTTPConnection) -> dict[str, Any]:
+def _scope(kind: str, request: Request, connection: _HTTPConnection) -> dict[str, Any]:
     """The ASGI scope keys an http and a websocket scope share."""
     path, _, query = request.target.partition(b"?")
     return {
         "type": kind,
         "asgi": {"version": "3.0", "spec_version": "2.3"},
-        "http_version": request.http_version.decode(),
+        "http_version": request.http_version,
         "scheme": "http" if kind == "http" else "ws",
         "path": unquote(path.decode("latin-1")),
         "raw_path": path,
@@ -774,31 +781,6 @@ async def _close_idle(shared: _Shared) -> None:
 
 def _no_op() -> None:
     pass
-
-
-def _is_chunked(status: int, headers: list[tuple[bytes, bytes]], request: h11.Request) -> bool:
-    """Whether h11 frames this response with chunked transfer-encoding (as it decides)."""
-    if request.http_version != b"1.1" or request.method == b"HEAD" or status in (204, 304):
-        return False
-    for name, value in headers:
-        name = name.lower()
-        if name == b"content-length":
-            return False
-        if name == b"transfer-encoding":
-            return value.lower() == b"chunked"
-    return True
-
-
-def _is_websocket_upgrade(request: h11.Request) -> bool:
-    if request.method != b"GET":
-        return False
-    upgrade = connection = b""
-    for name, value in request.headers:
-        if name == b"upgrade":
-            upgrade = value.lower()
-        elif name == b"connection":
-            connection = value.lower()
-    return upgrade == b"websocket" and b"upgrade" in connection
 
 
 def _addr(sockaddr: Any) -> tuple[str, int] | None:
