@@ -249,7 +249,10 @@ async def test_a_head_that_stops_arriving_gets_408(nursery):
     port, _ = await serve(nursery, header_timeout=0.2)
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     await stream.send_all(b"GET / HTTP/1.1\r\nhost: x\r\n")
-    assert (await read_responses(stream, 1)).startswith(b"HTTP/1.1 408")
+    data = await read_responses(stream, 1)
+    assert data.startswith(b"HTTP/1.1 408")
+    error = json.loads(data.partition(b"\r\n\r\n")[2])["error"]
+    assert error["type"] == "timeout_error" and error["param"] is None
 
 
 async def test_idle_keep_alive_connection_is_closed(nursery):

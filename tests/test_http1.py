@@ -88,6 +88,9 @@ def test_a_head_in_many_pieces_is_one_request():
         b"GET / HTTP/1.1\r\nHost: x\r\nX-A: a\r\n b\r\n\r\n",
         b"GET / HTTP/1.1\r\nHost: x\r\nX-A: a\nX-B: b\r\n\r\n",
         b"GET / HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: x\r\nX-A: a\x01b\r\n\r\n",
+        # Whitespace before the colon (a proxy may read another header name there).
+        b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length : 3\r\n\r\nabc",
         # Not HTTP; a space in the target; a header without a name.
         b"NOT HTTP AT ALL\r\n\r\n",
         b"GET /a b HTTP/1.1\r\nHost: x\r\n\r\n",
@@ -147,7 +150,7 @@ def test_a_websocket_upgrade_leaves_what_follows_to_the_websocket():
         b"\x81\x85frame"
     )
     [request, end] = events(parser)
-    assert http1.is_websocket_upgrade(request) and end is END
+    assert request.websocket and end is END
     assert parser.trailing == b"\x81\x85frame"
     parser.receive_data(b"more")  # the WebSocket's, not the parser's
     assert not parser.has_events
@@ -157,6 +160,7 @@ def test_another_upgrade_is_ignored_and_the_connection_stays_http():
     h2c = b"GET /a HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
     evs = parse(h2c + b"HTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n")
     assert summary(evs) == [(b"GET", b"/a"), END, (b"GET", b"/b"), END]
+    assert not evs[0].websocket
     # With a body, refused before the app sees it: the body would be taken for the new
     # protocol's bytes and lost.
     parser = http1.RequestParser(16384)

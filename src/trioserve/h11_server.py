@@ -244,7 +244,7 @@ class _HTTPConnection:
                 request = await self._wait_for_request()
                 if request is None:
                     return
-                if http1.is_websocket_upgrade(request):
+                if request.websocket:
                     await _WebSocketConnection(self, request).run()
                     return
                 exchange = _HTTPExchange(self, request)
@@ -295,7 +295,12 @@ class _HTTPConnection:
 
     async def refuse(self, status: int, reason: str) -> None:
         """Answer an error of the client's own (no response may have begun) and close."""
-        error = {"message": reason, "type": "invalid_request_error", "code": "bad_request"}
+        error = {
+            "message": reason,
+            "type": "timeout_error" if status == 408 else "invalid_request_error",
+            "code": "bad_request",
+            "param": None,
+        }
         body = json.dumps({"error": error}).encode()
         try:
             await self.write(http1.simple_response(status, body, b"application/json"))

@@ -42,7 +42,15 @@ class ProtocolError(Exception):
 class Request:
     """A request head. Header names are lower-cased; values are as sent."""
 
-    __slots__ = ("expect_continue", "headers", "http_version", "keep_alive", "method", "target")
+    __slots__ = (
+        "expect_continue",
+        "headers",
+        "http_version",
+        "keep_alive",
+        "method",
+        "target",
+        "websocket",
+    )
 
     def __init__(
         self,
@@ -59,6 +67,8 @@ class Request:
         self.headers = headers
         self.keep_alive = keep_alive
         self.expect_continue = expect_continue
+        #: A WebSocket upgrade: what follows its head is the WebSocket's (``trailing``).
+        self.websocket = False
 
 
 class _Marker:
@@ -77,7 +87,7 @@ CLOSED: Final = _Marker("CLOSED")  # the client closed its side
 NEED_DATA: Final = _Marker("NEED_DATA")  # nothing until more bytes are received
 
 
-def is_websocket_upgrade(request: Request) -> bool:
+def _is_websocket_upgrade(request: Request) -> bool:
     if request.method != b"GET":
         return False
     upgrade = connection = b""
@@ -122,6 +132,7 @@ class RequestParser:
         self.awaiting_continue = False
         #: Bytes after a WebSocket upgrade request: the WebSocket's, not HTTP.
         self.trailing = b""
+        self._upgrading: Request | None = None
         self._stopped = False
 
     # -- httptools callbacks -------------------------------------------------------------
@@ -146,7 +157,7 @@ class RequestParser:
         self._open_head_bytes = 0
         parser = self._parser
         if len(self._url) + self._head_size > self.max_head_bytes:
-            raise ProtocolError(431, f"the request head exceeds {self.max_head_bytes} bytes")
+            raise self._head_too_large()
         headers = self._headers
         version = parser.get_http_version()
         expect = False
@@ -161,14 +172,14 @@ class RequestParser:
             version == "1.1" and parser.should_keep_alive(),
             expect,
         )
-        if (
-            parser.should_upgrade()
-            and not is_websocket_upgrade(request)
-            and _declares_body(headers)
-        ):
-            # llhttp hands a body after an Upgrade head over as the new protocol's bytes;
-            # served as plain HTTP (we upgrade only to WebSocket), it would be lost.
-            raise ProtocolError(400, "an Upgrade request with a body is not supported")
+        if parser.should_upgrade():
+            self._upgrading = request
+            request.websocket = _is_websocket_upgrade(request)
+            if not request.websocket and _declares_body(headers):
+                # llhttp hands a body after an Upgrade head over as the new protocol's
+                # bytes; served as plain HTTP (we upgrade only to WebSocket), it would be
+                # lost.
+                raise ProtocolError(400, "an Upgrade request with a body is not supported")
         self.awaiting_continue = expect
         self._events.append(request)
 
@@ -195,7 +206,7 @@ class RequestParser:
                 self._parser.feed_data(data)
             except httptools.HttpParserUpgrade as exc:
                 offset = exc.args[0]
-                if self._upgraded_to_websocket():
+                if self._upgrading is not None and self._upgrading.websocket:
                     self.trailing = data[offset:]
                     self._stopped = True
                     return
@@ -219,15 +230,10 @@ class RequestParser:
             # that read was the head is not known; it is at most one read).
             self._open_head_bytes += len(data)
             if self._open_head_bytes > self.max_head_bytes:
-                self._stop(
-                    ProtocolError(431, f"the request head exceeds {self.max_head_bytes} bytes")
-                )
+                self._stop(self._head_too_large())
 
-    def _upgraded_to_websocket(self) -> bool:
-        for event in reversed(self._events):
-            if isinstance(event, Request):
-                return is_websocket_upgrade(event)
-        return False
+    def _head_too_large(self) -> ProtocolError:
+        return ProtocolError(431, f"the request head exceeds {self.max_head_bytes} bytes")
 
     def _stop(self, last: object) -> None:
         self._stopped = True
