@@ -41,3 +41,12 @@ def test_instruction_count_tool_runs_and_reports_both_frontends(tmp_path):
     assert "| streaming (SSE), 16 tokens |" in stdout
     figures = json.loads(out.read_text())["results"]
     assert set(figures) == {"trioserve", "reference"}
+
+
+def test_wakeup_tool_runs_and_reports_both_transports(tmp_path):
+    out = tmp_path / "figures.json"
+    stdout = run_tool("wakeups.py", out, "--count", "5", "--gaps", "0,1", timeout=120)
+    assert "| TCP loopback |" in stdout and "| ZeroMQ DEALER-ROUTER |" in stdout
+    figures = json.loads(out.read_text())["results"]
+    assert set(figures) == {"TCP loopback", "ZeroMQ DEALER-ROUTER"}
+    assert all(set(cells) == {"0", "1"} for cells in figures.values())

@@ -1,0 +1,187 @@
+"""What this machine charges for waking a process: loopback round trips, busy and after idling.
+
+The time a frontend adds to the first token is mostly hops between processes that were
+idle while the engine worked (the client, the frontend, ZeroMQ's I/O threads). This tool
+measures the floor those hops set on the machine at hand, without any frontend: a caller
+and an echoing process (pinned to different cores where there are two) exchange one small
+message at a time, first back to back, then after sleeping a gap before each one, over
+loopback TCP and over ZeroMQ (DEALER to ROUTER, as trioserve speaks to its engines, each
+side with its own I/O thread). All traffic is on 127.0.0.1.
+
+    python tools/wakeups.py                     # 300 round trips per cell
+    python tools/wakeups.py --gaps 0,10 --count 50
+    python tools/wakeups.py --write-docs docs/benchmarks.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import zmq
+
+TOOLS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TOOLS))
+
+import bench  # noqa: E402  (tools/bench.py: free_port)
+
+BEGIN, END = "<!-- wakeups:begin -->", "<!-- wakeups:end -->"
+TRANSPORTS = ("TCP loopback", "ZeroMQ DEALER-ROUTER")
+STOP = b"stop"
+
+
+#: The echo's core and the caller's: two different ones when there are two (taken before
+#: the caller pins itself).
+_AVAILABLE = sorted(os.sched_getaffinity(0))
+ECHO_CORE, CALLER_CORE = {_AVAILABLE[0]}, {_AVAILABLE[-1]}
+
+
+def _echo_tcp(listener: socket.socket) -> None:
+    conn, _ = listener.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    while (data := conn.recv(64)) and data != STOP:
+        conn.sendall(data)
+
+
+def _echo_zmq(port: int) -> None:
+    context = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    router.bind(f"tcp://127.0.0.1:{port}")
+    while (frames := router.recv_multipart())[1] != STOP:
+        router.send_multipart(frames)
+    router.close(linger=0)
+    context.term()
+
+
+def round_trips(transport: str, gaps_ms: list[float], count: int, progress) -> dict:
+    """Fork an echo, then time ``count`` round trips after each gap; p50/p99 in µs."""
+    listener = port = None
+    if transport == "TCP loopback":
+        listener = socket.create_server(("127.0.0.1", 0))
+    else:
+        port = bench.free_port()
+    pid = os.fork()
+    if pid == 0:  # the echo
+        code = 0
+        try:
+            os.sched_setaffinity(0, ECHO_CORE)
+            if listener is not None:
+                _echo_tcp(listener)
+            else:
+                _echo_zmq(port)
+        except BaseException:
+            code = 1
+        os._exit(code)
+    os.sched_setaffinity(0, CALLER_CORE)
+    context = None
+    try:
+        if listener is not None:
+            sock = socket.create_connection(listener.getsockname(), timeout=10)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+            def send(data: bytes) -> None:
+                sock.sendall(data)
+
+            def receive() -> None:
+                if not sock.recv(64):
+                    raise RuntimeError("the echo closed the connection")
+
+        else:
+            context = zmq.Context()
+            dealer = context.socket(zmq.DEALER)
+            dealer.setsockopt(zmq.LINGER, 0)
+            dealer.setsockopt(zmq.RCVTIMEO, 10_000)
+            dealer.connect(f"tcp://127.0.0.1:{port}")
+            send, receive = dealer.send, dealer.recv
+        for _ in range(20):  # connected, and both sides' code warm
+            send(b"x")
+            receive()
+        result = {}
+        for gap in gaps_ms:
+            progress(f"{transport}: {count} round trips, {gap:g} ms apart")
+            rtts = []
+            for _ in range(count):
+                if gap:
+                    time.sleep(gap / 1000)
+                start = time.perf_counter()
+                send(b"x")
+                receive()
+                rtts.append(time.perf_counter() - start)
+            rtts.sort()
+            result[f"{gap:g}"] = {
+                "p50_us": statistics.median(rtts) * 1e6,
+                "p99_us": rtts[min(len(rtts) - 1, int(len(rtts) * 0.99))] * 1e6,
+            }
+        send(STOP)
+    finally:
+        if context is not None:
+            context.destroy(linger=0)
+        _, status = os.waitpid(pid, 0)
+        if listener is not None:
+            listener.close()
+    if status != 0:
+        raise RuntimeError(f"the {transport} echo failed")
+    return result
+
+
+def table(results: dict, gaps_ms: list[float], count: int, command: str) -> str:
+    pinning = (
+        f"the echo on core {min(ECHO_CORE)}, the caller on core {min(CALLER_CORE)}"
+        if ECHO_CORE != CALLER_CORE
+        else "both on one core (only one available)"
+    )
+    head = " | ".join("back to back" if not gap else f"after {gap:g} ms idle" for gap in gaps_ms)
+    lines = [
+        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on "
+        f"{platform.machine()}, {os.cpu_count()} cores, Linux {platform.release()}, "
+        f"Python {platform.python_version()}, with `{command}`: {count} round trips of one "
+        f"small message per cell, {pinning}.",
+        "",
+        f"| round trip, p50 (p99), µs | {head} |",
+        "|---" * (len(gaps_ms) + 1) + "|",
+    ]
+    for transport in TRANSPORTS:
+        cells = " | ".join(
+            "{p50_us:,.0f} ({p99_us:,.0f})".format(**results[transport][f"{gap:g}"])
+            for gap in gaps_ms
+        )
+        lines.append(f"| {transport} | {cells} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--count", type=int, default=300, help="round trips per cell")
+    parser.add_argument("--gaps", default="0,5,10", help="idle ms before each round trip")
+    parser.add_argument("--json", help="write the figures here")
+    parser.add_argument("--write-docs", help="replace the table between the markers here")
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args()
+    gaps_ms = [float(x) for x in args.gaps.split(",") if x]
+    command = f"python tools/wakeups.py --count {args.count} --gaps {args.gaps}"
+
+    def progress(text: str) -> None:
+        if not args.quiet:
+            print(text, file=sys.stderr, flush=True)
+
+    results = {t: round_trips(t, gaps_ms, args.count, progress) for t in TRANSPORTS}
+    text = table(results, gaps_ms, args.count, command)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"command": command, "results": results}, indent=2))
+    if args.write_docs:
+        path = Path(args.write_docs)
+        doc = path.read_text()
+        start, end = doc.index(BEGIN) + len(BEGIN), doc.index(END)
+        path.write_text(doc[:start] + "\n" + text + "\n" + doc[end:])
+
+
+if __name__ == "__main__":
+    main()
