@@ -6,7 +6,9 @@ measures the floor those hops set on the machine at hand, without any frontend: 
 and an echoing process (pinned to different cores where there are two) exchange one small
 message at a time, first back to back, then after sleeping a gap before each one, over
 loopback TCP and over ZeroMQ (DEALER to ROUTER, as trioserve speaks to its engines, each
-side with its own I/O thread). All traffic is on 127.0.0.1.
+side with its own I/O thread); and over ZeroMQ again with the caller waiting for the
+reply as trioserve's socket owner does (parked in trio on the socket's descriptor), which
+adds the cost of trio's run loop waking up. All traffic is on 127.0.0.1.
 
     python tools/wakeups.py                     # 300 round trips per cell
     python tools/wakeups.py --gaps 0,10 --count 50
@@ -25,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+import trio
 import zmq
 
 TOOLS = Path(__file__).resolve().parent
@@ -33,7 +36,8 @@ sys.path.insert(0, str(TOOLS))
 import bench  # noqa: E402  (tools/bench.py: free_port)
 
 BEGIN, END = "<!-- wakeups:begin -->", "<!-- wakeups:end -->"
-TRANSPORTS = ("TCP loopback", "ZeroMQ DEALER-ROUTER")
+TCP, ZMQ, ZMQ_TRIO = "TCP loopback", "ZeroMQ DEALER-ROUTER", "ZeroMQ, the caller parked in trio"
+TRANSPORTS = (TCP, ZMQ, ZMQ_TRIO)
 STOP = b"stop"
 
 
@@ -63,7 +67,7 @@ def _echo_zmq(port: int) -> None:
 def round_trips(transport: str, gaps_ms: list[float], count: int, progress) -> dict:
     """Fork an echo, then time ``count`` round trips after each gap; p50/p99 in µs."""
     listener = port = None
-    if transport == "TCP loopback":
+    if transport == TCP:
         listener = socket.create_server(("127.0.0.1", 0))
     else:
         port = bench.free_port()
@@ -86,10 +90,9 @@ def round_trips(transport: str, gaps_ms: list[float], count: int, progress) -> d
             sock = socket.create_connection(listener.getsockname(), timeout=10)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-            def send(data: bytes) -> None:
-                sock.sendall(data)
+            send = sock.sendall
 
-            def receive() -> None:
+            async def receive() -> None:
                 if not sock.recv(64):
                     raise RuntimeError("the echo closed the connection")
 
@@ -99,26 +102,20 @@ def round_trips(transport: str, gaps_ms: list[float], count: int, progress) -> d
             dealer.setsockopt(zmq.LINGER, 0)
             dealer.setsockopt(zmq.RCVTIMEO, 10_000)
             dealer.connect(f"tcp://127.0.0.1:{port}")
-            send, receive = dealer.send, dealer.recv
-        for _ in range(20):  # connected, and both sides' code warm
-            send(b"x")
-            receive()
-        result = {}
-        for gap in gaps_ms:
-            progress(f"{transport}: {count} round trips, {gap:g} ms apart")
-            rtts = []
-            for _ in range(count):
-                if gap:
-                    time.sleep(gap / 1000)
-                start = time.perf_counter()
-                send(b"x")
-                receive()
-                rtts.append(time.perf_counter() - start)
-            rtts.sort()
-            result[f"{gap:g}"] = {
-                "p50_us": statistics.median(rtts) * 1e6,
-                "p99_us": rtts[min(len(rtts) - 1, int(len(rtts) * 0.99))] * 1e6,
-            }
+            send = dealer.send
+            fd = dealer.getsockopt(zmq.FD)
+
+            async def receive() -> None:
+                if transport == ZMQ:
+                    dealer.recv()  # blocking: libzmq polls its own descriptor
+                    return
+                # As trioserve's ZmqPump waits: parked on the (edge-triggered) descriptor.
+                with trio.fail_after(10):
+                    while not dealer.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                        await trio.lowlevel.wait_readable(fd)
+                dealer.recv(zmq.NOBLOCK)
+
+        result = trio.run(_time, transport, send, receive, gaps_ms, count, progress)
         send(STOP)
     finally:
         if context is not None:
@@ -128,6 +125,31 @@ def round_trips(transport: str, gaps_ms: list[float], count: int, progress) -> d
             listener.close()
     if status != 0:
         raise RuntimeError(f"the {transport} echo failed")
+    return result
+
+
+async def _time(transport, send, receive, gaps_ms: list[float], count: int, progress) -> dict:
+    """Round trips after each gap, p50/p99 in µs. The gaps sleep the whole thread (no
+    trio run loop either); the reply wakes a blocking receive or trio's run loop."""
+    for _ in range(20):  # connected, and both sides' code warm
+        send(b"x")
+        await receive()
+    result = {}
+    for gap in gaps_ms:
+        progress(f"{transport}: {count} round trips, {gap:g} ms apart")
+        rtts = []
+        for _ in range(count):
+            if gap:
+                time.sleep(gap / 1000)  # noqa: ASYNC251  (idle the thread, run loop too)
+            start = time.perf_counter()
+            send(b"x")
+            await receive()
+            rtts.append(time.perf_counter() - start)
+        rtts.sort()
+        result[f"{gap:g}"] = {
+            "p50_us": statistics.median(rtts) * 1e6,
+            "p99_us": rtts[min(len(rtts) - 1, int(len(rtts) * 0.99))] * 1e6,
+        }
     return result
 
 
