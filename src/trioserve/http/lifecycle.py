@@ -148,6 +148,11 @@ async def run_generation(
             await writer.fail(HTTPError(exc.status, str(exc), exc.code))
             return
         handle.interrupt = sub.interrupt
+        # Streaming writers build their chunk parts while the engine works, not on the
+        # first token's way to the client.
+        prepare = getattr(writer, "prepare", None)
+        if prepare is not None:
+            prepare()
         error: HTTPError | None = None
         with handle.scope:
             unwatch = None

@@ -239,6 +239,10 @@ class WebSocketWriter:
         self._head = '{"type":"chunk","id":' + json.dumps(client_id) + ',"data":'
         self._done = False
 
+    def prepare(self) -> None:
+        """What can be built before the first output (see ``StreamFormat.prepare``)."""
+        self.fmt.prepare()
+
     async def write(self, batch: list[OutputItem]) -> bool:
         fmt, head, send = self.fmt, self._head, self.connection.send_text
         for item in batch:

@@ -152,6 +152,10 @@ class SSEWriter:
                 break
         return await end_batch(self.exchange, SSE_HEADERS, out, done, failure)
 
+    def prepare(self) -> None:
+        """What can be built before the first output (see ``StreamFormat.prepare``)."""
+        self.fmt.prepare()
+
     def sink(self) -> Callable[[OutputItem], bool] | None:
         """A synchronous path for plain deltas, once the response has started.
 
