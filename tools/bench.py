@@ -963,10 +963,12 @@ def report(
     return "\n".join(lines)
 
 
-def write_docs(path: Path, text: str) -> None:
+def write_docs(path: Path, text: str, begin: str = BEGIN, end: str = END) -> None:
+    """Put ``text`` (which starts with ``begin`` and ends with ``end``) in place of the
+    section between those markers, or at the end of the file if it has none."""
     doc = path.read_text()
-    if BEGIN in doc and END in doc:
-        doc = doc[: doc.index(BEGIN)] + text + doc[doc.index(END) + len(END) :]
+    if begin in doc and end in doc:
+        doc = doc[: doc.index(begin)] + text + doc[doc.index(end) + len(end) :]
     else:
         doc = doc.rstrip("\n") + "\n\n" + text + "\n"
     path.write_text(doc)

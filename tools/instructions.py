@@ -42,7 +42,7 @@ from pathlib import Path
 TOOLS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TOOLS))
 
-import bench  # noqa: E402  (tools/bench.py: process helpers)
+import bench  # noqa: E402  (tools/bench.py: process helpers, write_docs)
 import loadgen  # noqa: E402
 
 BEGIN, END = "<!-- instructions:begin -->", "<!-- instructions:end -->"
@@ -237,10 +237,7 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps({"command": command, "results": results}, indent=2))
     if args.write_docs:
-        path = Path(args.write_docs)
-        doc = path.read_text()
-        start, end = doc.index(BEGIN) + len(BEGIN), doc.index(END)
-        path.write_text(doc[:start] + "\n" + text + "\n" + doc[end:])
+        bench.write_docs(Path(args.write_docs), f"{BEGIN}\n{text}\n{END}", BEGIN, END)
 
 
 if __name__ == "__main__":

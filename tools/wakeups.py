@@ -33,7 +33,7 @@ import zmq
 TOOLS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TOOLS))
 
-import bench  # noqa: E402  (tools/bench.py: free_port)
+import bench  # noqa: E402  (tools/bench.py: free_port, write_docs)
 
 BEGIN, END = "<!-- wakeups:begin -->", "<!-- wakeups:end -->"
 TCP, ZMQ, ZMQ_TRIO = "TCP loopback", "ZeroMQ DEALER-ROUTER", "ZeroMQ, the caller parked in trio"
@@ -199,10 +199,7 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps({"command": command, "results": results}, indent=2))
     if args.write_docs:
-        path = Path(args.write_docs)
-        doc = path.read_text()
-        start, end = doc.index(BEGIN) + len(BEGIN), doc.index(END)
-        path.write_text(doc[:start] + "\n" + text + "\n" + doc[end:])
+        bench.write_docs(Path(args.write_docs), f"{BEGIN}\n{text}\n{END}", BEGIN, END)
 
 
 if __name__ == "__main__":
