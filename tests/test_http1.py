@@ -3,6 +3,8 @@
 End to end (the server on a real socket) in test_h11_server.py.
 """
 
+import random
+
 import pytest
 
 from trioserve import http1
@@ -279,3 +281,38 @@ def test_status_lines():
     for bad in (99, 101, 1000, "200"):
         with pytest.raises(ValueError):
             http1.response_head(bad, [], request(GET), False)  # type: ignore[arg-type]
+
+
+def test_how_the_bytes_are_split_into_reads_changes_nothing():
+    stream = (
+        b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 11\r\nX-Pad: " + b"p" * 300 + b"\r\n\r\n"
+        b"hello world"
+        b"GET /b?x=1 HTTP/1.1\r\nHost: x\r\nAccept: */*\r\n\r\n"
+        b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5\r\nabcde\r\n10\r\n0123456789abcdef\r\n0\r\n\r\n"
+        b"GET /d HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+
+    def requests(parser_events: list[object]) -> list[tuple]:
+        """Each request as (method, target, headers, keep_alive, body): the body pieces
+        joined, since a body may come in more pieces when its bytes came in more reads."""
+        out: list[tuple] = []
+        for event in parser_events:
+            if isinstance(event, Request):
+                out.append([event.method, event.target, event.headers, event.keep_alive, b""])
+            elif isinstance(event, bytes):
+                out[-1][4] += event
+            else:
+                assert event is END
+        return [tuple(r) for r in out]
+
+    whole = requests(parse(stream))
+    assert [r[1] for r in whole] == [b"/a", b"/b?x=1", b"/c", b"/d"]
+    assert [r[4] for r in whole] == [b"hello world", b"", b"abcde0123456789abcdef", b""]
+    rng = random.Random(6)
+    for _ in range(200):
+        parser = http1.RequestParser(16384)
+        cuts = sorted(rng.sample(range(1, len(stream)), rng.randint(1, 40)))
+        for start, end in zip([0, *cuts], [*cuts, len(stream)], strict=True):
+            parser.receive_data(stream[start:end])
+        assert requests(events(parser)) == whole, cuts
