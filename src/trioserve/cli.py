@@ -381,7 +381,9 @@ def _run(args: argparse.Namespace) -> int:
             process = await trio.lowlevel.open_process(command, start_new_session=True)
             log.info("started the mock engine (pid %d) at %s", process.pid, address)
             try:
-                await serve_frontend(settings)
+                # Listen once the mock has answered (about 0.4 s to start), so that a
+                # request sent on "Running on" is served, not refused with a 503.
+                await serve_frontend(settings, engine_wait=MOCK_ENGINE_WAIT)
             finally:
                 with trio.CancelScope(shield=True):
                     await _stop_child(process)
@@ -415,6 +417,10 @@ def _tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(GC_GEN0_THRESHOLD, 10, 10)
+
+
+#: Seconds `trioserve run` waits for the mock engine it started before listening.
+MOCK_ENGINE_WAIT = 10.0
 
 
 async def _stop_child(process: trio.Process) -> None:

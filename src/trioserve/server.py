@@ -53,6 +53,7 @@ async def serve_frontend(
     settings: Settings,
     *,
     handle_signals: bool = True,
+    engine_wait: float = 0.0,
     task_status: trio.TaskStatus[tuple[App, DrainController, list[str]]] = (
         trio.TASK_STATUS_IGNORED
     ),
@@ -60,7 +61,11 @@ async def serve_frontend(
     """Serve until drained. ``task_status`` gets ``(app, drain, bound_urls)``.
 
     With ``handle_signals`` false (tests), call ``drain.begin()``/``drain.drain()``
-    yourself instead of sending signals.
+    yourself instead of sending signals. ``engine_wait``: seconds to wait for the
+    engines' handshake before listening (for an engine started alongside, so that
+    "Running on" means ready); past it, the server listens anyway and answers 503
+    ``engine_unavailable`` until an engine connects, as it does for an engine that is
+    not up yet.
     """
     heartbeat = HeartbeatConfig(settings.heartbeat_interval, settings.heartbeat_timeout)
     async with open_engine_client(settings.engines, heartbeat=heartbeat) as engines:
@@ -96,5 +101,10 @@ async def serve_frontend(
                 log.info("all connections closed; stopping")
                 nursery.cancel_scope.cancel()
 
+            if engine_wait > 0:
+                with trio.move_on_after(engine_wait) as waited:
+                    await engines.wait_ready()
+                if waited.cancelled_caught:
+                    log.warning("no engine handshake after %g s; listening anyway", engine_wait)
             binds = await nursery.start(serve_http)
             task_status.started((app, drain, binds))
