@@ -185,8 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--server",
         choices=["h11", "hypercorn"],
         default=DEFAULTS.server,
-        help="HTTP server: trioserve's own lean HTTP/1.1 server on h11, or hypercorn's trio "
-        "worker (for HTTP/2 and TLS); see docs/benchmarks.md",
+        help="HTTP server: h11, trioserve's own lean HTTP/1.1 server (named for the parser it "
+        "began on; it parses with httptools now), or hypercorn's trio worker (for HTTP/2 "
+        "and TLS); see docs/benchmarks.md",
     )
     run.add_argument(
         "--write-timeout",
