@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from tests.conftest import HANG_GUARD
-from tests.processes import start_frontend_process
+from tests.processes import free_port, start_frontend_process
 from trioserve.sdk.mock import expected_text
 
 pytestmark = pytest.mark.integration
@@ -86,3 +86,18 @@ async def test_engine_with_another_protocol_version_stops_run_with_a_clear_error
         assert b"speaks protocol version" in frontend.output
     finally:
         sock.close(linger=0)
+
+
+@pytest.mark.parametrize("loop", ["trio", "asyncio"])
+async def test_a_mock_engine_whose_parent_died_before_it_started_exits(loop):
+    # `trioserve run` gives the engine its pid: if it dies while the engine is still
+    # starting, the engine, already an orphan, must still notice (it used to watch for a
+    # change of its parent at start, which was init by then, and ran forever).
+    gone = await trio.lowlevel.open_process([sys.executable, "-c", "pass"])
+    await gone.wait()
+    command = [sys.executable, "-m", "trioserve", "engine", "mock", "--loop", loop]
+    command += ["--bind", f"tcp://127.0.0.1:{free_port()}", "--exit-with-parent", str(gone.pid)]
+    with trio.fail_after(HANG_GUARD):
+        result = await trio.run_process(command, capture_stderr=True, check=False)
+    assert result.returncode == 0
+    assert f"parent process {gone.pid} is gone; stopping".encode() in result.stderr

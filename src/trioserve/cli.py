@@ -280,8 +280,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     mock_engine.add_argument(
         "--exit-with-parent",
-        action="store_true",
-        help="exit when the parent process dies (used by `trioserve run`)",
+        nargs="?",
+        type=int,
+        const=0,
+        metavar="PID",
+        help="exit when the parent process dies: PID, or the parent at start if none is "
+        "given (`trioserve run` gives its own, so that an engine whose parent died while it "
+        "was starting exits too)",
     )
     return parser
 
@@ -376,6 +381,7 @@ def _run(args: argparse.Namespace) -> int:
                 "--ttft-ms",
                 str(args.mock_ttft_ms),
                 "--exit-with-parent",
+                str(os.getpid()),
             ]
             # A session of its own: a Ctrl-C at the terminal reaches the frontend only,
             # which drains first and stops the engine last.
@@ -446,7 +452,8 @@ def _engine_mock(args: argparse.Namespace) -> int:
         model=args.model, tokens_per_second=args.tokens_per_second, ttft_ms=args.ttft_ms
     )
     options = {"frontend_timeout": args.frontend_timeout, "log_aborts": args.log_aborts}
-    parent = os.getppid()
+    watch_parent = args.exit_with_parent is not None
+    parent = args.exit_with_parent or os.getppid()
     log.info("mock engine serving model %r on %s (%s)", args.model, args.bind, args.loop)
 
     if args.loop == "trio":
@@ -454,7 +461,7 @@ def _engine_mock(args: argparse.Namespace) -> int:
         async def main_trio() -> None:
             async with trio.open_nursery() as nursery:
                 await nursery.start(partial(serve_engine, backend, args.bind, **options))
-                if args.exit_with_parent:
+                if watch_parent:
                     nursery.start_soon(_exit_with_parent_trio, parent, nursery.cancel_scope)
                 with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                     async for _ in signals:
@@ -471,7 +478,7 @@ def _engine_mock(args: argparse.Namespace) -> int:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, task.cancel)
             watcher = None
-            if args.exit_with_parent:
+            if watch_parent:
                 watcher = loop.create_task(_exit_with_parent_asyncio(parent, task))
             try:
                 await serve_engine_asyncio(backend, args.bind, **options)
