@@ -266,6 +266,8 @@ def test_the_app_cannot_choose_the_framing():
         [(b"x-a", b"v\x00")],
         [(b"content-length", b"ten")],
         [(b"content-length", b"-3")],
+        [(b"content-length", b"1_0")],
+        [(b"content-length", b" 5")],
     ],
 )
 def test_a_header_that_would_split_or_misframe_the_response_is_refused(headers):

@@ -303,12 +303,9 @@ def response_head(
     for name, value in headers:
         lower = name.lower()
         if lower == b"content-length":
-            try:
-                length = int(value)
-            except ValueError:
-                raise ValueError(f"invalid content-length {value!r}") from None
-            if length < 0:
+            if not value.isdigit():  # int() would also take " 5", "+5", "1_0"
                 raise ValueError(f"invalid content-length {value!r}")
+            length = int(value)
         elif lower == b"transfer-encoding":
             continue  # framing is decided here
         elif lower == b"connection" and b"close" in value.lower():
