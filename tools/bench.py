@@ -963,6 +963,24 @@ def report(
     return "\n".join(lines)
 
 
+def publish(
+    text: str,
+    command: str,
+    results: object,
+    json_path: str | None,
+    docs_path: str | None,
+    begin: str,
+    end: str,
+) -> None:
+    """A measuring tool's output: print its table, and write its figures as JSON and its
+    section of the docs (between ``begin`` and ``end``) where asked."""
+    print(text)
+    if json_path:
+        Path(json_path).write_text(json.dumps({"command": command, "results": results}, indent=2))
+    if docs_path:
+        write_docs(Path(docs_path), f"{begin}\n{text}\n{end}", begin, end)
+
+
 def write_docs(path: Path, text: str, begin: str = BEGIN, end: str = END) -> None:
     """Put ``text`` (which starts with ``begin`` and ends with ``end``) in place of the
     section between those markers, or at the end of the file if it has none."""

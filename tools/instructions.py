@@ -25,7 +25,6 @@ they leave in one or two writes). All traffic is on 127.0.0.1.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import re
 import shutil
@@ -233,11 +232,7 @@ def main() -> None:
     command = f"python tools/instructions.py {shown}"
     results = measure(args)
     text = table(results, command)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"command": command, "results": results}, indent=2))
-    if args.write_docs:
-        bench.write_docs(Path(args.write_docs), f"{BEGIN}\n{text}\n{END}", BEGIN, END)
+    bench.publish(text, command, results, args.json, args.write_docs, BEGIN, END)
 
 
 if __name__ == "__main__":

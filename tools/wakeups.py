@@ -18,7 +18,6 @@ adds the cost of trio's run loop waking up. All traffic is on 127.0.0.1.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import socket
@@ -195,11 +194,7 @@ def main() -> None:
 
     results = {t: round_trips(t, gaps_ms, args.count, progress) for t in TRANSPORTS}
     text = table(results, gaps_ms, args.count, command)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"command": command, "results": results}, indent=2))
-    if args.write_docs:
-        bench.write_docs(Path(args.write_docs), f"{BEGIN}\n{text}\n{END}", BEGIN, END)
+    bench.publish(text, command, results, args.json, args.write_docs, BEGIN, END)
 
 
 if __name__ == "__main__":
