@@ -101,8 +101,6 @@ class _HTTPConnection:
         self.config = shared.config
         self.parser = http1.RequestParser(self.config.max_header_bytes)
         self.closed = False
-        #: False once a response said the connection closes after it.
-        self.keep_alive = True
         #: Called if the client hangs up or the connection closes (see watch_hangup).
         self._on_hangup: Callable[[], None] | None = None
         sock = stream.socket
@@ -310,7 +308,7 @@ class _HTTPConnection:
 
     async def _next_cycle(self, exchange: _HTTPExchange) -> bool:
         """After a response: read off what is left of the request body."""
-        if not (exchange.response_done and self.keep_alive) or self.shared.terminating:
+        if not (exchange.response_done and exchange.keep_alive) or self.shared.terminating:
             return False
         # The app may not have read the whole body (e.g. a 404): discard a bounded amount.
         discarded = 0
@@ -339,6 +337,9 @@ class _HTTPExchange:
         self.disconnected = False
         self.response_started = False
         self.response_done = False
+        #: Whether the connection may serve another request after this response (set
+        #: with the response head; False if the body broke its framing).
+        self.keep_alive = False
         self._framing = http1.NO_BODY
         #: Body bytes still owed (LENGTH framing).
         self._remaining = 0
@@ -536,7 +537,7 @@ class _HTTPExchange:
             )
             self.response_started = True
             connection.parser.awaiting_continue = False  # answered: no 100 Continue now
-            connection.keep_alive = head.keep_alive
+            self.keep_alive = head.keep_alive
             self._head = head.data
             self._framing = head.framing
             self._remaining = head.length
@@ -566,7 +567,7 @@ class _HTTPExchange:
                 data += b"0\r\n\r\n"
             elif framing is http1.LENGTH and self._remaining:
                 log.error("response body shorter than its Content-Length: closing")
-                connection.keep_alive = False
+                self.keep_alive = False
         if data:
             try:
                 await connection.write(data)
