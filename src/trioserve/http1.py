@@ -42,15 +42,7 @@ class ProtocolError(Exception):
 class Request:
     """A request head. Header names are lower-cased; values are as sent."""
 
-    __slots__ = (
-        "expect_continue",
-        "headers",
-        "http_version",
-        "keep_alive",
-        "method",
-        "target",
-        "websocket",
-    )
+    __slots__ = ("headers", "http_version", "keep_alive", "method", "target", "websocket")
 
     def __init__(
         self,
@@ -59,14 +51,12 @@ class Request:
         http_version: str,
         headers: list[tuple[bytes, bytes]],
         keep_alive: bool,
-        expect_continue: bool,
     ) -> None:
         self.method = method
         self.target = target
         self.http_version = http_version
         self.headers = headers
         self.keep_alive = keep_alive
-        self.expect_continue = expect_continue
         #: A WebSocket upgrade: what follows its head is the WebSocket's (``trailing``).
         self.websocket = False
 
@@ -132,7 +122,8 @@ class RequestParser:
         self.awaiting_continue = False
         #: Bytes after a WebSocket upgrade request: the WebSocket's, not HTTP.
         self.trailing = b""
-        self._upgrading: Request | None = None
+        #: The last head asked for an upgrade to WebSocket: parsing stops after it.
+        self._to_websocket = False
         self._stopped = False
 
     # -- httptools callbacks -------------------------------------------------------------
@@ -170,11 +161,9 @@ class RequestParser:
             version,
             headers,
             version == "1.1" and parser.should_keep_alive(),
-            expect,
         )
         if parser.should_upgrade():
-            self._upgrading = request
-            request.websocket = _is_websocket_upgrade(request)
+            request.websocket = self._to_websocket = _is_websocket_upgrade(request)
             if not request.websocket and _declares_body(headers):
                 # llhttp hands a body after an Upgrade head over as the new protocol's
                 # bytes; served as plain HTTP (we upgrade only to WebSocket), it would be
@@ -206,7 +195,7 @@ class RequestParser:
                 self._parser.feed_data(data)
             except httptools.HttpParserUpgrade as exc:
                 offset = exc.args[0]
-                if self._upgrading is not None and self._upgrading.websocket:
+                if self._to_websocket:
                     self.trailing = data[offset:]
                     self._stopped = True
                     return
