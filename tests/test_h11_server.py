@@ -74,6 +74,18 @@ async def read_responses(stream: trio.SocketStream, count: int) -> bytes:
     return data
 
 
+def refusal(data: bytes) -> tuple[bytes, dict]:
+    """The head and the JSON error of a response the server gave of its own."""
+    head, _, body = data.partition(b"\r\n\r\n")
+    return head, json.loads(body)["error"]
+
+
+async def assert_closed(stream: trio.SocketStream) -> None:
+    """The server has closed the connection (and sent nothing more)."""
+    with trio.fail_after(HANG_GUARD):
+        assert await stream.receive_some(1024) == b""
+
+
 def get(path: str, extra: str = "") -> bytes:
     return f"GET {path} HTTP/1.1\r\nhost: x\r\n{extra}\r\n".encode()
 
@@ -160,12 +172,10 @@ async def test_a_malformed_body_gets_400_and_the_server_keeps_serving(nursery):
             await trio.sleep(0.05)
             await stream.send_all(later)
         data = await read_responses(stream, 1)
-        head, _, body = data.partition(b"\r\n\r\n")
+        head, error = refusal(data)
         assert head.startswith(b"HTTP/1.1 400") and b"connection: close" in head.lower()
-        error = json.loads(body)["error"]
         assert error["code"] == "bad_request" and "malformed request body" in error["message"]
-        with trio.fail_after(HANG_GUARD):
-            assert await stream.receive_some(1024) == b""  # closed: nothing can follow
+        await assert_closed(stream)  # nothing can follow
     # Other clients are served as before.
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     await stream.send_all(get("/after"))
@@ -182,9 +192,8 @@ async def test_request_smuggling_is_refused_before_the_app(nursery):
     )
     data = await read_responses(stream, 1)
     assert data.startswith(b"HTTP/1.1 400") and b"/smuggled" not in data
-    assert json.loads(data.partition(b"\r\n\r\n")[2])["error"]["code"] == "bad_request"
-    with trio.fail_after(HANG_GUARD):
-        assert await stream.receive_some(1024) == b""
+    assert refusal(data)[1]["code"] == "bad_request"
+    await assert_closed(stream)
 
 
 async def test_a_head_request_gets_no_body_and_the_next_response_is_intact(nursery):
@@ -251,7 +260,7 @@ async def test_a_head_that_stops_arriving_gets_408(nursery):
     await stream.send_all(b"GET / HTTP/1.1\r\nhost: x\r\n")
     data = await read_responses(stream, 1)
     assert data.startswith(b"HTTP/1.1 408")
-    error = json.loads(data.partition(b"\r\n\r\n")[2])["error"]
+    error = refusal(data)[1]
     assert error["type"] == "timeout_error" and error["param"] is None
 
 
@@ -260,8 +269,7 @@ async def test_idle_keep_alive_connection_is_closed(nursery):
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     await stream.send_all(get("/"))
     await read_responses(stream, 1)
-    with trio.fail_after(HANG_GUARD):
-        assert await stream.receive_some(1024) == b""
+    await assert_closed(stream)
 
 
 async def test_http_1_0_is_answered_and_closed(nursery):
@@ -270,8 +278,7 @@ async def test_http_1_0_is_answered_and_closed(nursery):
     await stream.send_all(b"GET /old HTTP/1.0\r\n\r\n")
     data = await read_responses(stream, 1)
     assert data.startswith(b"HTTP/1.1 200") and b'"/old"' in data
-    with trio.fail_after(HANG_GUARD):
-        assert await stream.receive_some(1024) == b""
+    await assert_closed(stream)
 
 
 async def test_a_client_that_stops_reading_is_dropped_and_reported_gone(nursery):
@@ -293,8 +300,7 @@ async def test_stop_accepting_refuses_new_connections_and_closes_idle_ones(nurse
     await idle.send_all(get("/"))
     await read_responses(idle, 1)
     stop.set()
-    with trio.fail_after(HANG_GUARD):
-        assert await idle.receive_some(1024) == b""
+    await assert_closed(idle)
     try:
         await trio.open_tcp_stream("127.0.0.1", port)
     except OSError:
