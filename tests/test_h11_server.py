@@ -272,13 +272,16 @@ async def test_idle_keep_alive_connection_is_closed(nursery):
     await assert_closed(stream)
 
 
-async def test_http_1_0_is_answered_and_closed(nursery):
-    port, _ = await serve(nursery)
-    stream = await trio.open_tcp_stream("127.0.0.1", port)
-    await stream.send_all(b"GET /old HTTP/1.0\r\n\r\n")
-    data = await read_responses(stream, 1)
-    assert data.startswith(b"HTTP/1.1 200") and b'"/old"' in data
-    await assert_closed(stream)
+async def test_http_1_0_and_connection_close_are_answered_and_closed(nursery):
+    # No idle timeout to close the connection for it: the response itself must.
+    port, _ = await serve(nursery, keep_alive_timeout=3600)
+    for request in (b"GET /old HTTP/1.0\r\n\r\n", get("/old", "connection: close\r\n")):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(request)
+        data = await read_responses(stream, 1)
+        assert data.startswith(b"HTTP/1.1 200") and b'"/old"' in data
+        assert b"\r\nconnection: close" in data.partition(b"\r\n\r\n")[0]
+        await assert_closed(stream)
 
 
 async def test_a_client_that_stops_reading_is_dropped_and_reported_gone(nursery):
