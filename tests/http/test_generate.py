@@ -185,8 +185,10 @@ async def test_engine_error_keeps_its_status_in_detail_shape(frontend):
     assert response.json() == {"detail": "busy", "code": "engine_error"}
 
 
-async def test_engine_error_mid_stream_ends_with_a_detail_line(frontend):
-    body = {"prompt": "x", "max_tokens": 10, "stream": True, "mock_error_after": 2}
+# "one_step": the tokens and the error reach the writer in one batch (see the SSE twin).
+@pytest.mark.parametrize("pacing", [{}, {"mock_tokens_per_second": 0}], ids=["paced", "one_step"])
+async def test_engine_error_mid_stream_ends_with_a_detail_line(frontend, pacing):
+    body = {"prompt": "x", "max_tokens": 10, "stream": True, "mock_error_after": 2, **pacing}
     async with frontend.client() as client:
         response = await client.post("/generate", json=body)
     assert response.status_code == 200

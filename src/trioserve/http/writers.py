@@ -107,11 +107,12 @@ async def end_batch(
     done: bool,
     failure: EngineItemError | None,
 ) -> bool:
-    """How a streaming writer finishes one batch: an engine error before anything was
-    sent is raised at once (the client gets its own status); what the batch produced
-    leaves in one write; an error after that is raised for the writer's error line.
-    Returns ``done``."""
-    if failure is not None and not exchange.started:
+    """How a streaming writer finishes one batch: an engine error before any output is
+    raised at once (the client gets its own status); what the batch produced leaves in
+    one write; an error after that is raised for the writer's error line. Outputs ahead
+    of the error in the same batch count as output: whether they reached the writer
+    before the error or with it is timing, not what the engine said. Returns ``done``."""
+    if failure is not None and not out and not exchange.started:
         raise failure
     if out:
         await stream_body(exchange, headers, b"".join(out), more=not done)
