@@ -7,7 +7,6 @@ import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 
 import trio
-import zmq
 
 from ..errors import NoEngineError, ProtocolVersionError, TrioserveError
 from ..protocol import ModelCard, Submit
@@ -98,7 +97,6 @@ async def open_engine_client(
     *,
     heartbeat: HeartbeatConfig | None = None,
     frontend_id: str | None = None,
-    context: zmq.Context | None = None,
 ) -> AsyncIterator[EngineClient]:
     """Connect to every engine in ``addresses`` and keep the connections alive.
 
@@ -108,12 +106,11 @@ async def open_engine_client(
     """
     if not addresses:
         raise ValueError("open_engine_client needs at least one engine address")
-    ctx = context or zmq.Context.instance()
     frontend_id = frontend_id or new_frontend_id()
     heartbeat = heartbeat or HeartbeatConfig()
     client = EngineClient()
     client.connections = [
-        EngineConnection(ctx, addr, frontend_id, heartbeat, client._notify) for addr in addresses
+        EngineConnection(addr, frontend_id, heartbeat, client._notify) for addr in addresses
     ]
     async with trio.open_nursery() as nursery:
         for conn in client.connections:

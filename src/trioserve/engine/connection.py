@@ -1,6 +1,6 @@
 """The frontend's connection to one engine: handshake, heartbeats, demultiplexing.
 
-One :class:`~trioserve.zmq_trio.ZmqPump` task owns the DEALER socket; it calls
+One :class:`~trioserve.zmtp.ZmtpDealer` task owns the connection to the engine; it calls
 :meth:`EngineConnection._on_message` for every frame and routes output items to their
 subscriptions with non-blocking sends only, so one slow request never holds up the others.
 A heartbeat task sends pings (or, while not connected, hellos) and declares the engine lost
@@ -9,14 +9,12 @@ when nothing has been heard from it for ``heartbeat_timeout`` seconds.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import uuid
 from collections.abc import Callable
 
 import attrs
 import trio
-import zmq
 
 from .. import metrics
 from ..errors import (
@@ -39,7 +37,7 @@ from ..protocol import (
     decode,
     encode,
 )
-from ..zmq_trio import ZmqPump
+from ..zmtp import ZmtpDealer
 from .subscription import DEFAULT_BUFFER, Subscription
 
 log = logging.getLogger(__name__)
@@ -58,7 +56,6 @@ class EngineConnection:
 
     def __init__(
         self,
-        ctx: zmq.Context,
         address: str,
         frontend_id: str,
         heartbeat: HeartbeatConfig,
@@ -77,17 +74,8 @@ class EngineConnection:
         self._pending_aborts: list[str] = []
         self._last_heard = 0.0
         self._ping_seq = 0
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        # Queue nothing for a peer that is not connected: frames sent to a dead engine
-        # must not be replayed to its successor.
-        sock.setsockopt(zmq.IMMEDIATE, 1)
-        sock.setsockopt(zmq.RCVHWM, 0)
         # A stable identity, so the engine knows us again after a reconnect.
-        sock.setsockopt(zmq.ROUTING_ID, frontend_id.encode())
-        sock.connect(address)
-        self._sock = sock
-        self._pump = ZmqPump(sock, self._on_message, self._before_flush)
+        self._pump = ZmtpDealer(address, frontend_id.encode(), self._on_message, self._before_flush)
         #: Set by the heartbeat when the engine looks silent; judged by the socket owner.
         self._liveness_check = False
         #: When the oldest ping still without any message after it was sent (None: none).
@@ -150,15 +138,16 @@ class EngineConnection:
     def _before_flush(self) -> None:
         """Run by the socket owner after it has read everything waiting."""
         if self._liveness_check:
-            self._liveness_check = False
-            # Judged here, not in the heartbeat task: a frontend whose event loop was busy
-            # may simply not have read the pongs yet, and they are read by now.
-            since = self._unanswered_since
-            silent = 0.0 if since is None else trio.current_time() - since
-            if self.welcome is not None and silent > self.heartbeat.timeout:
-                self._declare_lost(f"no answer to a ping for {silent:.1f} s")
-                self._pump.drop_outbox()
+            self._judge_silence()
         self._flush_aborts()
+
+    def _judge_silence(self) -> None:
+        self._liveness_check = False
+        since = self._unanswered_since
+        silent = 0.0 if since is None else trio.current_time() - since
+        if self.welcome is not None and silent > self.heartbeat.timeout:
+            self._declare_lost(f"no answer to a ping for {silent:.1f} s")
+            self._pump.drop_outbox()
 
     def _flush_aborts(self) -> None:
         if self._pending_aborts:
@@ -263,7 +252,13 @@ class EngineConnection:
                 since = self._unanswered_since
                 if since is not None and now - since > self.heartbeat.timeout:
                     self._liveness_check = True
-                    self._pump.wake()
+                    if self._pump.connected:
+                        # Judged by the socket owner, not here: a frontend whose event loop
+                        # was busy may simply not have read the pongs yet, and the owner
+                        # reads what is waiting first.
+                        self._pump.wake()
+                    else:  # no connection: nothing can be waiting unread
+                        self._judge_silence()
                 if since is None:
                     self._unanswered_since = now
                 self._ping_seq += 1
@@ -282,14 +277,12 @@ class EngineConnection:
                 task_status.started()
         finally:
             # Whatever was still running at the engine is aborted: best effort, since the
-            # socket closes right after (LINGER 0). The engine's orphan cleanup is the
-            # backstop for frames that never leave.
+            # socket closes right after (what the kernel takes at once leaves). The
+            # engine's orphan cleanup is the backstop for frames that never leave.
             for sub in list(self._subs.values()):
                 sub.fail(EngineLostError("the frontend is shutting down"), "drain")
             self._flush_aborts()
-            with contextlib.suppress(zmq.ZMQError):
-                self._pump._send_available()
-            self._sock.close(linger=0)
+            self._pump.close()
             self._gauge_connected.set(0)
 
 

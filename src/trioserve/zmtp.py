@@ -1,0 +1,499 @@
+"""The frontend's link to one engine: a ZeroMQ DEALER that speaks ZMTP itself, on a socket
+trio owns, with no ZeroMQ I/O thread.
+
+Engines bind a libzmq ROUTER (the SDK uses pyzmq, as any engine may). libzmq on the
+frontend's side would put its I/O thread between every request and the engine: a submit
+waits for that thread to be scheduled before it leaves, and an output wakes that thread
+first, then the event loop. On a frontend whose event loop shares a core with that thread
+this cost 0.4 ms of every first token (docs/benchmarks.md), and the thread 12-15% of the
+process's CPU. Here a submit is one ``send(2)`` in the submitting task, and an output is
+read by the event loop itself.
+
+What is spoken: ZMTP 3.0 (https://rfc.zeromq.org/spec/23/) with the NULL mechanism, as a
+DEALER: the 64-byte greeting, a READY command carrying ``Socket-Type`` and ``Identity``
+(the engine's ROUTER routes by it, so a stable identity lets the engine know the frontend
+again after a reconnect), then messages of one or more frames. PING commands (ZMTP 3.1
+heartbeats, should an engine turn them on) are answered; an ERROR command, a peer that is
+not a ROUTER or DEALER, a security mechanism other than NULL, or a malformed frame ends the
+connection with a logged reason. Addresses are ``tcp://host:port`` (a name, an IPv4
+address or ``[IPv6]``) and ``ipc://path`` (``ipc://@name``: Linux's abstract namespace).
+
+Like libzmq it reconnects on its own (every :data:`RECONNECT_INTERVAL`) when the connection
+drops or cannot be made, and like libzmq with ``ZMQ_IMMEDIATE`` what was queued for a
+connection that dropped is dropped with it: frames meant for a dead engine must not reach
+its successor. Frames queued while no connection is up leave once one is.
+
+One task owns the socket (:meth:`ZmtpDealer.run`), as :class:`~trioserve.zmq_trio.ZmqPump`
+owns a pyzmq socket: it reads, hands each message to ``on_message``, calls
+``before_flush``, sends what is queued and parks. Other tasks :meth:`~ZmtpDealer.send`
+without waiting: with nothing queued before it a message leaves at once, in the caller's
+task; what the kernel does not take is queued, in order, for the owner.
+
+Bounds: one message (all its frames) is at most :data:`MAX_MESSAGE` bytes and
+:data:`MAX_PARTS` frames, so the receive buffer holds at most one message plus one read;
+the outbox holds at most ``outbox_limit`` messages; connecting and the handshake take at
+most :data:`HANDSHAKE_TIMEOUT`.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import logging
+import math
+import os
+import socket
+import time
+from collections.abc import Callable
+
+import trio
+
+log = logging.getLogger(__name__)
+
+#: The greeting: signature, version 3.0, mechanism NULL, as-server 0, filler.
+GREETING = b"\xff" + bytes(8) + b"\x7f" + bytes((3, 0)) + b"NULL".ljust(20, b"\0") + bytes(32)
+MORE, LONG, COMMAND = 1, 2, 4
+
+#: Seconds between connection attempts (libzmq's default ``ZMQ_RECONNECT_IVL``).
+RECONNECT_INTERVAL = 0.1
+#: Seconds a connection may take from ``connect(2)`` to the peer's READY.
+HANDSHAKE_TIMEOUT = 5.0
+#: The largest message accepted from an engine, all frames together (bytes). A larger
+#: one ends the connection: nothing this frontend relays is near it.
+MAX_MESSAGE = 512 * 2**20
+#: The most frames one message may have (the engine protocol uses one).
+MAX_PARTS = 64
+#: Bytes asked of the kernel per read.
+RECV_SIZE = 256 * 1024
+#: Messages the outbox holds before :meth:`ZmtpDealer.send` refuses more.
+OUTBOX_LIMIT = 16_384
+#: Seconds the owner may spend handling messages before it lets other tasks run: one
+#: engine frame can carry a whole step's outputs, a write to a client each.
+RECV_BUDGET = 0.005
+
+
+class ZmtpError(Exception):
+    """The peer broke the protocol, or refused us; the connection is dropped."""
+
+
+def frame(data: bytes, flags: int = 0) -> bytes:
+    """One ZMTP frame: flags, size (one byte or eight), body."""
+    size = len(data)
+    if size < 256:
+        return bytes((flags, size)) + data
+    return bytes((flags | LONG,)) + size.to_bytes(8, "big") + data
+
+
+def message(frames: list[bytes]) -> bytes:
+    """A whole message, framed."""
+    if len(frames) == 1:
+        return frame(frames[0])
+    last = len(frames) - 1
+    return b"".join(frame(part, MORE if i < last else 0) for i, part in enumerate(frames))
+
+
+def command(name: bytes, data: bytes = b"") -> bytes:
+    return frame(bytes((len(name),)) + name + data, COMMAND)
+
+
+def ready_command(socket_type: bytes, identity: bytes) -> bytes:
+    props = b"".join(
+        bytes((len(name),)) + name + len(value).to_bytes(4, "big") + value
+        for name, value in ((b"Socket-Type", socket_type), (b"Identity", identity))
+    )
+    return command(b"READY", props)
+
+
+def parse_properties(data: bytes) -> dict[bytes, bytes]:
+    """A READY command's metadata; names lowercased (they are case-insensitive)."""
+    props = {}
+    pos = 0
+    while pos < len(data):
+        size = data[pos]
+        name = data[pos + 1 : pos + 1 + size]
+        pos += 1 + size
+        if len(name) != size or pos + 4 > len(data):
+            raise ZmtpError("malformed READY metadata")
+        value_size = int.from_bytes(data[pos : pos + 4], "big")
+        value = data[pos + 4 : pos + 4 + value_size]
+        if len(value) != value_size:
+            raise ZmtpError("malformed READY metadata")
+        pos += 4 + value_size
+        props[name.lower()] = value
+    return props
+
+
+def check_greeting(greeting: bytes | bytearray) -> None:
+    if greeting[0] != 0xFF or greeting[9] != 0x7F:
+        raise ZmtpError("the peer is not speaking ZMTP 3 (bad greeting signature)")
+    major, minor = greeting[10], greeting[11]
+    if major < 3:
+        raise ZmtpError(f"the peer speaks ZMTP {major}.{minor}; 3.0 or later is needed")
+    mechanism = bytes(greeting[12:32]).rstrip(b"\0")
+    if mechanism != b"NULL":
+        raise ZmtpError(
+            f"the peer requires the {mechanism.decode('ascii', 'replace')} security "
+            "mechanism; this frontend speaks NULL only"
+        )
+
+
+def parse_address(address: str) -> tuple[int, str, int | None]:
+    """``(family, host or path, port)`` of a ``tcp://`` or ``ipc://`` address."""
+    scheme, sep, rest = address.partition("://")
+    if scheme == "ipc" and sep and rest:
+        return socket.AF_UNIX, "\0" + rest[1:] if rest.startswith("@") else rest, None
+    if scheme == "tcp" and sep:
+        host, _, port = rest.rpartition(":")
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        if host and port.isdigit() and 0 < int(port) < 65536 and host != "*":
+            return socket.AF_INET, host, int(port)
+    raise ValueError(
+        f"engine address {address!r}: expected tcp://HOST:PORT or ipc://PATH "
+        "(the frontend connects; engines bind)"
+    )
+
+
+class ZmtpDealer:
+    """A DEALER connected to one engine's ROUTER; the frontend's half of the link.
+
+    ``on_message`` is called synchronously, in the owner task, with each message (a list
+    of frames). ``before_flush`` (optional) is called before each send pass, so the owner
+    can turn accumulated state (pending aborts) into one message. :meth:`run` owns the
+    socket until cancelled; :meth:`close` then sends what it can and closes it.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        identity: bytes,
+        on_message: Callable[[list[bytes]], None],
+        before_flush: Callable[[], None] | None = None,
+        outbox_limit: int = OUTBOX_LIMIT,
+    ) -> None:
+        self.address = address
+        self._family, self._host, self._port = parse_address(address)
+        self._ready_command = ready_command(b"DEALER", identity)
+        self._on_message = on_message
+        self._before_flush = before_flush
+        #: Framed messages waiting to leave; a ``memoryview`` at the head is the unsent
+        #: rest of a message the kernel took part of.
+        self._outbox: collections.deque[bytes | memoryview] = collections.deque()
+        self._outbox_limit = outbox_limit
+        self._sock: socket.socket | None = None
+        #: True from the peer's READY until the connection drops: messages may flow.
+        self._ready = False
+        self._buffer = bytearray()
+        self._parts: list[bytes] = []
+        self._parts_size = 0
+        self._park: trio.CancelScope | None = None
+        self._flush_wanted = False
+        #: Connections made so far (for tests and logs).
+        self.connections = 0
+
+    # -- any task ------------------------------------------------------------------------
+
+    def send(self, frames: list[bytes]) -> bool:
+        """Send a message now, or queue it behind the ones already waiting (or while no
+        connection is up, or for what the kernel did not take); False, with nothing sent
+        or queued, when the outbox is full. Never waits."""
+        outbox = self._outbox
+        if len(outbox) >= self._outbox_limit:
+            return False
+        data: bytes | memoryview = message(frames)
+        if not outbox and self._ready:
+            try:
+                sent = self._sock.send(data)  # type: ignore[union-attr]
+            except BlockingIOError:
+                sent = 0
+            except OSError:
+                # The connection broke; the owner finds out on its next read, and this
+                # message goes with the connection, as everything queued for it does.
+                self.wake()
+                return True
+            if sent == len(data):
+                return True
+            data = memoryview(data)[sent:]
+        outbox.append(data)
+        self.wake()
+        return True
+
+    def wake(self) -> None:
+        """Ask the owner to run a flush pass soon (cheap; safe to call often)."""
+        self._flush_wanted = True
+        if self._park is not None:
+            self._park.cancel()
+            self._park = None
+
+    @property
+    def pending(self) -> int:
+        return len(self._outbox)
+
+    @property
+    def connected(self) -> bool:
+        return self._ready
+
+    def drop_outbox(self) -> int:
+        """Forget everything queued (e.g. stale frames for a peer that went away), except
+        the rest of a message already partly sent, which the stream needs."""
+        outbox = self._outbox
+        keep = outbox[0] if outbox and isinstance(outbox[0], memoryview) else None
+        count = len(outbox) - (keep is not None)
+        outbox.clear()
+        if keep is not None:
+            outbox.append(keep)
+        return count
+
+    def close(self) -> None:
+        """After :meth:`run` has ended: send what the kernel takes at once, then close."""
+        sock = self._sock
+        if sock is None:
+            return
+        try:
+            self._send_available()
+        except OSError:
+            pass
+        self._sock = None
+        self._ready = False
+        sock.close()
+
+    # -- the owner -------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Own the socket until cancelled: connect, serve, reconnect. Never returns."""
+        refused = None  # the last refusal logged as a warning: each is logged once
+        while True:
+            try:
+                with trio.fail_after(HANDSHAKE_TIMEOUT):
+                    await self._connect()
+                self.connections += 1
+                refused = None
+                self._send_available()
+                await self._session()
+            except ZmtpError as exc:
+                if str(exc) != refused:
+                    refused = str(exc)
+                    log.warning("engine %s: dropping the connection: %s", self.address, exc)
+            except (OSError, trio.TooSlowError) as exc:
+                if self._ready:
+                    log.info("engine %s: connection lost (%r); reconnecting", self.address, exc)
+                else:
+                    log.debug("engine %s: cannot connect: %r", self.address, exc)
+            self._disconnect()
+            await trio.sleep(RECONNECT_INTERVAL)
+
+    async def _connect(self) -> None:
+        if self._family == socket.AF_UNIX:
+            targets = [(socket.AF_UNIX, self._host)]
+        else:
+            infos = await trio.socket.getaddrinfo(self._host, self._port, type=socket.SOCK_STREAM)
+            targets = [(family, sockaddr) for family, _, _, _, sockaddr in infos]
+        error: OSError = OSError(errno.EADDRNOTAVAIL, f"{self._host} has no address")
+        for family, target in targets:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            try:
+                if family != socket.AF_UNIX:
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                code = sock.connect_ex(target)
+                if code in (errno.EINPROGRESS, errno.EAGAIN):
+                    await trio.lowlevel.wait_writable(sock)
+                    code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                if code:
+                    raise OSError(code, os.strerror(code))
+            except OSError as exc:
+                sock.close()
+                error = exc
+                continue
+            except BaseException:
+                sock.close()
+                raise
+            self._sock = sock
+            try:
+                await self._handshake(sock)
+            except OSError as exc:
+                raise ZmtpError(
+                    f"the peer closed the connection during the handshake ({exc}): trioserve "
+                    "speaks to ZeroMQ ROUTER sockets with no security mechanism (NULL)"
+                ) from None
+            return
+        raise error
+
+    async def _handshake(self, sock: socket.socket) -> None:
+        # The greeting first, READY only once the peer's greeting is read: a libzmq peer
+        # that cannot take us (a security mechanism we do not speak) then closes with
+        # nothing of ours unread, so its greeting reaches us to say why.
+        sock.send(GREETING)  # a fresh socket's buffer takes 64 bytes whole
+        buffer = self._buffer
+        while len(buffer) < len(GREETING):
+            await self._read(sock)
+        check_greeting(buffer)
+        del buffer[: len(GREETING)]
+        sock.send(self._ready_command)
+        # Then the peer's READY (commands only: a message before it is an error).
+        while not self._parse(math.inf):
+            await self._read(sock)
+
+    async def _read(self, sock: socket.socket) -> None:
+        while True:
+            try:
+                data = sock.recv(RECV_SIZE)
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(sock)
+                continue
+            if not data:
+                raise ConnectionResetError("the peer closed the connection")
+            self._buffer += data
+            return
+
+    async def _session(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        while True:
+            cut_short = self._receive_available(sock)
+            self._flush_wanted = False
+            if self._before_flush is not None:
+                self._before_flush()
+            self._send_available()
+            if cut_short or self._flush_wanted:
+                # More is (or may be) waiting: go round again, letting others run first.
+                await trio.lowlevel.checkpoint()
+                continue
+            with trio.CancelScope() as park:
+                self._park = park
+                if self._outbox:  # the kernel's send buffer is full
+                    await _readable_or_writable(sock)
+                else:
+                    await trio.lowlevel.wait_readable(sock)
+            self._park = None
+
+    def _receive_available(self, sock: socket.socket) -> bool:
+        """Read and handle what is waiting, within RECV_BUDGET; True when the budget cut
+        the pass short (more may be waiting)."""
+        budget_end = time.perf_counter() + RECV_BUDGET
+        while not self._parse(budget_end):
+            try:
+                data = sock.recv(RECV_SIZE)
+            except BlockingIOError:
+                return False
+            if not data:
+                raise ConnectionResetError("the engine closed the connection")
+            self._buffer += data
+        return True
+
+    def _parse(self, budget_end: float) -> bool:
+        """Handle the whole messages and commands in the buffer. True when it stopped early:
+        the budget ran out, or (during the handshake) the peer's READY arrived."""
+        buf = self._buffer
+        end = len(buf)
+        pos = 0
+        try:
+            while end - pos >= 2:
+                flags = buf[pos]
+                if flags & LONG:
+                    if end - pos < 9:
+                        break
+                    size = int.from_bytes(buf[pos + 1 : pos + 9], "big")
+                    start = pos + 9
+                else:
+                    size = buf[pos + 1]
+                    start = pos + 2
+                if flags & ~(MORE | LONG | COMMAND):
+                    raise ZmtpError(f"reserved frame flags set ({flags:#x})")
+                if size > MAX_MESSAGE - self._parts_size:
+                    raise ZmtpError(f"a message larger than {MAX_MESSAGE} bytes")
+                if end - start < size:
+                    break
+                body = bytes(buf[start : start + size])
+                pos = start + size
+                if flags & COMMAND:
+                    if self._command(body):
+                        return True
+                    continue
+                if not self._ready:
+                    raise ZmtpError("a message before the handshake ended")
+                parts = self._parts
+                parts.append(body)
+                if flags & MORE:
+                    self._parts_size += size
+                    if len(parts) >= MAX_PARTS:
+                        raise ZmtpError(f"a message of more than {MAX_PARTS} frames")
+                    continue
+                self._parts, self._parts_size = [], 0
+                try:
+                    self._on_message(parts)
+                except Exception:  # one bad message must never kill the socket's owner
+                    log.exception("dropping a message its handler could not process")
+                if time.perf_counter() > budget_end:
+                    return True
+            return False
+        finally:
+            del buf[:pos]
+
+    def _command(self, body: bytes) -> bool:
+        """Handle one command; True for the READY that ends the handshake."""
+        size = body[0] if body else 0
+        name, data = body[1 : 1 + size], body[1 + size :]
+        if name == b"READY":
+            if self._ready:
+                raise ZmtpError("a second READY")
+            peer = parse_properties(data).get(b"socket-type", b"?")
+            if peer not in (b"ROUTER", b"DEALER"):
+                raise ZmtpError(f"the peer is a {peer.decode('ascii', 'replace')} socket")
+            self._ready = True
+            return True
+        if name == b"ERROR":
+            reason = data[1 : 1 + data[0]] if data else b""
+            raise ZmtpError(f"the peer refused us: {reason.decode('utf-8', 'replace')}")
+        if name == b"PING":
+            if self._ready:  # answer with the context it carries (after a 2-byte TTL)
+                self.send_raw(command(b"PONG", data[2:18]))
+        elif not self._ready:
+            raise ZmtpError(f"{name!r} before READY")
+        # PONG and anything unknown: ignored, as the spec asks.
+        return False
+
+    def send_raw(self, data: bytes) -> None:
+        """Queue bytes already framed (a command) for the owner's next send pass."""
+        self._outbox.append(data)
+        self._flush_wanted = True
+
+    def _send_available(self) -> None:
+        if not self._ready:
+            return
+        sock = self._sock
+        assert sock is not None
+        outbox = self._outbox
+        while outbox:
+            data = outbox[0]
+            try:
+                sent = sock.send(data)
+            except BlockingIOError:
+                return
+            if sent < len(data):
+                outbox[0] = memoryview(data)[sent:]
+                return
+            outbox.popleft()
+
+    def _disconnect(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
+        was_ready, self._ready = self._ready, False
+        self._buffer.clear()
+        self._parts, self._parts_size = [], 0
+        if was_ready:
+            # What was queued for that connection goes with it (see the module docstring).
+            self._outbox.clear()
+
+
+async def _readable_or_writable(sock: socket.socket) -> None:
+    """Return when ``sock`` is readable or writable (trio waits on one direction per task)."""
+    async with trio.open_nursery() as nursery:
+
+        async def wait(until: Callable) -> None:
+            await until(sock)
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(wait, trio.lowlevel.wait_readable)
+        nursery.start_soon(wait, trio.lowlevel.wait_writable)

@@ -1,0 +1,363 @@
+"""ZmtpDealer: the frontend's own ZMTP DEALER, against real libzmq ROUTERs (pyzmq), on
+real sockets."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+
+import pytest
+import trio
+import zmq
+
+from tests.conftest import HANG_GUARD, wait_until
+from trioserve import zmtp
+from trioserve.zmq_trio import ZmqPump
+from trioserve.zmtp import ZmtpDealer, parse_address
+
+IDENTITY = b"frontend-test"
+
+
+@pytest.fixture
+def ctx():
+    context = zmq.Context()
+    yield context
+    context.destroy(linger=0)
+
+
+def router(
+    ctx: zmq.Context, address: str = "tcp://127.0.0.1", rcvhwm: int = 1000
+) -> tuple[zmq.Socket, str]:
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    # A small receive high-water mark keeps libzmq's I/O thread from reading far ahead of
+    # the test, so that what the test sends backs up in the dealer's outbox.
+    sock.setsockopt(zmq.RCVHWM, rcvhwm)
+    if address.startswith("tcp://") and address.count(":") == 1:
+        port = sock.bind_to_random_port(address)
+        return sock, f"{address}:{port}"
+    sock.bind(address)
+    return sock, address
+
+
+async def recv(peer: zmq.Socket) -> list[bytes]:
+    with trio.fail_after(HANG_GUARD):
+        while True:
+            try:
+                return peer.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                await trio.sleep(0.005)
+
+
+async def test_messages_both_ways_with_our_identity_multipart_and_long_frames(nursery, ctx):
+    peer, address = router(ctx)
+    heard: list[list[bytes]] = []
+    dealer = ZmtpDealer(address, IDENTITY, heard.append)
+    nursery.start_soon(dealer.run)
+    big = bytes(range(256)) * 4096  # 1 MiB: a long frame, and more than one read
+    assert dealer.send([b"hello"])
+    assert await recv(peer) == [IDENTITY, b"hello"]  # the ROUTER routes by our identity
+    assert dealer.send([b"a", b"", big])
+    assert await recv(peer) == [IDENTITY, b"a", b"", big]
+    peer.send_multipart([IDENTITY, b"x" * 300])
+    peer.send_multipart([IDENTITY, b"one", b"two"])
+    peer.send_multipart([IDENTITY, big])
+    await wait_until(lambda: len(heard) == 3, "three replies")
+    assert heard == [[b"x" * 300], [b"one", b"two"], [big]]
+    assert dealer.connections == 1
+    nursery.cancel_scope.cancel()
+
+
+async def test_many_senders_in_order_and_every_reply_heard(nursery, ctx):
+    # A libzmq echo answers every message; senders in many tasks send while the owner is
+    # parked; each sender's messages come back in its order, none lost.
+    echo, address = router(ctx)
+    echo_pump = ZmqPump(echo, lambda frames: echo_pump.send(frames))
+    nursery.start_soon(echo_pump.run)
+    heard: list[bytes] = []
+    dealer = ZmtpDealer(address, IDENTITY, lambda frames: heard.append(frames[0]))
+    nursery.start_soon(dealer.run)
+    senders, each = 20, 50
+
+    async def sender(index: int) -> None:
+        for n in range(each):
+            assert dealer.send([b"%d:%d" % (index, n)])
+            if n % 7 == 0:
+                await trio.sleep(0.001)  # let the owner park between bursts
+            else:
+                await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as senders_nursery:
+        for index in range(senders):
+            senders_nursery.start_soon(sender, index)
+    await wait_until(lambda: len(heard) == senders * each, "every echo")
+    for index in range(senders):
+        mine = [m for m in heard if m.startswith(b"%d:" % index)]
+        assert mine == [b"%d:%d" % (index, n) for n in range(each)]
+    nursery.cancel_scope.cancel()
+
+
+async def test_a_backlog_larger_than_the_kernel_buffer_leaves_whole_and_in_order(nursery, ctx):
+    # Sends faster than the peer reads fill the kernel's buffers; the rest waits in the
+    # outbox (a partly sent message at its head) and leaves as the peer reads.
+    peer, address = router(ctx, rcvhwm=1)
+    dealer = ZmtpDealer(address, IDENTITY, lambda frames: None)
+    nursery.start_soon(dealer.run)
+    assert dealer.send([b"first"])
+    assert await recv(peer) == [IDENTITY, b"first"]
+    count = 200
+    chunk = await backlog(dealer, count)
+    got = []
+    while len(got) < count:
+        frames = await recv(peer)
+        assert frames[2] == chunk
+        got.append(int(frames[1]))
+    assert got == list(range(count))
+    await wait_until(lambda: dealer.pending == 0, "the outbox empty")
+    nursery.cancel_scope.cancel()
+
+
+async def backlog(dealer: ZmtpDealer, count: int = 200) -> bytes:
+    """Queue more than loopback buffers hold (20 MB, to a peer that reads ahead by one
+    message): the outbox's head is then a message the kernel took part of."""
+    chunk = b"y" * 100_000
+    for n in range(count):
+        assert dealer.send([b"%d" % n, chunk])
+    assert dealer.pending > 0
+    return chunk
+
+
+async def test_dropping_the_outbox_keeps_the_stream_whole(nursery, ctx):
+    # What the engine connection does when it declares an engine lost: the queued
+    # messages go, but the one already partly sent is finished, or the peer would read
+    # the next message's bytes as the rest of it.
+    peer, address = router(ctx, rcvhwm=1)
+    dealer = ZmtpDealer(address, IDENTITY, lambda frames: None)
+    nursery.start_soon(dealer.run)
+    assert dealer.send([b"first"])
+    assert await recv(peer) == [IDENTITY, b"first"]
+    chunk = await backlog(dealer)
+    dropped = dealer.drop_outbox()
+    assert dropped > 0
+    assert dealer.send([b"after"])
+    received = []
+    while (frames := await recv(peer))[1] != b"after":
+        assert frames[2] == chunk
+        received.append(int(frames[1]))
+    assert received == list(range(200 - dropped))
+    nursery.cancel_scope.cancel()
+
+
+async def test_what_was_queued_for_a_lost_connection_is_not_sent_to_the_next(nursery, ctx):
+    peer, address = router(ctx, rcvhwm=1)
+    dealer = ZmtpDealer(address, IDENTITY, lambda frames: None)
+    nursery.start_soon(dealer.run)
+    assert dealer.send([b"first"])
+    assert await recv(peer) == [IDENTITY, b"first"]
+    await backlog(dealer)
+    peer.close(linger=0)  # the engine dies with our backlog unread
+    await wait_until(lambda: not dealer.connected, "the loss noticed")
+    assert dealer.pending == 0
+    peer, _ = router(ctx, address)
+    await wait_until(lambda: dealer.connected, "reconnected")
+    assert dealer.send([b"fresh"])
+    assert await recv(peer) == [IDENTITY, b"fresh"]  # nothing stale, nothing torn, before it
+    nursery.cancel_scope.cancel()
+
+
+async def test_without_a_peer_messages_queue_up_to_the_bound_and_leave_once_it_comes(
+    nursery, ctx, tmp_path
+):
+    address = f"ipc://{tmp_path}/engine"  # nobody there yet
+    dealer = ZmtpDealer(address, IDENTITY, lambda frames: None, outbox_limit=5)
+    nursery.start_soon(dealer.run)
+    await trio.sleep(3 * zmtp.RECONNECT_INTERVAL)  # a few failed attempts
+    assert all(dealer.send([b"m%d" % i]) for i in range(5))
+    assert not dealer.send([b"over"])  # full: refused, nothing queued
+    assert dealer.pending == 5
+    peer, _ = router(ctx, address)
+    got = [(await recv(peer))[1] for _ in range(5)]
+    assert got == [b"m%d" % i for i in range(5)]
+    assert dealer.pending == 0
+    nursery.cancel_scope.cancel()
+
+
+async def test_reconnects_to_a_restarted_peer_on_the_same_address(nursery, ctx):
+    peer, address = router(ctx)
+    heard: list[bytes] = []
+    dealer = ZmtpDealer(address, IDENTITY, lambda frames: heard.append(frames[0]))
+    nursery.start_soon(dealer.run)
+    assert dealer.send([b"one"])
+    assert await recv(peer) == [IDENTITY, b"one"]
+    peer.close(linger=0)  # the engine dies
+    await wait_until(lambda: not dealer.connected, "the loss noticed")
+    peer, _ = router(ctx, address)  # its successor binds the same address
+    await wait_until(lambda: dealer.connected, "reconnected")
+    assert dealer.connections == 2
+    assert dealer.send([b"two"])
+    assert await recv(peer) == [IDENTITY, b"two"]
+    peer.send_multipart([IDENTITY, b"back"])
+    await wait_until(lambda: heard == [b"back"], "the successor's reply")
+    nursery.cancel_scope.cancel()
+
+
+async def test_libzmq_heartbeats_are_answered_so_the_connection_stays(nursery, ctx):
+    # The ROUTER pings every 20 ms and drops a connection silent for 100 ms after a ping:
+    # only PONGs keep an otherwise idle connection up.
+    peer = ctx.socket(zmq.ROUTER)
+    peer.setsockopt(zmq.LINGER, 0)
+    peer.setsockopt(zmq.HEARTBEAT_IVL, 20)
+    peer.setsockopt(zmq.HEARTBEAT_TIMEOUT, 100)
+    port = peer.bind_to_random_port("tcp://127.0.0.1")
+    dealer = ZmtpDealer(f"tcp://127.0.0.1:{port}", IDENTITY, lambda frames: None)
+    nursery.start_soon(dealer.run)
+    assert dealer.send([b"hello"])
+    assert await recv(peer) == [IDENTITY, b"hello"]
+    await trio.sleep(0.6)
+    assert dealer.connections == 1
+    nursery.cancel_scope.cancel()
+
+
+async def test_a_message_over_the_bound_drops_the_connection_not_the_frontend(
+    nursery, ctx, monkeypatch, caplog
+):
+    monkeypatch.setattr(zmtp, "MAX_MESSAGE", 1000)
+    peer, address = router(ctx)
+    heard: list[bytes] = []
+    dealer = ZmtpDealer(address, IDENTITY, lambda frames: heard.append(frames[0]))
+    nursery.start_soon(dealer.run)
+    assert dealer.send([b"hello"])
+    await recv(peer)
+    peer.send_multipart([IDENTITY, b"z" * 1001])
+    # The peer services its socket meanwhile, as an engine does (libzmq's ROUTER refuses a
+    # reconnecting identity until it has processed the old connection's end).
+    await wait_until(
+        lambda: peer.getsockopt(zmq.EVENTS) is not None and dealer.connections == 2,
+        "a new connection",
+    )
+    assert "larger than 1000 bytes" in caplog.text
+    assert heard == []
+    assert dealer.send([b"again"])
+    assert await recv(peer) == [IDENTITY, b"again"]
+    peer.send_multipart([IDENTITY, b"z" * 1000])  # at the bound: fine
+    await wait_until(lambda: heard == [b"z" * 1000], "the message at the bound")
+    nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    ("configure", "expected"),
+    [
+        (lambda s: s.setsockopt(zmq.CURVE_SERVER, 1), "with no security mechanism (NULL)"),
+        (None, "the peer is a PUB socket"),
+    ],
+    ids=["curve", "pub"],
+)
+async def test_a_peer_we_cannot_talk_to_is_named_in_the_log(
+    nursery, ctx, caplog, configure, expected
+):
+    if configure is not None:
+        peer = ctx.socket(zmq.ROUTER)
+        peer.setsockopt(zmq.CURVE_SECRETKEY, zmq.curve_keypair()[1])
+        configure(peer)
+    else:
+        peer = ctx.socket(zmq.PUB)
+    peer.setsockopt(zmq.LINGER, 0)
+    port = peer.bind_to_random_port("tcp://127.0.0.1")
+    dealer = ZmtpDealer(f"tcp://127.0.0.1:{port}", IDENTITY, lambda frames: None)
+    nursery.start_soon(dealer.run)
+    with caplog.at_level(logging.WARNING, logger="trioserve.zmtp"):
+        await wait_until(lambda: expected in caplog.text, expected)
+        await trio.sleep(5 * zmtp.RECONNECT_INTERVAL)  # more attempts, no more warnings
+    assert caplog.text.count(expected) == 1
+    assert dealer.connections == 0
+    nursery.cancel_scope.cancel()
+
+
+async def test_a_peer_that_never_greets_is_given_up_on_and_retried(nursery, monkeypatch):
+    monkeypatch.setattr(zmtp, "HANDSHAKE_TIMEOUT", 0.2)
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
+    address = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+    dealer = ZmtpDealer(address, IDENTITY, lambda frames: None)
+    nursery.start_soon(dealer.run)
+    accepted = []
+    with trio.fail_after(HANG_GUARD):
+        while len(accepted) < 2:  # a second attempt after the first timed out
+            await trio.lowlevel.wait_readable(listener)
+            conn, _ = listener.accept()
+            accepted.append(conn)
+    assert dealer.connections == 0
+    for conn in accepted:
+        conn.close()
+    listener.close()
+    nursery.cancel_scope.cancel()
+
+
+async def test_a_flood_of_slow_messages_does_not_starve_other_tasks(nursery, ctx):
+    # Each message takes a millisecond to handle (an engine frame carrying a step's
+    # outputs for hundreds of streams); another task must get its turn long before the
+    # owner has handled them all.
+    peer, address = router(ctx)
+    handled: list[int] = []
+
+    def slow(frames: list[bytes]) -> None:
+        time.sleep(0.001)
+        handled.append(int(frames[0]))
+
+    dealer = ZmtpDealer(address, IDENTITY, slow)
+    nursery.start_soon(dealer.run)
+    assert dealer.send([b"hello"])
+    await recv(peer)
+    total = 300
+    for n in range(total):
+        peer.send_multipart([IDENTITY, b"%d" % n])
+    time.sleep(0.2)  # noqa: ASYNC251 - let them all arrive before the owner looks
+    seen_at: list[int] = []
+
+    async def other() -> None:
+        while len(handled) < total:
+            seen_at.append(len(handled))
+            await trio.lowlevel.checkpoint()
+
+    nursery.start_soon(other)
+    await wait_until(lambda: len(handled) == total, "every message handled")
+    assert len([n for n in seen_at if 0 < n < total]) > 10
+    assert handled == list(range(total))
+    nursery.cancel_scope.cancel()
+
+
+async def test_close_sends_what_is_queued_then_closes(nursery, ctx):
+    peer, address = router(ctx)
+    dealer = ZmtpDealer(address, IDENTITY, lambda frames: None)
+    async with trio.open_nursery() as inner:
+        inner.start_soon(dealer.run)
+        await wait_until(lambda: dealer.connected, "connected")
+        dealer.send_raw(zmtp.message([b"last words"]))  # queued, owner not yet run
+        inner.cancel_scope.cancel()
+    dealer.close()
+    assert await recv(peer) == [IDENTITY, b"last words"]
+    assert not dealer.connected
+
+
+@pytest.mark.parametrize(
+    ("address", "parsed"),
+    [
+        ("tcp://127.0.0.1:5555", (socket.AF_INET, "127.0.0.1", 5555)),
+        ("tcp://engine-0.svc:80", (socket.AF_INET, "engine-0.svc", 80)),
+        ("tcp://[::1]:5555", (socket.AF_INET, "::1", 5555)),
+        ("ipc:///tmp/e.sock", (socket.AF_UNIX, "/tmp/e.sock", None)),
+        ("ipc://@engine", (socket.AF_UNIX, "\0engine", None)),
+    ],
+)
+def test_addresses(address, parsed):
+    assert parse_address(address) == parsed
+
+
+@pytest.mark.parametrize(
+    "address",
+    ["inproc://e", "tcp://127.0.0.1", "tcp://*:5555", "tcp://h:0", "tcp://h:x", "ipc://", "e"],
+)
+def test_bad_addresses_are_refused_with_the_expected_forms(address):
+    with pytest.raises(ValueError, match="expected tcp://HOST:PORT or ipc://PATH"):
+        parse_address(address)
