@@ -17,6 +17,8 @@ Modes (one JSON object on stdout; progress on stderr with ``--progress``):
   in one read count as gap 0 after the first).
 - ``ttft``: one request at a time, alternately straight to the engine over ZeroMQ and
   through the frontend (blocking sockets both, same clock): time to first token of each.
+  With ``--also-url``, several frontends take turns request by request (each after a
+  request straight to the engine), so that they are compared under the same conditions.
 - ``idle``: opens streams that stay silent (a huge ``mock_ttft_ms``) up to each of
   ``--levels``, waits until the engine holds them all (its pong's ``running``), samples
   the frontend's resident memory, then resets every connection and waits for the engine to
@@ -592,43 +594,29 @@ class EngineProbe:
 # -- ttft -----------------------------------------------------------------------------------
 
 
-def run_ttft(args: argparse.Namespace) -> dict:
-    params = {"max_tokens": 1, "mock_ttft_ms": args.ttft_ms}
-    request = chat_request(
-        f"{args.host}:{args.port}",
-        {"messages": [{"role": "user", "content": PROMPT}], "stream": True, **params},
-    )
-    probe = EngineProbe(args.engine)
-    direct: list[float] = []
-    via: list[float] = []
-    sock = socket.create_connection((args.host, args.port), timeout=10)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    try:
-        for i in range(args.warmup_count + args.count):
-            d = probe.ttft(params)
-            t0 = time.perf_counter()
-            sock.sendall(request)
-            data = b""
-            first = 0.0
-            while True:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    raise RuntimeError("the frontend closed the connection")
-                if not first and b"data: " in data + chunk:
-                    first = time.perf_counter() - t0
-                data += chunk
-                if data.endswith(b"0\r\n\r\n") and b"[DONE]" in data:
-                    break
-            if i >= args.warmup_count:
-                direct.append(d)
-                via.append(first)
-    finally:
-        sock.close()
-        probe.close()
+def _first_token(sock: socket.socket, request: bytes) -> float:
+    """Send one streaming request on ``sock``; seconds until its first ``data:`` event
+    (after which the rest of the response is read, up to its last chunk)."""
+    t0 = time.perf_counter()
+    sock.sendall(request)
+    data = b""
+    first = 0.0
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise RuntimeError("the frontend closed the connection")
+        if not first and b"data: " in data + chunk:
+            first = time.perf_counter() - t0
+        data += chunk
+        if data.endswith(b"0\r\n\r\n") and b"[DONE]" in data:
+            return first
+
+
+def _ttft_figures(direct: list[float], via: list[float], ttft_ms: float) -> dict:
     return {
         "mode": "ttft",
         "count": len(via),
-        "engine_ttft_ms": args.ttft_ms,
+        "engine_ttft_ms": ttft_ms,
         "direct_p50_ms": percentile(direct, 50) * 1000,
         "direct_p99_ms": percentile(direct, 99) * 1000,
         "frontend_p50_ms": percentile(via, 50) * 1000,
@@ -636,6 +624,45 @@ def run_ttft(args: argparse.Namespace) -> dict:
         "added_p50_ms": (percentile(via, 50) - percentile(direct, 50)) * 1000,
         "added_p99_ms": (percentile(via, 99) - percentile(direct, 99)) * 1000,
     }
+
+
+def run_ttft(args: argparse.Namespace) -> dict:
+    """The frontends (``--url``, then each ``--also-url``) take turns request by request,
+    each request right after one straight to the engine: whatever the machine does
+    meanwhile falls on every frontend alike. The figures of ``--url`` come at the top
+    level, those of the others under ``others`` by URL."""
+    params = {"max_tokens": 1, "mock_ttft_ms": args.ttft_ms}
+    body = {"messages": [{"role": "user", "content": PROMPT}], "stream": True, **params}
+    targets = [(args.host, args.port), *args.also]
+    probe = EngineProbe(args.engine)
+    direct: list[list[float]] = [[] for _ in targets]
+    via: list[list[float]] = [[] for _ in targets]
+    socks: list[socket.socket] = []
+    try:
+        requests = []
+        for host, port in targets:
+            sock = socket.create_connection((host, port), timeout=10)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            socks.append(sock)
+            requests.append(chat_request(f"{host}:{port}", body))
+        for i in range(args.warmup_count + args.count):
+            for k, sock in enumerate(socks):
+                d = probe.ttft(params)
+                first = _first_token(sock, requests[k])
+                if i >= args.warmup_count:
+                    direct[k].append(d)
+                    via[k].append(first)
+    finally:
+        for sock in socks:
+            sock.close()
+        probe.close()
+    result = _ttft_figures(direct[0], via[0], args.ttft_ms)
+    if args.also:
+        result["others"] = {
+            url: _ttft_figures(direct[k], via[k], args.ttft_ms)
+            for k, url in enumerate(args.also_url, start=1)
+        }
+    return result
 
 
 # -- idle -----------------------------------------------------------------------------------
@@ -732,6 +759,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("mode", choices=["json", "stream", "ttft", "idle"])
     parser.add_argument("--url", required=True, help="the frontend, http://127.0.0.1:PORT")
+    parser.add_argument(
+        "--also-url",
+        action="append",
+        default=[],
+        help="ttft: another frontend, measured in turns with --url (repeatable)",
+    )
     parser.add_argument("--engine", help="the engine's ZeroMQ address (ttft, idle)")
     parser.add_argument("--frontend-pid", type=int, help="for CPU and memory figures")
     parser.add_argument("--engine-pid", type=int, help="for CPU figures")
@@ -757,10 +790,15 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=1.0, help="idle: seconds before sampling")
     parser.add_argument("--progress", action="store_true")
     args = parser.parse_args()
-    split = urlsplit(args.url)
-    args.host, args.port = split.hostname, split.port
-    if args.host not in ("127.0.0.1", "localhost"):
-        parser.error("this tool only generates traffic to 127.0.0.1")
+    args.also = []
+    for url in [args.url, *args.also_url]:
+        split = urlsplit(url)
+        if split.hostname not in ("127.0.0.1", "localhost"):
+            parser.error("this tool only generates traffic to 127.0.0.1")
+        args.also.append((split.hostname, split.port))
+    (args.host, args.port), args.also = args.also[0], args.also[1:]
+    if args.also and args.mode != "ttft":
+        parser.error("--also-url is for ttft only")
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     if args.mode == "ttft":
