@@ -5,10 +5,11 @@ idle while the engine worked (the client, the frontend, ZeroMQ's I/O threads). T
 measures the floor those hops set on the machine at hand, without any frontend: a caller
 and an echoing process (pinned to different cores where there are two) exchange one small
 message at a time, first back to back, then after sleeping a gap before each one, over
-loopback TCP and over ZeroMQ (DEALER to ROUTER, as trioserve speaks to its engines, each
-side with its own I/O thread); and over ZeroMQ again with the caller waiting for the
-reply as trioserve's socket owner does (parked in trio on the socket's descriptor), which
-adds the cost of trio's run loop waking up. All traffic is on 127.0.0.1.
+loopback TCP and over ZeroMQ (DEALER to ROUTER, each side with its own I/O thread, as
+engines speak); and over ZeroMQ again with the caller waiting for the reply as a pyzmq
+socket's owner does in trio (``ZmqPump``: parked on the socket's descriptor), which adds
+the cost of trio's run loop waking up. (trioserve's frontend speaks ZMTP itself, with no
+I/O thread: ``src/trioserve/zmtp.py``.) All traffic is on 127.0.0.1.
 
     python tools/wakeups.py                     # 300 round trips per cell
     python tools/wakeups.py --gaps 0,10 --count 50
@@ -108,7 +109,7 @@ def round_trips(transport: str, gaps_ms: list[float], count: int, progress) -> d
                 if transport == ZMQ:
                     dealer.recv()  # blocking: libzmq polls its own descriptor
                     return
-                # As trioserve's ZmqPump waits: parked on the (edge-triggered) descriptor.
+                # As ZmqPump waits: parked on the (edge-triggered) descriptor.
                 with trio.fail_after(10):
                     while not dealer.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                         await trio.lowlevel.wait_readable(fd)
