@@ -75,6 +75,10 @@ BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 DASH = "\u2013"
 URL_RE = re.compile(r"Running on (http://127\.0\.0\.1:\d+)")
 FRONTEND_CORE, LOAD_CORE = 0, 1
+#: Tokens per answer in the TTFT scenario: one (the first event is also the last: the
+#: finish and [DONE] leave with it), and a short stream (the first token alone, as in
+#: any real stream).
+TTFT_TOKENS = (1, 4)
 #: A frontend keeps up with an offered load when it relays this share of it...
 KEEP_UP_SHARE = 0.95
 #: ... with an inter-token p99 under this many token periods, plus the slack below (ms).
@@ -394,8 +398,8 @@ class Plan:
             out += [("json", c) for c in self.json_levels]
         if "stream" in self.scenarios:
             out += [("stream", n) for n in self.stream_levels]
-        if "ttft" in self.scenarios:
-            out.append(("ttft", 1))
+        if "ttft" in self.scenarios:  # the level: tokens per answer
+            out += [("ttft", tokens) for tokens in TTFT_TOKENS]
         if "capacity" in self.scenarios:
             out += [("capacity", rate) for rate in self.capacity_rates]
         return out
@@ -407,7 +411,7 @@ class Plan:
         if kind == "stream":
             return self.stream_duration + self.stream_warmup + 1 + level / 300
         if kind == "ttft":
-            return 1 + (self.ttft_count + self.ttft_warmup) * (self.ttft_ms + 3) / 1000
+            return 1 + (self.ttft_count + self.ttft_warmup) * (self.ttft_ms + 3 + level) / 1000
         if kind == "capacity":
             return self.capacity_duration + self.capacity_warmup + 1 + self.capacity_streams / 300
         return 2 + sum(self.idle_levels) / 1500
@@ -466,6 +470,8 @@ def loadgen_args(plan: Plan, step: tuple[str, int], engine_address: str) -> list
             str(plan.ttft_warmup),
             "--ttft-ms",
             str(plan.ttft_ms),
+            "--ttft-tokens",
+            str(level),
         ]
     return ["idle", "--engine", engine_address, "--levels", ",".join(map(str, plan.idle_levels))]
 
@@ -643,6 +649,18 @@ def extract(
                 2,
                 "ttft:1",
                 "added_p99_ms",
+            ),
+            *(
+                (
+                    f"ttft_added_{which}_{tokens}",
+                    f"TTFT added by the frontend, {which}, {tokens}-token answers",
+                    "ms",
+                    2,
+                    f"ttft:{tokens}",
+                    f"added_{which}_ms",
+                )
+                for tokens in TTFT_TOKENS[1:]
+                for which in ("p50", "p99")
             ),
         ]
     if "idle" in plan.scenarios:
@@ -908,7 +926,9 @@ def report(
         "read together: 0). TTFT: the same request alternately straight to the engine over "
         "ZeroMQ and through a frontend, one at a time, the frontends taking turns request "
         f"by request in one run per round, {plan.ttft_count} each, mock TTFT "
-        f"{plan.ttft_ms:g} ms.",
+        f"{plan.ttft_ms:g} ms; answers of one token (the first event is also the last), "
+        f"and of {', '.join(map(str, TTFT_TOKENS[1:]))} (the first token alone in its engine "
+        "step, the rest 1 ms apart; each measured request starts with the engine idle).",
         *(
             [
                 f"- Capacity: {plan.capacity_streams} streams at each of "
@@ -1230,6 +1250,7 @@ def main() -> int:
                         "json": f"non-streaming c={level}",
                         "stream": f"{level} streams",
                         "capacity": f"capacity {level}/s x {plan.capacity_streams}",
+                        "ttft": f"ttft, {level}-token answers",
                     }.get(kind, kind)
                     progress.note(
                         f"round {r + 1} {proc.name:<12} {label}: {summary_of(kind, level, result)}"

@@ -579,12 +579,16 @@ class EngineProbe:
         deadline = time.monotonic() + 10
         t0 = time.perf_counter()
         self.sock.send(frame)
-        while True:
+        first = 0.0
+        while True:  # the first output timed; then the rest, so that the engine is idle
             message = self._recv(deadline)
-            if isinstance(message, Outputs) and any(
-                item.request_id == request_id for item in message.items
-            ):
-                return time.perf_counter() - t0
+            if not isinstance(message, Outputs):
+                continue
+            mine = [item for item in message.items if item.request_id == request_id]
+            if mine and not first:
+                first = time.perf_counter() - t0
+            if any(item.final for item in mine):
+                return first
 
     def close(self) -> None:
         self.sock.close(linger=0)
@@ -631,7 +635,9 @@ def run_ttft(args: argparse.Namespace) -> dict:
     each request right after one straight to the engine: whatever the machine does
     meanwhile falls on every frontend alike. The figures of ``--url`` come at the top
     level, those of the others under ``others`` by URL."""
-    params = {"max_tokens": 1, "mock_ttft_ms": args.ttft_ms}
+    params = {"max_tokens": args.ttft_tokens, "mock_ttft_ms": args.ttft_ms}
+    if args.ttft_tokens > 1:  # the first token alone in its step, the rest 1 ms apart
+        params["mock_tokens_per_second"] = 1000
     body = {"messages": [{"role": "user", "content": PROMPT}], "stream": True, **params}
     targets = [(args.host, args.port), *args.also]
     probe = EngineProbe(args.engine)
@@ -780,6 +786,12 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=200, help="ttft: measured requests")
     parser.add_argument("--warmup-count", type=int, default=20, help="ttft: unmeasured first")
     parser.add_argument("--ttft-ms", type=float, default=10.0, help="ttft: the engine's own")
+    parser.add_argument(
+        "--ttft-tokens",
+        type=int,
+        default=1,
+        help="ttft: tokens per answer (with more than 1, the first comes alone, then one a ms)",
+    )
     parser.add_argument(
         "--levels",
         type=lambda text: [int(x) for x in text.split(",")],
