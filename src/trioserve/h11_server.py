@@ -353,8 +353,10 @@ class _HTTPExchange:
         extensions: dict[str, dict[str, Any]] = {
             # send() either completes or closes the connection: no shield needed.
             "trioserve.cancel_safe_send": {},
-            # A synchronous body send for the per-token path (see try_send_body).
+            # Synchronous sends for the per-token path (see try_send_body and
+            # try_start_body).
             "trioserve.try_send_body": {"call": self.try_send_body},
+            "trioserve.try_start_body": {"call": self.try_start_body},
             # The body already received, without awaiting (see receive_nowait).
             "trioserve.receive_nowait": {"call": self.receive_nowait},
         }
@@ -424,16 +426,42 @@ class _HTTPExchange:
         not a started chunked one, or the socket is full (the caller then takes the
         ordinary, awaiting path, which waits under the write timeout).
         """
-        connection = self.connection
         if (
             self._pending
             or self._head
             or self._framing is not http1.CHUNKED
             or self.response_done
-            or connection.closed
+            or self.connection.closed
         ):
             return False
-        data = b"%x\r\n%b\r\n" % (len(body), body)
+        return self._write_now(b"%x\r\n%b\r\n" % (len(body), body))
+
+    def try_start_body(self, start: dict[str, Any], body: bytes) -> bool:
+        """``http.response.start`` and the first chunk of its body, written without
+        awaiting anything: a stream's first event, sent by the engine's socket owner as
+        it sends the later ones (no task switch on the way to the first token).
+
+        Only for a chunked response (no Content-Length) not yet started; True and False
+        as :meth:`try_send_body`, and with False nothing has changed: the caller takes
+        the ordinary path, which starts the response itself.
+        """
+        if self.response_started or self._pending or self.connection.closed:
+            return False
+        try:
+            head = self._response_head(start)
+        except Exception:  # a header it refuses: the ordinary path answers 500
+            return False
+        if head.framing is not http1.CHUNKED:
+            return False
+        if not self._write_now(head.data + b"%x\r\n%b\r\n" % (len(body), body)):
+            return False
+        self._started(head)
+        return True
+
+    def _write_now(self, data: bytes) -> bool:
+        """Write without waiting: False if the socket takes nothing now; True if it took
+        all or part (the rest goes first on the next send) or the peer is gone."""
+        connection = self.connection
         try:
             sent = os.write(connection.fd, data)
         except BlockingIOError:
@@ -446,6 +474,21 @@ class _HTTPExchange:
         if sent < len(data):
             self._pending = data[sent:]
         return True
+
+    def _response_head(self, start: dict[str, Any]) -> http1.ResponseHead:
+        return http1.response_head(
+            start["status"],
+            start.get("headers", ()),
+            self.request,
+            closing=self.connection.shared.terminating,
+        )
+
+    def _started(self, head: http1.ResponseHead) -> None:
+        self.response_started = True
+        self.connection.parser.awaiting_continue = False  # answered: no 100 Continue now
+        self.keep_alive = head.keep_alive
+        self._framing = head.framing
+        self._remaining = head.length
 
     def _body_received(self) -> dict[str, Any] | None:
         """All of the body the parser has at hand, as one message (the whole of a body
@@ -529,18 +572,9 @@ class _HTTPExchange:
         if kind == "http.response.start":
             if self.response_started:
                 raise RuntimeError("http.response.start sent twice")
-            head = http1.response_head(
-                message["status"],
-                message.get("headers", ()),
-                self.request,
-                closing=self.connection.shared.terminating,
-            )
-            self.response_started = True
-            connection.parser.awaiting_continue = False  # answered: no 100 Continue now
-            self.keep_alive = head.keep_alive
+            head = self._response_head(message)
+            self._started(head)
             self._head = head.data
-            self._framing = head.framing
-            self._remaining = head.length
             return
         if kind != "http.response.body":
             return

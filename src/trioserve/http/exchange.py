@@ -74,6 +74,7 @@ class Exchange:
         "started",
         "state",
         "try_send_body",
+        "try_start_body",
         "watch_disconnect",
     )
 
@@ -94,6 +95,8 @@ class Exchange:
         self._cancel_safe = CANCEL_SAFE_SEND in extensions
         #: The server's synchronous body send, if it has one (trioserve's h11 server).
         self.try_send_body = extensions.get("trioserve.try_send_body", {}).get("call")
+        #: ... and its synchronous start with a first chunk (see :meth:`try_start`).
+        self.try_start_body = extensions.get("trioserve.try_start_body", {}).get("call")
         #: The server's body receive that never waits (None: nothing at hand), if it has
         #: one: a body that came with its head is read without setting up a timeout.
         self.receive_nowait: Callable[[], dict[str, Any] | None] | None = extensions.get(
@@ -189,6 +192,22 @@ class Exchange:
                 "headers": self.response_headers(headers),
             }
         )
+
+    def try_start(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+        """Start a chunked response with its first piece of body without awaiting, where
+        the server can (trioserve's h11 server); False, with nothing sent, otherwise."""
+        start = self.try_start_body
+        if start is None or self.started:
+            return False
+        message = {
+            "type": "http.response.start",
+            "status": status,
+            "headers": self.response_headers(headers),
+        }
+        if not start(message, body):
+            return False
+        self.started = True
+        return True
 
     async def body(self, data: bytes, more: bool = True) -> None:
         await self._send({"type": "http.response.body", "body": data, "more_body": more})

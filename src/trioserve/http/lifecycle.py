@@ -204,6 +204,11 @@ async def _relay(
 ) -> HTTPError | None:
     """Move outputs to the writer until the last one; the engine's error if it sent one."""
     try:
+        # Plain deltas may skip this task from the first one on (a writer that can start
+        # its response synchronously), or once the response has started.
+        make_sink = getattr(writer, "sink", None)
+        if make_sink is not None:
+            sub.sink = make_sink()
         # Keepalive comments only while the engine is still prefilling (no output yet):
         # the per-event path below carries no timer scope.
         if keepalive > 0:
@@ -215,9 +220,7 @@ async def _relay(
         if await writer.write(batch):
             handle.completed = True
             return None
-        # The response has started: from now on plain deltas may skip this task.
-        make_sink = getattr(writer, "sink", None)
-        if make_sink is not None:
+        if make_sink is not None:  # started now: the plain per-event sink from here on
             sub.sink = make_sink()
         while batch := await sub.receive_batch():
             if await writer.write(batch):

@@ -230,7 +230,8 @@ class StreamFormat:
             if kind == "chat"
             else b',"logprobs":null,"finish_reason":null}]}'
         )
-        self._started = False
+        #: Whether the first delta (the one that names the role) has been sent.
+        self.started = False
 
     # The pre-encoded parts of a streamed chunk, each built on first use: a non-streaming
     # answer never needs them.
@@ -258,9 +259,12 @@ class StreamFormat:
         way from that token to the client (38 µs less on that way, measured cold)."""
         _ = self._first_prefix, self._prefix
 
-    def delta(self, text: str) -> bytes:
-        prefix = self._prefix if self._started else self._first_prefix
-        self._started = True
+    def delta(self, text: str, *, commit: bool = True) -> bytes:
+        """A delta chunk; the first one names the role. With ``commit`` False the chunk
+        does not count as sent (yet): the caller sets :attr:`started` once it is."""
+        prefix = self._prefix if self.started else self._first_prefix
+        if commit:
+            self.started = True
         return b"".join((prefix, json.dumps(text).encode(), self._suffix))
 
     def finish(self, reason: str) -> bytes:

@@ -158,24 +158,44 @@ class SSEWriter:
         self.fmt.prepare()
 
     def sink(self) -> Callable[[OutputItem], bool] | None:
-        """A synchronous path for plain deltas, once the response has started.
+        """A synchronous path for plain deltas, the first one included.
 
         The socket owner calls it with each item while this request's relay is parked
         and nothing is queued: the event goes straight to the client socket, with no
-        task switch. Returns False (and sends nothing) when the server cannot take it
-        at once; the item then takes the queued, awaiting path.
+        task switch; the first one starts the response (200) with it. Returns False
+        (and sends nothing) when the server cannot take it at once; the item then takes
+        the queued, awaiting path. Final items (finish, error) never come here, so an
+        engine error before any token still becomes the response's own status.
         """
-        try_send = self.exchange.try_send_body
-        if try_send is None or not self.exchange.started:
+        exchange = self.exchange
+        try_send = exchange.try_send_body
+        if try_send is None:
             return None
-        delta = self.fmt.delta
+        fmt = self.fmt
+        delta = fmt.delta
 
         def send_now(item: OutputItem) -> bool:
             if not item.data:
                 return True  # nothing to relay
             return try_send(b"data: " + delta(text_of(item.data)) + b"\n\n")
 
-        return send_now
+        if exchange.started:
+            return send_now
+        if exchange.try_start_body is None:
+            return None
+
+        def start_now(item: OutputItem) -> bool:
+            if exchange.started:  # started by an earlier item, or by a keepalive
+                return send_now(item)
+            if not item.data:
+                return True
+            event = b"data: " + delta(text_of(item.data), commit=False) + b"\n\n"
+            if not exchange.try_start(200, SSE_HEADERS, event):
+                return False
+            fmt.started = True
+            return True
+
+        return start_now
 
     async def keepalive(self) -> None:
         """A comment line (ignored by SSE clients) so that proxies keep a silent stream open.

@@ -1,0 +1,151 @@
+"""The SSE writer's synchronous path (the socket owner writing deltas, the first one
+included), against a server that takes or refuses each write at once; and end to end, a
+stream whose tokens arrive one engine step at a time."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import _current_server
+from tests.http.test_openai_routes import sse_events
+from trioserve import h11_server
+from trioserve.http.exchange import Exchange, ServerState
+from trioserve.http.openai_api import StreamFormat
+from trioserve.http.writers import SSE_HEADERS, SSEWriter
+from trioserve.protocol import OutputItem
+from trioserve.sdk.mock import expected_text
+
+
+class FakeServer:
+    """The h11 server's synchronous extensions, recording what they were given."""
+
+    def __init__(self, *, takes_start: bool = True) -> None:
+        self.takes_start = takes_start
+        self.wire: list[tuple] = []  # ("start", status, headers, body) / ("body", body)
+        self.messages: list[dict] = []  # what went the awaiting (ASGI send) way
+
+    def try_start_body(self, message: dict, body: bytes) -> bool:
+        if not self.takes_start:
+            return False
+        self.wire.append(("start", message["status"], message["headers"], body))
+        return True
+
+    def try_send_body(self, body: bytes) -> bool:
+        self.wire.append(("body", body))
+        return True
+
+    def exchange(self) -> Exchange:
+        async def send(message: dict) -> None:
+            self.messages.append(message)
+
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/v1/chat/completions",
+            "headers": [(b"x-request-id", b"r1")],
+            "extensions": {
+                "trioserve.try_send_body": {"call": self.try_send_body},
+                "trioserve.try_start_body": {"call": self.try_start_body},
+            },
+        }
+        return Exchange(scope, None, send, ServerState())  # type: ignore[arg-type]
+
+
+def item(seq: int, text: str | None = None, finish: str | None = None) -> OutputItem:
+    return OutputItem("r1", seq, data=text, finish_reason=finish)
+
+
+def delta_of(event: bytes) -> dict:
+    assert event.startswith(b"data: ") and event.endswith(b"\n\n")
+    return json.loads(event[6:])["choices"][0]["delta"]
+
+
+async def test_the_first_delta_starts_the_response_from_the_sink_and_names_the_role_once():
+    server = FakeServer()
+    exchange = server.exchange()
+    writer = SSEWriter(exchange, StreamFormat("chat", "r1", "mock", False))
+    sink = writer.sink()
+    assert sink is not None
+    assert sink(item(0))  # nothing to relay: taken, the response not started
+    assert not exchange.started and server.wire == []
+    assert sink(item(1, "Hel")) and sink(item(2, "lo"))
+    (kind, status, headers, first), (kind2, second) = server.wire
+    assert (kind, status, kind2) == ("start", 200, "body")
+    assert headers == [*SSE_HEADERS, (b"x-request-id", b"r1")]
+    assert exchange.started
+    assert delta_of(first) == {"role": "assistant", "content": "Hel"}
+    assert delta_of(second) == {"content": "lo"}
+    # The final item takes the awaiting path, on the started response.
+    assert await writer.write([item(3, finish="stop")])
+    assert [m["type"] for m in server.messages] == ["http.response.body"]
+    assert server.messages[0]["body"].endswith(b"data: [DONE]\n\n")
+
+
+async def test_a_first_delta_the_server_cannot_take_at_once_keeps_its_role():
+    # The socket is full: nothing is sent, and the item goes the awaiting way, where it
+    # must still be the first delta, the one that names the role.
+    server = FakeServer(takes_start=False)
+    exchange = server.exchange()
+    writer = SSEWriter(exchange, StreamFormat("chat", "r1", "mock", False))
+    sink = writer.sink()
+    assert sink is not None
+    assert not sink(item(1, "Hel"))
+    assert not exchange.started and server.wire == []
+    assert not await writer.write([item(1, "Hel")])
+    start, body = server.messages
+    assert start["type"] == "http.response.start" and start["status"] == 200
+    assert delta_of(body["body"]) == {"role": "assistant", "content": "Hel"}
+
+
+async def test_without_the_servers_synchronous_start_the_first_delta_waits_for_the_task():
+    server = FakeServer()
+    exchange = server.exchange()
+    exchange.try_start_body = None  # hypercorn: no such extension
+    writer = SSEWriter(exchange, StreamFormat("chat", "r1", "mock", False))
+    assert writer.sink() is None
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+async def test_a_stream_whose_tokens_come_one_step_at_a_time(frontend, kind, monkeypatch):
+    # One token per engine step: every delta reaches the client through the synchronous
+    # path on trioserve's server (the first one starting the response), through the
+    # relay task on hypercorn. Same bytes either way.
+    starts = []
+    original = h11_server._HTTPExchange.try_start_body
+
+    def counting(self, start, body):
+        starts.append(body)
+        return original(self, start, body)
+
+    monkeypatch.setattr(h11_server._HTTPExchange, "try_start_body", counting)
+    params = {"max_tokens": 6, "stream": True, "mock_tokens_per_second": 200}
+    if kind == "chat":
+        url, body = "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}
+    else:
+        url, body = "/v1/completions", {"prompt": "hi"}
+    async with frontend.client() as client:
+        response = await client.post(url, json={**body, **params})
+        # The connection serves the next request: the stream's framing was whole.
+        again = await client.post(url, json={**body, **params})
+    for r in (response, again):
+        assert r.status_code == 200
+        assert r.headers["content-type"] == "text/event-stream; charset=utf-8"
+        assert r.headers["x-accel-buffering"] == "no"
+        assert r.headers["x-request-id"]
+        events = sse_events(r.text)
+        assert events[-1] == "[DONE]"
+        chunks = [json.loads(e) for e in events[:-1]]
+        assert len(chunks) == 7  # six tokens and the finish
+        if kind == "chat":
+            deltas = [c["choices"][0]["delta"] for c in chunks]
+            assert deltas[0]["role"] == "assistant"
+            assert all("role" not in d for d in deltas[1:])
+            text = "".join(d.get("content", "") for d in deltas)
+        else:
+            text = "".join(c["choices"][0]["text"] for c in chunks)
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+        assert text == expected_text("hi", 6)
+    # On trioserve's server both responses were started by their first token's sink.
+    assert len(starts) == (2 if _current_server["name"] == "h11" else 0)
