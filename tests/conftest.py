@@ -7,6 +7,7 @@ under a generous ceiling that only guards against hangs and never measures speed
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from functools import partial
 
@@ -40,6 +41,42 @@ async def wait_until(condition: Callable[[], bool], what: str = "condition") -> 
             await trio.sleep(0.005)
         return
     raise AssertionError(f"gave up waiting for {what}")
+
+
+class SlowFlood:
+    """A flood of messages that each take a millisecond to handle (an engine frame
+    carrying a step's outputs for hundreds of streams), for a socket owner's handler:
+    another task (the heartbeat, a relay) must get its turn long before the owner has
+    handled them all."""
+
+    total = 300
+
+    def __init__(self) -> None:
+        self.handled: list[int] = []
+
+    def handle(self, frames: list[bytes]) -> None:
+        time.sleep(0.001)
+        self.handled.append(int(frames[0]))
+
+    def messages(self) -> list[bytes]:
+        return [b"%d" % n for n in range(self.total)]
+
+    async def check_others_ran(self, nursery: trio.Nursery) -> None:
+        """Once every message has been sent: let them all arrive before the owner looks,
+        then check another task ran many times while the owner handled them."""
+        time.sleep(0.2)  # noqa: ASYNC251 - the whole thread waits, the owner too
+        handled, total = self.handled, self.total
+        seen_at: list[int] = []
+
+        async def other() -> None:
+            while len(handled) < total:
+                seen_at.append(len(handled))
+                await trio.lowlevel.checkpoint()
+
+        nursery.start_soon(other)
+        await wait_until(lambda: len(handled) == total, "every message handled")
+        assert len([n for n in seen_at if 0 < n < total]) > 10
+        assert handled == list(range(total))
 
 
 async def start_engine(nursery: trio.Nursery, **backend_options: object) -> TrioEngine:

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import logging
 import socket
-import time
 
 import pytest
 import trio
 import zmq
 
-from tests.conftest import HANG_GUARD, wait_until
+from tests.conftest import HANG_GUARD, SlowFlood, wait_until
 from trioserve import zmtp
 from trioserve.zmq_trio import ZmqPump
 from trioserve.zmtp import ZmtpDealer, parse_address
@@ -98,24 +97,14 @@ async def test_many_senders_in_order_and_every_reply_heard(nursery, ctx):
     nursery.cancel_scope.cancel()
 
 
-async def test_a_backlog_larger_than_the_kernel_buffer_leaves_whole_and_in_order(nursery, ctx):
-    # Sends faster than the peer reads fill the kernel's buffers; the rest waits in the
-    # outbox (a partly sent message at its head) and leaves as the peer reads.
+async def slow_reader(nursery, ctx) -> tuple[zmq.Socket, str, ZmtpDealer]:
+    """A peer that reads ahead by one message only, and a dealer connected to it."""
     peer, address = router(ctx, rcvhwm=1)
     dealer = ZmtpDealer(address, IDENTITY, lambda frames: None)
     nursery.start_soon(dealer.run)
     assert dealer.send([b"first"])
     assert await recv(peer) == [IDENTITY, b"first"]
-    count = 200
-    chunk = await backlog(dealer, count)
-    got = []
-    while len(got) < count:
-        frames = await recv(peer)
-        assert frames[2] == chunk
-        got.append(int(frames[1]))
-    assert got == list(range(count))
-    await wait_until(lambda: dealer.pending == 0, "the outbox empty")
-    nursery.cancel_scope.cancel()
+    return peer, address, dealer
 
 
 async def backlog(dealer: ZmtpDealer, count: int = 200) -> bytes:
@@ -128,15 +117,27 @@ async def backlog(dealer: ZmtpDealer, count: int = 200) -> bytes:
     return chunk
 
 
+async def test_a_backlog_larger_than_the_kernel_buffer_leaves_whole_and_in_order(nursery, ctx):
+    # Sends faster than the peer reads fill the kernel's buffers; the rest waits in the
+    # outbox (a partly sent message at its head) and leaves as the peer reads.
+    peer, _, dealer = await slow_reader(nursery, ctx)
+    count = 200
+    chunk = await backlog(dealer, count)
+    got = []
+    while len(got) < count:
+        frames = await recv(peer)
+        assert frames[2] == chunk
+        got.append(int(frames[1]))
+    assert got == list(range(count))
+    await wait_until(lambda: dealer.pending == 0, "the outbox empty")
+    nursery.cancel_scope.cancel()
+
+
 async def test_dropping_the_outbox_keeps_the_stream_whole(nursery, ctx):
     # What the engine connection does when it declares an engine lost: the queued
     # messages go, but the one already partly sent is finished, or the peer would read
     # the next message's bytes as the rest of it.
-    peer, address = router(ctx, rcvhwm=1)
-    dealer = ZmtpDealer(address, IDENTITY, lambda frames: None)
-    nursery.start_soon(dealer.run)
-    assert dealer.send([b"first"])
-    assert await recv(peer) == [IDENTITY, b"first"]
+    peer, _, dealer = await slow_reader(nursery, ctx)
     chunk = await backlog(dealer)
     dropped = dealer.drop_outbox()
     assert dropped > 0
@@ -150,11 +151,7 @@ async def test_dropping_the_outbox_keeps_the_stream_whole(nursery, ctx):
 
 
 async def test_what_was_queued_for_a_lost_connection_is_not_sent_to_the_next(nursery, ctx):
-    peer, address = router(ctx, rcvhwm=1)
-    dealer = ZmtpDealer(address, IDENTITY, lambda frames: None)
-    nursery.start_soon(dealer.run)
-    assert dealer.send([b"first"])
-    assert await recv(peer) == [IDENTITY, b"first"]
+    peer, address, dealer = await slow_reader(nursery, ctx)
     await backlog(dealer)
     peer.close(linger=0)  # the engine dies with our backlog unread
     await wait_until(lambda: not dealer.connected, "the loss noticed")
@@ -295,35 +292,15 @@ async def test_a_peer_that_never_greets_is_given_up_on_and_retried(nursery, monk
 
 
 async def test_a_flood_of_slow_messages_does_not_starve_other_tasks(nursery, ctx):
-    # Each message takes a millisecond to handle (an engine frame carrying a step's
-    # outputs for hundreds of streams); another task must get its turn long before the
-    # owner has handled them all.
     peer, address = router(ctx)
-    handled: list[int] = []
-
-    def slow(frames: list[bytes]) -> None:
-        time.sleep(0.001)
-        handled.append(int(frames[0]))
-
-    dealer = ZmtpDealer(address, IDENTITY, slow)
+    flood = SlowFlood()
+    dealer = ZmtpDealer(address, IDENTITY, flood.handle)
     nursery.start_soon(dealer.run)
     assert dealer.send([b"hello"])
     await recv(peer)
-    total = 300
-    for n in range(total):
-        peer.send_multipart([IDENTITY, b"%d" % n])
-    time.sleep(0.2)  # noqa: ASYNC251 - let them all arrive before the owner looks
-    seen_at: list[int] = []
-
-    async def other() -> None:
-        while len(handled) < total:
-            seen_at.append(len(handled))
-            await trio.lowlevel.checkpoint()
-
-    nursery.start_soon(other)
-    await wait_until(lambda: len(handled) == total, "every message handled")
-    assert len([n for n in seen_at if 0 < n < total]) > 10
-    assert handled == list(range(total))
+    for body in flood.messages():
+        peer.send_multipart([IDENTITY, body])
+    await flood.check_others_ran(nursery)
     nursery.cancel_scope.cancel()
 
 
