@@ -166,36 +166,35 @@ class SSEWriter:
         (and sends nothing) when the server cannot take it at once; the item then takes
         the queued, awaiting path. Final items (finish, error) never come here, so an
         engine error before any token still becomes the response's own status.
+        (Bound methods, not closures: every open stream holds its sink.)
         """
         exchange = self.exchange
-        try_send = exchange.try_send_body
-        if try_send is None:
+        if exchange.try_send_body is None:
             return None
-        fmt = self.fmt
-        delta = fmt.delta
-
-        def send_now(item: OutputItem) -> bool:
-            if not item.data:
-                return True  # nothing to relay
-            return try_send(b"data: " + delta(text_of(item.data)) + b"\n\n")
-
         if exchange.started:
-            return send_now
+            return self._send_now
         if exchange.try_start_body is None:
             return None
+        return self._start_now
 
-        def start_now(item: OutputItem) -> bool:
-            if exchange.started:  # started by an earlier item, or by a keepalive
-                return send_now(item)
-            if not item.data:
-                return True
-            event = b"data: " + delta(text_of(item.data), commit=False) + b"\n\n"
-            if not exchange.try_start(200, SSE_HEADERS, event):
-                return False
-            fmt.started = True
+    def _send_now(self, item: OutputItem) -> bool:
+        if not item.data:
+            return True  # nothing to relay
+        event = b"data: " + self.fmt.delta(text_of(item.data)) + b"\n\n"
+        return self.exchange.try_send_body(event)  # type: ignore[misc]
+
+    def _start_now(self, item: OutputItem) -> bool:
+        exchange = self.exchange
+        if exchange.started:  # started by an earlier item, or by a keepalive
+            return self._send_now(item)
+        if not item.data:
             return True
-
-        return start_now
+        fmt = self.fmt
+        event = b"data: " + fmt.delta(text_of(item.data), commit=False) + b"\n\n"
+        if not exchange.try_start(200, SSE_HEADERS, event):
+            return False
+        fmt.started = True
+        return True
 
     async def keepalive(self) -> None:
         """A comment line (ignored by SSE clients) so that proxies keep a silent stream open.
