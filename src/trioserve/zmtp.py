@@ -4,10 +4,10 @@ trio owns, with no ZeroMQ I/O thread.
 Engines bind a libzmq ROUTER (the SDK uses pyzmq, as any engine may). libzmq on the
 frontend's side would put its I/O thread between every request and the engine: a submit
 waits for that thread to be scheduled before it leaves, and an output wakes that thread
-first, then the event loop. On a frontend whose event loop shares a core with that thread
-this cost 0.4 ms of every first token (docs/benchmarks.md), and the thread 12-15% of the
-process's CPU. Here a submit is one ``send(2)`` in the submitting task, and an output is
-read by the event loop itself.
+first, then the event loop. Measured against that (docs/benchmarks.md): 0.29-0.45 ms
+less added to every first token and 9-11% less CPU per request, with the event loop and
+that thread sharing a core. Here a submit is one ``send(2)`` in the submitting task, and an
+output is read by the event loop itself.
 
 What is spoken: ZMTP 3.0 (https://rfc.zeromq.org/spec/23/) with the NULL mechanism, as a
 DEALER: the 64-byte greeting, a READY command carrying ``Socket-Type`` and ``Identity``
@@ -296,7 +296,9 @@ class ZmtpDealer:
                 if family != socket.AF_UNIX:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 code = sock.connect_ex(target)
-                if code in (errno.EINPROGRESS, errno.EAGAIN):
+                # (A Unix socket's EAGAIN is a full backlog, not a connection under way:
+                # a failed attempt, like any other.)
+                if code == errno.EINPROGRESS:
                     await trio.lowlevel.wait_writable(sock)
                     code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
                 if code:
@@ -320,9 +322,9 @@ class ZmtpDealer:
         raise error
 
     async def _handshake(self, sock: socket.socket) -> None:
-        # The greeting first, READY only once the peer's greeting is read: a libzmq peer
-        # that cannot take us (a security mechanism we do not speak) then closes with
-        # nothing of ours unread, so its greeting reaches us to say why.
+        # The greeting first, READY only once the peer's greeting is read, as libzmq
+        # does: a peer that will refuse our READY (a PUB, say) has then sent its own
+        # READY first, which names what it is; one that refuses our mechanism closes.
         sock.send(GREETING)  # a fresh socket's buffer takes 64 bytes whole
         buffer = self._buffer
         while len(buffer) < len(GREETING):
