@@ -68,6 +68,19 @@ async def test_messages_both_ways_with_our_identity_multipart_and_long_frames(nu
     nursery.cancel_scope.cancel()
 
 
+async def test_a_host_name_is_resolved_and_each_address_tried(nursery, ctx):
+    # "localhost" may resolve to ::1 first, where nothing listens: the next address is
+    # tried in the same attempt.
+    peer = ctx.socket(zmq.ROUTER)
+    peer.setsockopt(zmq.LINGER, 0)
+    port = peer.bind_to_random_port("tcp://127.0.0.1")
+    dealer = ZmtpDealer(f"tcp://localhost:{port}", IDENTITY, lambda frames: None)
+    nursery.start_soon(dealer.run)
+    assert dealer.send([b"by name"])
+    assert await recv(peer) == [IDENTITY, b"by name"]
+    nursery.cancel_scope.cancel()
+
+
 async def test_many_senders_in_order_and_every_reply_heard(nursery, ctx):
     # A libzmq echo answers every message; senders in many tasks send while the owner is
     # parked; each sender's messages come back in its order, none lost.
