@@ -81,6 +81,32 @@ async def test_a_host_name_is_resolved_and_each_address_tried(nursery, ctx):
     nursery.cancel_scope.cancel()
 
 
+async def test_a_large_message_arrives_whole_while_other_tasks_keep_running(nursery, ctx):
+    # 64 MiB from the engine (a generated video, say) takes hundreds of reads: the owner
+    # lets other tasks run between them instead of copying it all in one go.
+    peer, address = router(ctx)
+    heard: list[list[bytes]] = []
+    dealer = ZmtpDealer(address, IDENTITY, heard.append)
+    nursery.start_soon(dealer.run)
+    assert dealer.send([b"hello"])
+    await recv(peer)
+    big = bytes(range(256)) * (2**18)
+    ticks = 0
+
+    async def other() -> None:
+        nonlocal ticks
+        while not heard:
+            ticks += 1
+            await trio.lowlevel.checkpoint()
+
+    nursery.start_soon(other)
+    peer.send_multipart([IDENTITY, b"head", big])
+    await wait_until(lambda: bool(heard), "the large message")
+    assert heard == [[b"head", big]]
+    assert ticks > 10
+    nursery.cancel_scope.cancel()
+
+
 async def test_many_senders_in_order_and_every_reply_heard(nursery, ctx):
     # A libzmq echo answers every message; senders in many tasks send while the owner is
     # parked; each sender's messages come back in its order, none lost.

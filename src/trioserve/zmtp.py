@@ -65,6 +65,8 @@ MAX_MESSAGE = 512 * 2**20
 MAX_PARTS = 64
 #: Bytes asked of the kernel per read.
 RECV_SIZE = 256 * 1024
+#: Frames from this size on are copied out of the receive buffer through a view.
+LARGE = 64 * 1024
 #: Messages the outbox holds before :meth:`ZmtpDealer.send` refuses more.
 OUTBOX_LIMIT = 16_384
 #: Seconds the owner may spend handling messages before it lets other tasks run: one
@@ -374,6 +376,8 @@ class ZmtpDealer:
         the pass short (more may be waiting)."""
         budget_end = time.perf_counter() + RECV_BUDGET
         while not self._parse(budget_end):
+            if time.perf_counter() > budget_end:  # a large message still arriving
+                return True
             try:
                 data = sock.recv(RECV_SIZE)
             except BlockingIOError:
@@ -406,7 +410,11 @@ class ZmtpDealer:
                     raise ZmtpError(f"a message larger than {MAX_MESSAGE} bytes")
                 if end - start < size:
                     break
-                body = bytes(buf[start : start + size])
+                if size < LARGE:
+                    body = bytes(buf[start : start + size])
+                else:  # one copy, not two (the view is released before the buffer shrinks)
+                    with memoryview(buf) as view:
+                        body = bytes(view[start : start + size])
                 pos = start + size
                 if flags & COMMAND:
                     if self._command(body):
