@@ -43,6 +43,29 @@ async def wait_until(condition: Callable[[], bool], what: str = "condition") -> 
     raise AssertionError(f"gave up waiting for {what}")
 
 
+async def check_many_senders(send: Callable[[bytes], bool], heard: list[bytes]) -> None:
+    """For a socket owner whose peer echoes: senders in many tasks send while the owner
+    parks between bursts; every echo comes back (in ``heard``), each sender's in its
+    order. A send that consumes a wake-up the owner needed would lose some."""
+    senders, each = 20, 50
+
+    async def sender(index: int) -> None:
+        for n in range(each):
+            assert send(b"%d:%d" % (index, n))
+            if n % 7 == 0:
+                await trio.sleep(0.001)  # let the owner park between bursts
+            else:
+                await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as nursery:
+        for index in range(senders):
+            nursery.start_soon(sender, index)
+    await wait_until(lambda: len(heard) == senders * each, "every echo")
+    for index in range(senders):
+        mine = [m for m in heard if m.startswith(b"%d:" % index)]
+        assert mine == [b"%d:%d" % (index, n) for n in range(each)]
+
+
 class SlowFlood:
     """A flood of messages that each take a millisecond to handle (an engine frame
     carrying a step's outputs for hundreds of streams), for a socket owner's handler:

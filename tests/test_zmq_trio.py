@@ -8,7 +8,7 @@ import pytest
 import trio
 import zmq
 
-from tests.conftest import HANG_GUARD, SlowFlood, wait_until
+from tests.conftest import HANG_GUARD, SlowFlood, check_many_senders, wait_until
 from trioserve.zmq_trio import ZmqPump
 
 
@@ -66,23 +66,7 @@ async def test_many_senders_in_order_and_every_reply_heard(nursery, ctx):
             pump.wake()
             await trio.sleep(0.01)
     heard.clear()
-    senders, each = 20, 50
-
-    async def sender(index: int) -> None:
-        for n in range(each):
-            assert pump.send([b"%d:%d" % (index, n)])
-            if n % 7 == 0:
-                await trio.sleep(0.001)  # let the owner park between bursts
-            else:
-                await trio.lowlevel.checkpoint()
-
-    async with trio.open_nursery() as senders_nursery:
-        for index in range(senders):
-            senders_nursery.start_soon(sender, index)
-    await wait_until(lambda: len(heard) == senders * each, "every echo")
-    for index in range(senders):  # each sender's messages in its order
-        mine = [m for m in heard if m.startswith(b"%d:" % index)]
-        assert mine == [b"%d:%d" % (index, n) for n in range(each)]
+    await check_many_senders(lambda body: pump.send([body]), heard)
     nursery.cancel_scope.cancel()
 
 

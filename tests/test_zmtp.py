@@ -10,7 +10,7 @@ import pytest
 import trio
 import zmq
 
-from tests.conftest import HANG_GUARD, SlowFlood, wait_until
+from tests.conftest import HANG_GUARD, SlowFlood, check_many_senders, wait_until
 from trioserve import zmtp
 from trioserve.zmq_trio import ZmqPump
 from trioserve.zmtp import ZmtpDealer, parse_address
@@ -26,13 +26,17 @@ def ctx():
 
 
 def router(
-    ctx: zmq.Context, address: str = "tcp://127.0.0.1", rcvhwm: int = 1000
+    ctx: zmq.Context, address: str = "tcp://127.0.0.1", rcvhwm: int = 1000, **options: int
 ) -> tuple[zmq.Socket, str]:
+    """A libzmq ROUTER bound to ``address`` (a free port for a bare host); ``options``
+    by libzmq name, set before the bind."""
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
     # A small receive high-water mark keeps libzmq's I/O thread from reading far ahead of
     # the test, so that what the test sends backs up in the dealer's outbox.
     sock.setsockopt(zmq.RCVHWM, rcvhwm)
+    for name, value in options.items():
+        sock.setsockopt(getattr(zmq, name), value)
     if address.startswith("tcp://") and address.count(":") == 1:
         port = sock.bind_to_random_port(address)
         return sock, f"{address}:{port}"
@@ -71,9 +75,8 @@ async def test_messages_both_ways_with_our_identity_multipart_and_long_frames(nu
 async def test_a_host_name_is_resolved_and_each_address_tried(nursery, ctx):
     # "localhost" may resolve to ::1 first, where nothing listens: the next address is
     # tried in the same attempt.
-    peer = ctx.socket(zmq.ROUTER)
-    peer.setsockopt(zmq.LINGER, 0)
-    port = peer.bind_to_random_port("tcp://127.0.0.1")
+    peer, address = router(ctx)
+    port = address.rsplit(":", 1)[1]
     dealer = ZmtpDealer(f"tcp://localhost:{port}", IDENTITY, lambda frames: None)
     nursery.start_soon(dealer.run)
     assert dealer.send([b"by name"])
@@ -116,23 +119,7 @@ async def test_many_senders_in_order_and_every_reply_heard(nursery, ctx):
     heard: list[bytes] = []
     dealer = ZmtpDealer(address, IDENTITY, lambda frames: heard.append(frames[0]))
     nursery.start_soon(dealer.run)
-    senders, each = 20, 50
-
-    async def sender(index: int) -> None:
-        for n in range(each):
-            assert dealer.send([b"%d:%d" % (index, n)])
-            if n % 7 == 0:
-                await trio.sleep(0.001)  # let the owner park between bursts
-            else:
-                await trio.lowlevel.checkpoint()
-
-    async with trio.open_nursery() as senders_nursery:
-        for index in range(senders):
-            senders_nursery.start_soon(sender, index)
-    await wait_until(lambda: len(heard) == senders * each, "every echo")
-    for index in range(senders):
-        mine = [m for m in heard if m.startswith(b"%d:" % index)]
-        assert mine == [b"%d:%d" % (index, n) for n in range(each)]
+    await check_many_senders(lambda body: dealer.send([body]), heard)
     nursery.cancel_scope.cancel()
 
 
@@ -241,12 +228,8 @@ async def test_reconnects_to_a_restarted_peer_on_the_same_address(nursery, ctx):
 async def test_libzmq_heartbeats_are_answered_so_the_connection_stays(nursery, ctx):
     # The ROUTER pings every 20 ms and drops a connection silent for 100 ms after a ping:
     # only PONGs keep an otherwise idle connection up.
-    peer = ctx.socket(zmq.ROUTER)
-    peer.setsockopt(zmq.LINGER, 0)
-    peer.setsockopt(zmq.HEARTBEAT_IVL, 20)
-    peer.setsockopt(zmq.HEARTBEAT_TIMEOUT, 100)
-    port = peer.bind_to_random_port("tcp://127.0.0.1")
-    dealer = ZmtpDealer(f"tcp://127.0.0.1:{port}", IDENTITY, lambda frames: None)
+    peer, address = router(ctx, HEARTBEAT_IVL=20, HEARTBEAT_TIMEOUT=100)
+    dealer = ZmtpDealer(address, IDENTITY, lambda frames: None)
     nursery.start_soon(dealer.run)
     assert dealer.send([b"hello"])
     assert await recv(peer) == [IDENTITY, b"hello"]

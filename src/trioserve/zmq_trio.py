@@ -21,7 +21,6 @@ owner, which is woken to send it.
 
 from __future__ import annotations
 
-import collections
 import logging
 import time
 from collections.abc import Callable
@@ -29,10 +28,10 @@ from collections.abc import Callable
 import trio
 import zmq
 
+from .owner import OUTBOX_LIMIT, SocketOwner
+
 log = logging.getLogger(__name__)
 
-#: Frames a pump holds for sending before :meth:`ZmqPump.send` refuses more.
-OUTBOX_LIMIT = 16_384
 #: Messages received in one go before the owner yields to other tasks...
 RECV_BATCH = 512
 #: ... or seconds spent handling them, whichever comes first: one engine frame can carry
@@ -48,7 +47,7 @@ _NOBLOCK = int(zmq.NOBLOCK)
 _RCVMORE = int(zmq.RCVMORE)
 
 
-class ZmqPump:
+class ZmqPump(SocketOwner[list[bytes]]):
     """The single owner of one ZeroMQ socket.
 
     ``on_message`` is called synchronously, in the owner task, with each multipart message
@@ -63,13 +62,10 @@ class ZmqPump:
         before_flush: Callable[[], None] | None = None,
         outbox_limit: int = OUTBOX_LIMIT,
     ) -> None:
+        super().__init__(outbox_limit)
         self.sock = sock
         self._on_message = on_message
         self._before_flush = before_flush
-        self._outbox: collections.deque[list[bytes]] = collections.deque()
-        self._outbox_limit = outbox_limit
-        self._park: trio.CancelScope | None = None
-        self._flush_wanted = False
 
     def send(self, frames: list[bytes]) -> bool:
         """Send a multipart message now, or queue it behind the ones already waiting (or
@@ -93,17 +89,6 @@ class ZmqPump:
         outbox.append(frames)
         self.wake()
         return True
-
-    def wake(self) -> None:
-        """Ask the owner to run a flush pass soon (cheap; safe to call often)."""
-        self._flush_wanted = True
-        if self._park is not None:
-            self._park.cancel()
-            self._park = None
-
-    @property
-    def pending(self) -> int:
-        return len(self._outbox)
 
     async def run(self) -> None:
         """Own the socket until cancelled. Never returns otherwise."""

@@ -37,7 +37,6 @@ most :data:`HANDSHAKE_TIMEOUT`.
 
 from __future__ import annotations
 
-import collections
 import errno
 import logging
 import math
@@ -47,6 +46,8 @@ import time
 from collections.abc import Callable
 
 import trio
+
+from .owner import OUTBOX_LIMIT, SocketOwner
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +68,6 @@ MAX_PARTS = 64
 RECV_SIZE = 256 * 1024
 #: Frames from this size on are copied out of the receive buffer through a view.
 LARGE = 64 * 1024
-#: Messages the outbox holds before :meth:`ZmtpDealer.send` refuses more.
-OUTBOX_LIMIT = 16_384
 #: Seconds the owner may spend handling messages before it lets other tasks run: one
 #: engine frame can carry a whole step's outputs, a write to a client each.
 RECV_BUDGET = 0.005
@@ -156,7 +155,7 @@ def parse_address(address: str) -> tuple[int, str, int | None]:
     )
 
 
-class ZmtpDealer:
+class ZmtpDealer(SocketOwner["bytes | memoryview"]):
     """A DEALER connected to one engine's ROUTER; the frontend's half of the link.
 
     ``on_message`` is called synchronously, in the owner task, with each message (a list
@@ -173,23 +172,20 @@ class ZmtpDealer:
         before_flush: Callable[[], None] | None = None,
         outbox_limit: int = OUTBOX_LIMIT,
     ) -> None:
+        super().__init__(outbox_limit)
         self.address = address
         self._family, self._host, self._port = parse_address(address)
         self._ready_command = ready_command(b"DEALER", identity)
         self._on_message = on_message
         self._before_flush = before_flush
-        #: Framed messages waiting to leave; a ``memoryview`` at the head is the unsent
-        #: rest of a message the kernel took part of.
-        self._outbox: collections.deque[bytes | memoryview] = collections.deque()
-        self._outbox_limit = outbox_limit
+        # The outbox holds framed messages; a ``memoryview`` at its head is the unsent
+        # rest of a message the kernel took part of.
         self._sock: socket.socket | None = None
         #: True from the peer's READY until the connection drops: messages may flow.
         self._ready = False
         self._buffer = bytearray()
         self._parts: list[bytes] = []
         self._parts_size = 0
-        self._park: trio.CancelScope | None = None
-        self._flush_wanted = False
         #: Connections made so far (for tests and logs).
         self.connections = 0
 
@@ -219,17 +215,6 @@ class ZmtpDealer:
         outbox.append(data)
         self.wake()
         return True
-
-    def wake(self) -> None:
-        """Ask the owner to run a flush pass soon (cheap; safe to call often)."""
-        self._flush_wanted = True
-        if self._park is not None:
-            self._park.cancel()
-            self._park = None
-
-    @property
-    def pending(self) -> int:
-        return len(self._outbox)
 
     @property
     def connected(self) -> bool:
