@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -51,3 +52,25 @@ def test_wakeup_tool_runs_and_reports_every_transport(tmp_path):
     figures = json.loads(out.read_text())["results"]
     assert set(figures) == set(rows)
     assert all(set(cells) == {"0", "1"} for cells in figures.values())
+
+
+def test_a_capacity_only_bench_run_writes_its_own_section_not_the_main_table(tmp_path):
+    sys.path.insert(0, str(TOOLS))
+    try:
+        import bench
+    finally:
+        sys.path.remove(str(TOOLS))
+    doc = tmp_path / "benchmarks.md"
+    main_table = f"{bench.BEGIN}\nthe main table\n{bench.END}"
+    doc.write_text(
+        f"# B\n\n{main_table}\n\n### Capacity\n\n{bench.CAPACITY_BEGIN}\nold\n"
+        f"{bench.CAPACITY_END}\n"
+    )
+    for scenarios, text in ((["capacity"], "new capacity"), (["json", "capacity"], "new main")):
+        begin, end = bench.markers(SimpleNamespace(scenarios=scenarios))
+        bench.write_docs(doc, f"{begin}\n{text}\n{end}", begin, end)
+        if text == "new capacity":
+            assert main_table in doc.read_text()  # the main table survives a capacity run
+    written = doc.read_text()
+    assert f"{bench.BEGIN}\nnew main\n{bench.END}" in written
+    assert f"{bench.CAPACITY_BEGIN}\nnew capacity\n{bench.CAPACITY_END}" in written

@@ -72,6 +72,18 @@ sys.path.insert(0, str(TOOLS))
 import loadgen  # noqa: E402  (tools/loadgen.py: the response parser)
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+#: A run of the capacity scenario alone (it takes longer than all the others together)
+#: has a section of its own, so that running it does not replace the main table.
+CAPACITY_BEGIN, CAPACITY_END = "<!-- bench-capacity:begin -->", "<!-- bench-capacity:end -->"
+
+
+def markers(plan: Plan) -> tuple[str, str]:
+    """The docs section a run's table goes to."""
+    if list(plan.scenarios) == ["capacity"]:
+        return CAPACITY_BEGIN, CAPACITY_END
+    return BEGIN, END
+
+
 DASH = "\u2013"
 URL_RE = re.compile(r"Running on (http://127\.0\.0\.1:\d+)")
 FRONTEND_CORE, LOAD_CORE = 0, 1
@@ -900,10 +912,13 @@ def report(
 ) -> str:
     m = meta["machine"]
     reference = labels[-1]
+    begin, end = markers(plan)
+    heading = (
+        [] if begin == CAPACITY_BEGIN else ["## trioserve against a FastAPI + uvicorn frontend", ""]
+    )
     lines = [
-        BEGIN,
-        "## trioserve against a FastAPI + uvicorn frontend",
-        "",
+        begin,
+        *heading,
         f"Measured {meta['date']} on {m['machine']}, {m['cpu']}, {m['cores']} cores, "
         f"{m['memory']}, Linux {m['kernel']}, Python {m['python']}, with "
         f"`{meta['command']}` ({meta['duration_s'] / 60:.1f} minutes).",
@@ -980,7 +995,7 @@ def report(
     ]
     if failures:
         lines += ["", "Runs that failed:", ""] + [f"- {f}" for f in failures]
-    lines.append(END)
+    lines.append(end)
     return "\n".join(lines)
 
 
@@ -1119,7 +1134,8 @@ def main() -> int:
         "--write-docs",
         type=Path,
         metavar="MARKDOWN",
-        help=f"replace the text between {BEGIN} and {END} in this file (appended if absent)",
+        help=f"replace the text between {BEGIN} and {END} (a capacity-only run: "
+        f"{CAPACITY_BEGIN} and {CAPACITY_END}) in this file (appended if absent)",
     )
     args = parser.parse_args()
     plan = build_plan(args)
@@ -1315,7 +1331,7 @@ def main() -> int:
             )
         )
     if args.write_docs:
-        write_docs(args.write_docs, text)
+        write_docs(args.write_docs, text, *markers(plan))
     return 1 if failures else 0
 
 
