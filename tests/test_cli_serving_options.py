@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from trioserve.cli import build_parser
 
 
@@ -27,3 +29,15 @@ def test_values_and_repeatable_origins():
     assert args.cors_allow_credentials and args.allow_remote_media
     assert (args.sse_keepalive, args.upload_dir) == (0.0, "/srv/uploads")
     assert (args.remote_media_max_mb, args.remote_media_timeout, args.body_timeout) == (2, 4, 7)
+
+
+def test_engine_addresses_are_checked_when_parsed(capsys):
+    args = build_parser().parse_args(
+        ["run", "--engine", "tcp://10.0.0.5:5555", "--engine", "ipc:///tmp/e.sock"]
+    )
+    assert args.engine == ["tcp://10.0.0.5:5555", "ipc:///tmp/e.sock"]
+    for bad in ("inproc://x", "tcp://10.0.0.5", "10.0.0.5:5555"):
+        with pytest.raises(SystemExit) as exit_:
+            build_parser().parse_args(["run", "--engine", bad])
+        assert exit_.value.code == 2  # a usage error, not a traceback at start-up
+        assert "expected tcp://HOST:PORT or ipc://PATH" in capsys.readouterr().err

@@ -21,6 +21,7 @@ from pathlib import Path
 import trio
 
 from .config import Settings
+from .zmtp import parse_address
 
 log = logging.getLogger("trioserve")
 
@@ -43,6 +44,15 @@ def _non_negative(text: str) -> float:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be zero or more, got {text}")
     return value
+
+
+def _engine_address(text: str) -> str:
+    """Refused here, not with a traceback when the frontend starts."""
+    try:
+        parse_address(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,8 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--engine",
         action="append",
         default=[],
+        type=_engine_address,
         metavar="ADDRESS",
-        help="ZeroMQ address of an engine, e.g. tcp://10.0.0.5:5555 (repeatable)",
+        help="ZeroMQ address of an engine, tcp://HOST:PORT or ipc://PATH, e.g. "
+        "tcp://10.0.0.5:5555 (repeatable)",
     )
     run.add_argument(
         "--request-timeout",
