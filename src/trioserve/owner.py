@@ -1,31 +1,57 @@
-"""What a socket's one owner task shares with the tasks that send on it.
+"""One task owns a socket: the loop and the wake-up both of trioserve's socket owners share.
 
-Both of trioserve's socket owners (:class:`~trioserve.zmtp.ZmtpDealer`, the frontend's
-link to an engine, and :class:`~trioserve.zmq_trio.ZmqPump`, a pyzmq socket in the SDK)
-keep a bounded outbox that other tasks append to without waiting, and park in a cancel
-scope that :meth:`SocketOwner.wake` cancels to make the owner run a flush pass.
+:class:`~trioserve.zmtp.ZmtpDealer` (the frontend's link to an engine) and
+:class:`~trioserve.zmq_trio.ZmqPump` (a pyzmq socket, in the SDK) differ in how they read,
+send and wait; what they share is here. The owner task
+
+1. reads and handles what is waiting, within a time budget (:meth:`_receive_available`),
+2. lets its user add coalesced messages (``before_flush``) and sends its outbox,
+3. goes round again at once if more may be waiting, or if someone asked for another
+   flush pass meanwhile; otherwise it parks in a cancel scope (:meth:`_wait`).
+
+Other tasks append to the bounded outbox without waiting and call :meth:`wake`, which
+cancels that scope, so a queued message never waits for the socket to become readable.
 """
 
 from __future__ import annotations
 
 import collections
+import logging
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 import trio
 
+log = logging.getLogger(__name__)
+
 #: Messages an outbox holds before sends are refused.
 OUTBOX_LIMIT = 16_384
+#: Seconds the owner may spend handling what it read before it lets other tasks run: one
+#: engine frame can carry a whole step's outputs (a write to a client each), and an owner
+#: that handled them all in a row starved every other task, heartbeats included.
+RECV_BUDGET = 0.005
 
 M = TypeVar("M")
 
 
 class SocketOwner(Generic[M]):
-    def __init__(self, outbox_limit: int = OUTBOX_LIMIT) -> None:
+    """``on_message`` is called synchronously, in the owner task, with each message (a
+    list of frames); ``before_flush`` (optional) before each send pass, so that its user
+    can turn accumulated state (pending aborts, a step's outputs) into one message."""
+
+    def __init__(
+        self,
+        on_message: Callable[[list[bytes]], None],
+        before_flush: Callable[[], None] | None,
+        outbox_limit: int,
+    ) -> None:
+        self._on_message = on_message
+        self._before_flush = before_flush
         self._outbox: collections.deque[M] = collections.deque()
         self._outbox_limit = outbox_limit
         #: The owner's parking scope while it waits on the socket (None otherwise).
         self._park: trio.CancelScope | None = None
-        #: Set by :meth:`wake`; the owner clears it at the start of each flush pass.
+        #: Set by :meth:`wake`; cleared at the start of each flush pass.
         self._flush_wanted = False
 
     def wake(self) -> None:
@@ -39,3 +65,44 @@ class SocketOwner(Generic[M]):
     def pending(self) -> int:
         """Messages queued for the owner to send."""
         return len(self._outbox)
+
+    async def _own(self) -> None:
+        """The owner's loop, until cancelled."""
+        while True:
+            cut_short = self._receive_available()
+            self._flush_wanted = False
+            if self._before_flush is not None:
+                self._before_flush()
+            self._send_available()
+            if cut_short or self._flush_wanted or self._more_waiting():
+                # More is (or may be) waiting: go round again, letting others run first.
+                await trio.lowlevel.checkpoint()
+                continue
+            with trio.CancelScope() as park:
+                self._park = park
+                await self._wait()
+            self._park = None
+
+    def _handle(self, frames: list[bytes]) -> None:
+        try:
+            self._on_message(frames)
+        except Exception:  # one bad message must never kill the socket's owner
+            log.exception("dropping a message its handler could not process")
+
+    # -- what each owner supplies --------------------------------------------------------
+
+    def _receive_available(self) -> bool:
+        """Read and handle what is waiting; True when a limit cut the pass short."""
+        raise NotImplementedError
+
+    def _send_available(self) -> None:
+        """Send what is queued, as far as the socket takes it now."""
+        raise NotImplementedError
+
+    def _more_waiting(self) -> bool:
+        """Whether something may be waiting that would not wake :meth:`_wait`."""
+        return False
+
+    async def _wait(self) -> None:
+        """Park until the socket may have something for the owner."""
+        raise NotImplementedError

@@ -3,10 +3,10 @@
 pyzmq has no Trio integration; what it offers is ``zmq.FD``, a descriptor that becomes
 readable when the socket's state *may* have changed. It is edge-triggered: after it fires,
 it does not fire again until the socket has been drained, and sending on the socket can
-consume the edge too. So the owner task
+consume the edge too. So the owner task (its loop is :class:`~trioserve.owner.SocketOwner`'s)
 
 1. receives until ``EAGAIN``,
-2. lets its owner add coalesced messages (``before_flush``) and sends its outbox,
+2. lets its user add coalesced messages (``before_flush``) and sends its outbox,
 3. re-reads ``ZMQ_EVENTS`` and only parks on the descriptor when nothing is readable.
 
 Skipping step 3 is the classic bug: a reader that sleeps forever with messages waiting.
@@ -21,23 +21,16 @@ owner, which is woken to send it.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 
 import trio
 import zmq
 
-from .owner import OUTBOX_LIMIT, SocketOwner
+from .owner import OUTBOX_LIMIT, RECV_BUDGET, SocketOwner
 
-log = logging.getLogger(__name__)
-
-#: Messages received in one go before the owner yields to other tasks...
+#: Messages received in one go before the owner yields to other tasks (or RECV_BUDGET).
 RECV_BATCH = 512
-#: ... or seconds spent handling them, whichever comes first: one engine frame can carry
-#: a whole step's outputs (a write to a client each), and an owner that handled 512 of
-#: them in a row starved every other task, heartbeats included, for seconds.
-RECV_BUDGET = 0.005
 
 # Plain ints: pyzmq's constants are enums, and arithmetic on them goes through the enum
 # machinery (a few µs per call on the per-request path).
@@ -48,12 +41,8 @@ _RCVMORE = int(zmq.RCVMORE)
 
 
 class ZmqPump(SocketOwner[list[bytes]]):
-    """The single owner of one ZeroMQ socket.
-
-    ``on_message`` is called synchronously, in the owner task, with each multipart message
-    received. ``before_flush`` (optional) is called before each send pass, so an owner can
-    turn accumulated state (pending aborts, a step's outputs) into one message.
-    """
+    """The single owner of one ZeroMQ socket (``on_message`` and ``before_flush``: see
+    :class:`~trioserve.owner.SocketOwner`)."""
 
     def __init__(
         self,
@@ -62,10 +51,9 @@ class ZmqPump(SocketOwner[list[bytes]]):
         before_flush: Callable[[], None] | None = None,
         outbox_limit: int = OUTBOX_LIMIT,
     ) -> None:
-        super().__init__(outbox_limit)
+        super().__init__(on_message, before_flush, outbox_limit)
         self.sock = sock
-        self._on_message = on_message
-        self._before_flush = before_flush
+        self._fd = sock.getsockopt(zmq.FD)
 
     def send(self, frames: list[bytes]) -> bool:
         """Send a multipart message now, or queue it behind the ones already waiting (or
@@ -92,22 +80,14 @@ class ZmqPump(SocketOwner[list[bytes]]):
 
     async def run(self) -> None:
         """Own the socket until cancelled. Never returns otherwise."""
-        sock = self.sock
-        fd = sock.getsockopt(zmq.FD)
-        while True:
-            cut_short = self._receive_available()
-            self._flush_wanted = False
-            if self._before_flush is not None:
-                self._before_flush()
-            self._send_available()
-            if sock.getsockopt(_EVENTS) & _POLLIN or cut_short or self._flush_wanted:
-                # More is (or may be) waiting: go round again, letting others run first.
-                await trio.lowlevel.checkpoint()
-                continue
-            with trio.CancelScope() as park:
-                self._park = park
-                await trio.lowlevel.wait_readable(fd)
-            self._park = None
+        await self._own()
+
+    def _more_waiting(self) -> bool:
+        # The edge may have been consumed with a message waiting (step 3 above).
+        return bool(self.sock.getsockopt(_EVENTS) & _POLLIN)
+
+    async def _wait(self) -> None:
+        await trio.lowlevel.wait_readable(self._fd)
 
     def _receive_available(self) -> bool:
         """Receive and handle what is waiting, within RECV_BATCH and RECV_BUDGET; True
@@ -121,10 +101,7 @@ class ZmqPump(SocketOwner[list[bytes]]):
                 return False
             while sock.getsockopt(_RCVMORE):
                 frames.append(sock.recv(_NOBLOCK))
-            try:
-                self._on_message(frames)
-            except Exception:  # one bad message must never kill the socket's owner
-                log.exception("dropping a message its handler could not process")
+            self._handle(frames)
             if time.perf_counter() > budget_end:
                 return True
         return True

@@ -23,9 +23,10 @@ drops or cannot be made, and like libzmq with ``ZMQ_IMMEDIATE`` what was queued 
 connection that dropped is dropped with it: frames meant for a dead engine must not reach
 its successor. Frames queued while no connection is up leave once one is.
 
-One task owns the socket (:meth:`ZmtpDealer.run`), as :class:`~trioserve.zmq_trio.ZmqPump`
-owns a pyzmq socket: it reads, hands each message to ``on_message``, calls
-``before_flush``, sends what is queued and parks. Other tasks :meth:`~ZmtpDealer.send`
+One task owns the socket (:meth:`ZmtpDealer.run`), in the loop it shares with
+:class:`~trioserve.zmq_trio.ZmqPump` (:class:`~trioserve.owner.SocketOwner`): it reads,
+hands each message to ``on_message``, calls ``before_flush``, sends what is queued and
+parks. Other tasks :meth:`~ZmtpDealer.send`
 without waiting: with nothing queued before it a message leaves at once, in the caller's
 task; what the kernel does not take is queued, in order, for the owner.
 
@@ -47,7 +48,7 @@ from collections.abc import Callable
 
 import trio
 
-from .owner import OUTBOX_LIMIT, SocketOwner
+from .owner import OUTBOX_LIMIT, RECV_BUDGET, SocketOwner
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +69,6 @@ MAX_PARTS = 64
 RECV_SIZE = 256 * 1024
 #: Frames from this size on are copied out of the receive buffer through a view.
 LARGE = 64 * 1024
-#: Seconds the owner may spend handling messages before it lets other tasks run: one
-#: engine frame can carry a whole step's outputs, a write to a client each.
-RECV_BUDGET = 0.005
 
 
 class ZmtpError(Exception):
@@ -158,10 +156,9 @@ def parse_address(address: str) -> tuple[int, str, int | None]:
 class ZmtpDealer(SocketOwner["bytes | memoryview"]):
     """A DEALER connected to one engine's ROUTER; the frontend's half of the link.
 
-    ``on_message`` is called synchronously, in the owner task, with each message (a list
-    of frames). ``before_flush`` (optional) is called before each send pass, so the owner
-    can turn accumulated state (pending aborts) into one message. :meth:`run` owns the
-    socket until cancelled; :meth:`close` then sends what it can and closes it.
+    ``on_message`` and ``before_flush``: see :class:`~trioserve.owner.SocketOwner`.
+    :meth:`run` owns the socket until cancelled; :meth:`close` then sends what it can and
+    closes it.
     """
 
     def __init__(
@@ -172,12 +169,10 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
         before_flush: Callable[[], None] | None = None,
         outbox_limit: int = OUTBOX_LIMIT,
     ) -> None:
-        super().__init__(outbox_limit)
+        super().__init__(on_message, before_flush, outbox_limit)
         self.address = address
         self._family, self._host, self._port = parse_address(address)
         self._ready_command = ready_command(b"DEALER", identity)
-        self._on_message = on_message
-        self._before_flush = before_flush
         # The outbox holds framed messages; a ``memoryview`` at its head is the unsent
         # rest of a message the kernel took part of.
         self._sock: socket.socket | None = None
@@ -256,7 +251,7 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
                 self.connections += 1
                 refused = None
                 self._send_available()
-                await self._session()
+                await self._own()
             except ZmtpError as exc:
                 if str(exc) != refused:
                     refused = str(exc)
@@ -335,30 +330,19 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
             self._buffer += data
             return
 
-    async def _session(self) -> None:
+    async def _wait(self) -> None:
         sock = self._sock
         assert sock is not None
-        while True:
-            cut_short = self._receive_available(sock)
-            self._flush_wanted = False
-            if self._before_flush is not None:
-                self._before_flush()
-            self._send_available()
-            if cut_short or self._flush_wanted:
-                # More is (or may be) waiting: go round again, letting others run first.
-                await trio.lowlevel.checkpoint()
-                continue
-            with trio.CancelScope() as park:
-                self._park = park
-                if self._outbox:  # the kernel's send buffer is full
-                    await _readable_or_writable(sock)
-                else:
-                    await trio.lowlevel.wait_readable(sock)
-            self._park = None
+        if self._outbox:  # the kernel's send buffer is full
+            await _readable_or_writable(sock)
+        else:
+            await trio.lowlevel.wait_readable(sock)
 
-    def _receive_available(self, sock: socket.socket) -> bool:
+    def _receive_available(self) -> bool:
         """Read and handle what is waiting, within RECV_BUDGET; True when the budget cut
         the pass short (more may be waiting)."""
+        sock = self._sock
+        assert sock is not None
         budget_end = time.perf_counter() + RECV_BUDGET
         while not self._parse(budget_end):
             if time.perf_counter() > budget_end:  # a large message still arriving
@@ -415,10 +399,7 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
                         raise ZmtpError(f"a message of more than {MAX_PARTS} frames")
                     continue
                 self._parts, self._parts_size = [], 0
-                try:
-                    self._on_message(parts)
-                except Exception:  # one bad message must never kill the socket's owner
-                    log.exception("dropping a message its handler could not process")
+                self._handle(parts)
                 if time.perf_counter() > budget_end:
                     return True
             return False
