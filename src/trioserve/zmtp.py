@@ -429,10 +429,15 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
         # PONG and anything unknown: ignored, as the spec asks.
         return False
 
-    def send_raw(self, data: bytes) -> None:
-        """Queue bytes already framed (a command) for the owner's next send pass."""
+    def send_raw(self, data: bytes) -> bool:
+        """Queue bytes already framed (a command) for the owner's next send pass; False,
+        with nothing queued, when the outbox is full (a peer that pings while it does not
+        read gets no more answers than the outbox holds)."""
+        if len(self._outbox) >= self._outbox_limit:
+            return False
         self._outbox.append(data)
         self._flush_wanted = True
+        return True
 
     def _send_available(self) -> None:
         if not self._ready:
