@@ -434,7 +434,7 @@ class _HTTPExchange:
             or self.connection.closed
         ):
             return False
-        return self._write_now(b"%x\r\n%b\r\n" % (len(body), body))
+        return self._write_now(http1.chunk(body))
 
     def try_start_body(self, start: dict[str, Any], body: bytes) -> bool:
         """``http.response.start`` and the first chunk of its body, written without
@@ -453,7 +453,7 @@ class _HTTPExchange:
             return False
         if head.framing is not http1.CHUNKED:
             return False
-        if not self._write_now(head.data + b"%x\r\n%b\r\n" % (len(body), body)):
+        if not self._write_now(head.data + http1.chunk(body)):
             return False
         self._started(head)
         return True
@@ -587,7 +587,7 @@ class _HTTPExchange:
         framing = self._framing
         if body:
             if framing is http1.CHUNKED:
-                data += b"%x\r\n%b\r\n" % (len(body), body)
+                data += http1.chunk(body)
             elif framing is http1.LENGTH:
                 self._remaining -= len(body)
                 if self._remaining < 0:
@@ -598,7 +598,7 @@ class _HTTPExchange:
         if not more:
             self.response_done = True
             if framing is http1.CHUNKED:
-                data += b"0\r\n\r\n"
+                data += http1.LAST_CHUNK
             elif framing is http1.LENGTH and self._remaining:
                 log.error("response body shorter than its Content-Length: closing")
                 self.keep_alive = False

@@ -319,6 +319,15 @@ def response_head(
     return ResponseHead(status_line + block + b"\r\n", framing, length, keep_alive)
 
 
+def chunk(data: bytes) -> bytes:
+    """``data`` as one chunk of a chunked body (not empty: an empty chunk ends the body)."""
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+#: The end of a chunked body.
+LAST_CHUNK: Final = b"0\r\n\r\n"
+
+
 def simple_response(status: int, body: bytes, content_type: bytes) -> bytes:
     """A whole response that closes the connection (refusals and errors)."""
     return b"%sconnection: close\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n%s" % (
