@@ -112,6 +112,37 @@ async def test_engine_error_item_ends_the_request_without_an_abort(nursery):
         assert engine.stats.aborts_received == 0
 
 
+async def test_a_sink_takes_what_it_returns_nothing_of_and_errors_never_reach_it(nursery):
+    # The sink runs in the socket owner while the consumer is parked: for each item it
+    # returns what is left for the consumer. A final item comes back (maybe without its
+    # data) and still ends the subscription; an error item always goes the consumer's way.
+    engine = await start_engine(nursery, tokens_per_second=200)
+    async with open_engine_client([engine.address]) as client:
+        await client.wait_ready()
+        seen: list[OutputItem] = []
+
+        def sink(item: OutputItem) -> OutputItem | None:
+            seen.append(item)
+            if item.finish_reason is None:
+                return None
+            return OutputItem(item.request_id, item.seq, finish_reason=item.finish_reason)
+
+        async with client.submit(completion("s1", max_tokens=3), "completion") as sub:
+            sub.sink = sink
+            items = await collect(sub)
+        assert [i.seq for i in seen] == [0, 1, 2] and seen[-1].data  # the last had text
+        assert [(i.seq, i.data, i.finish_reason) for i in items] == [(2, None, "length")]
+        assert sub.state == "finished"
+
+        failing = client.submit(completion("s2", mock_error_after=0), "completion")
+        async with failing:
+            failing.sink = lambda item: seen.append(item) or item
+            items = await collect(failing)
+        assert len(seen) == 3  # not called
+        assert [i.error.status for i in items] == [500]
+        assert engine.stats.aborts_received == 0
+
+
 async def test_two_engines_share_the_load_and_models_are_merged(nursery):
     first = await start_engine(nursery, model="m1")
     second = await start_engine(nursery, model="m2")

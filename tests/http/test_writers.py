@@ -68,19 +68,59 @@ async def test_the_first_delta_starts_the_response_from_the_sink_and_names_the_r
     writer = SSEWriter(exchange, StreamFormat("chat", "r1", "mock", False))
     sink = writer.sink()
     assert sink is not None
-    assert sink(item(0))  # nothing to relay: taken, the response not started
+    assert sink(item(0)) is None  # nothing to relay: taken, the response not started
     assert not exchange.started and server.wire == []
-    assert sink(item(1, "Hel")) and sink(item(2, "lo"))
+    assert sink(item(1, "Hel")) is None and sink(item(2, "lo")) is None
     (kind, status, headers, first), (kind2, second) = server.wire
     assert (kind, status, kind2) == ("start", 200, "body")
     assert headers == [*SSE_HEADERS, (b"x-request-id", b"r1")]
     assert exchange.started
     assert delta_of(first) == {"role": "assistant", "content": "Hel"}
     assert delta_of(second) == {"content": "lo"}
-    # The final item takes the awaiting path, on the started response.
-    assert await writer.write([item(3, finish="stop")])
+    # The last token of a started stream is left whole for the awaiting path, which
+    # writes it with the finish and [DONE] in one write.
+    last = item(3, "!", finish="stop")
+    assert sink(last) is last and len(server.wire) == 2
+    assert await writer.write([last])
     assert [m["type"] for m in server.messages] == ["http.response.body"]
-    assert server.messages[0]["body"].endswith(b"data: [DONE]\n\n")
+    body = server.messages[0]["body"]
+    assert body.startswith(b"data: ") and body.endswith(b"data: [DONE]\n\n")
+    assert delta_of(body.split(b"\n\n")[0] + b"\n\n") == {"content": "!"}
+
+
+async def test_a_one_token_answer_starts_with_its_token_and_leaves_the_end_to_the_task():
+    # The only item is also the last: its token leaves from the sink, starting the
+    # response; what comes back is the same item without its text, for the awaiting path.
+    server = FakeServer()
+    exchange = server.exchange()
+    writer = SSEWriter(exchange, StreamFormat("chat", "r1", "mock", False))
+    sink = writer.sink()
+    assert sink is not None
+    only = item(0, "Hi", finish="length")
+    rest = sink(only)
+    assert rest is not None and rest.data is None
+    assert (rest.seq, rest.finish_reason) == (0, "length")
+    ((kind, status, _, first),) = server.wire
+    assert (kind, status) == ("start", 200)
+    assert delta_of(first) == {"role": "assistant", "content": "Hi"}
+    assert await writer.write([rest])
+    (end,) = server.messages
+    events = [e for e in end["body"].split(b"\n\n") if e]
+    assert events[-1] == b"data: [DONE]"
+    assert json.loads(events[0][6:])["choices"][0]["finish_reason"] == "length"
+    assert "content" not in json.loads(events[0][6:])["choices"][0]["delta"]
+    assert end["more_body"] is False
+
+
+async def test_an_answer_ending_before_any_token_is_left_whole_to_the_task():
+    server = FakeServer()
+    exchange = server.exchange()
+    writer = SSEWriter(exchange, StreamFormat("chat", "r1", "mock", False))
+    sink = writer.sink()
+    assert sink is not None
+    empty = item(0, finish="stop")
+    assert sink(empty) is empty
+    assert server.wire == [] and not exchange.started
 
 
 async def test_a_first_delta_the_server_cannot_take_at_once_keeps_its_role():
@@ -91,7 +131,8 @@ async def test_a_first_delta_the_server_cannot_take_at_once_keeps_its_role():
     writer = SSEWriter(exchange, StreamFormat("chat", "r1", "mock", False))
     sink = writer.sink()
     assert sink is not None
-    assert not sink(item(1, "Hel"))
+    first = item(1, "Hel")
+    assert sink(first) is first
     assert not exchange.started and server.wire == []
     assert not await writer.write([item(1, "Hel")])
     start, body = server.messages
@@ -107,11 +148,12 @@ async def test_without_the_servers_synchronous_start_the_first_delta_waits_for_t
     assert writer.sink() is None
 
 
+@pytest.mark.parametrize("tokens", [1, 6])
 @pytest.mark.parametrize("kind", ["chat", "completion"])
-async def test_a_stream_whose_tokens_come_one_step_at_a_time(frontend, kind, monkeypatch):
+async def test_a_stream_whose_tokens_come_one_step_at_a_time(frontend, kind, tokens, monkeypatch):
     # One token per engine step: every delta reaches the client through the synchronous
-    # path on trioserve's server (the first one starting the response), through the
-    # relay task on hypercorn. Same bytes either way.
+    # path on trioserve's server (the first one starting the response, even when it is
+    # also the last), through the relay task on hypercorn. Same bytes either way.
     starts = []
     original = h11_server._HTTPExchange.try_start_body
 
@@ -120,7 +162,7 @@ async def test_a_stream_whose_tokens_come_one_step_at_a_time(frontend, kind, mon
         return original(self, start, body)
 
     monkeypatch.setattr(h11_server._HTTPExchange, "try_start_body", counting)
-    params = {"max_tokens": 6, "stream": True, "mock_tokens_per_second": 200}
+    params = {"max_tokens": tokens, "stream": True, "mock_tokens_per_second": 200}
     if kind == "chat":
         url, body = "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}
     else:
@@ -137,7 +179,7 @@ async def test_a_stream_whose_tokens_come_one_step_at_a_time(frontend, kind, mon
         events = sse_events(r.text)
         assert events[-1] == "[DONE]"
         chunks = [json.loads(e) for e in events[:-1]]
-        assert len(chunks) == 7  # six tokens and the finish
+        assert len(chunks) == tokens + 1  # the tokens and the finish
         if kind == "chat":
             deltas = [c["choices"][0]["delta"] for c in chunks]
             assert deltas[0]["role"] == "assistant"
@@ -146,6 +188,6 @@ async def test_a_stream_whose_tokens_come_one_step_at_a_time(frontend, kind, mon
         else:
             text = "".join(c["choices"][0]["text"] for c in chunks)
         assert chunks[-1]["choices"][0]["finish_reason"] == "length"
-        assert text == expected_text("hi", 6)
+        assert text == expected_text("hi", tokens)
     # On trioserve's server both responses were started by their first token's sink.
     assert len(starts) == (2 if _current_server["name"] == "h11" else 0)

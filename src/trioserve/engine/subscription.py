@@ -56,8 +56,10 @@ class Subscription:
         self._bound = buffer
         self._closed = False  # no more items will be added
         self._waiter: trio.lowlevel.Task | None = None
-        #: Optional synchronous consumer of non-final items (see ``deliver``).
-        self.sink: Callable[[OutputItem], bool] | None = None
+        #: Optional synchronous consumer (see ``deliver``): given an item, it returns what
+        #: is left of it for the queue, ``None`` when it took it all. A final item (a
+        #: finish) is never taken whole: at most its ``data`` goes, and the rest returns.
+        self.sink: Callable[[OutputItem], OutputItem | None] | None = None
 
     # -- called by the engine connection (in its socket-owner task) --------------------
 
@@ -68,11 +70,15 @@ class Subscription:
         items = self._items
         final = item.finish_reason is not None or item.error is not None
         # The per-token fast path: the consumer is parked with nothing queued, so this item
-        # is next in order; a sink that takes it leaves the consumer asleep.
-        if not final and not items and self._waiter is not None:
+        # is next in order; a sink that takes it leaves the consumer asleep. Errors always
+        # go the consumer's way (before the first token, they are the response's status).
+        if not items and self._waiter is not None and item.error is None:
             sink = self.sink
-            if sink is not None and sink(item):
-                return
+            if sink is not None:
+                rest = sink(item)
+                if rest is None:
+                    return
+                item = rest
         if len(items) >= self._bound:
             self.fail(SlowClientError("the client is not reading fast enough"), "slow_client")
             return

@@ -157,16 +157,17 @@ class SSEWriter:
         """What can be built before the first output (see ``StreamFormat.prepare``)."""
         self.fmt.prepare()
 
-    def sink(self) -> Callable[[OutputItem], bool] | None:
-        """A synchronous path for plain deltas, the first one included.
+    def sink(self) -> Callable[[OutputItem], OutputItem | None] | None:
+        """A synchronous path for deltas, the first one included.
 
         The socket owner calls it with each item while this request's relay is parked
-        and nothing is queued: the event goes straight to the client socket, with no
-        task switch; the first one starts the response (200) with it. Returns False
-        (and sends nothing) when the server cannot take it at once; the item then takes
-        the queued, awaiting path. Final items (finish, error) never come here, so an
-        engine error before any token still becomes the response's own status.
-        (Bound methods, not closures: every open stream holds its sink.)
+        and nothing is queued (see ``Subscription.sink``): the event goes straight to the
+        client socket, with no task switch; the first one starts the response (200) with
+        it, even when it is also the last token (a one-token answer). It returns what is
+        left for the awaiting path: the item itself when the server cannot take it at
+        once, and the end of the stream (the finish, ``[DONE]``). Error items never come
+        here, so an engine error before any token still becomes the response's own
+        status. (Bound methods, not closures: every open stream holds its sink.)
         """
         exchange = self.exchange
         if exchange.try_send_body is None:
@@ -177,24 +178,30 @@ class SSEWriter:
             return None
         return self._start_now
 
-    def _send_now(self, item: OutputItem) -> bool:
-        if not item.data:
-            return True  # nothing to relay
-        event = b"data: " + self.fmt.delta(text_of(item.data)) + b"\n\n"
-        return self.exchange.try_send_body(event)  # type: ignore[misc]
+    def _send_now(self, item: OutputItem) -> OutputItem | None:
+        if item.finish_reason is not None:
+            return item  # the last token leaves with the stream's end, in one write
+        if item.data:
+            event = b"data: " + self.fmt.delta(text_of(item.data)) + b"\n\n"
+            if not self.exchange.try_send_body(event):  # type: ignore[misc]
+                return item
+        return None
 
-    def _start_now(self, item: OutputItem) -> bool:
+    def _start_now(self, item: OutputItem) -> OutputItem | None:
         exchange = self.exchange
         if exchange.started:  # started by an earlier item, or by a keepalive
             return self._send_now(item)
         if not item.data:
-            return True
+            return None if item.finish_reason is None else item
+        # The first token, alone or the only one: it leaves now, before anything else.
         fmt = self.fmt
         event = b"data: " + fmt.delta(text_of(item.data), commit=False) + b"\n\n"
         if not exchange.try_start(200, SSE_HEADERS, event):
-            return False
+            return item
         fmt.started = True
-        return True
+        if item.finish_reason is None:
+            return None
+        return attrs.evolve(item, data=None)
 
     async def keepalive(self) -> None:
         """A comment line (ignored by SSE clients) so that proxies keep a silent stream open.
