@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import weakref
+from collections.abc import Sized
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -14,6 +16,17 @@ REQUESTS_IN_FLIGHT = Gauge(
     "Generation requests being served right now (submitted or about to be).",
     registry=REGISTRY,
 )
+# Read when scraped, from the registries of in-flight requests: nothing to count (and no
+# lock to take) on each request's way to the engine.
+_IN_FLIGHT: weakref.WeakSet[Sized] = weakref.WeakSet()
+REQUESTS_IN_FLIGHT.set_function(lambda: sum(len(r) for r in list(_IN_FLIGHT)))
+
+
+def count_in_flight(registry: Sized) -> None:
+    """Count ``registry`` (its ``len``) in ``trioserve_requests_in_flight`` while it lives."""
+    _IN_FLIGHT.add(registry)
+
+
 REQUESTS = Counter(
     "trioserve_requests",
     "Generation requests by how they ended.",

@@ -41,6 +41,15 @@ class EngineClient:
                     seen.setdefault(card.id, card)
         return list(seen.values())
 
+    def offers(self, capability: str) -> bool:
+        """Whether a connected engine declares ``capability`` (every generation request
+        asks: no set built)."""
+        for conn in self.connections:
+            welcome = conn.welcome
+            if welcome is not None and capability in welcome.capabilities:
+                return True
+        return False
+
     def capabilities(self) -> set[str]:
         return {
             cap for conn in self.connections if conn.welcome for cap in conn.welcome.capabilities

@@ -138,17 +138,17 @@ class App:
     def require_capability(self, capability: str, exchange: Exchange) -> None:
         """404 when the connected engines do not do what the route needs (no engine at
         all is a 503, later, like for every generation route)."""
-        if not self.engines.ready:
+        engines = self.engines
+        if engines.offers(capability) or not engines.ready:
             return
-        declared = self.engines.capabilities()
-        if capability not in declared:
-            raise HTTPError(
-                404,
-                f"{exchange.method} {exchange.path} is not available: no connected engine "
-                f"supports {CAPABILITY_NAMES.get(capability, capability)} (capability "
-                f"{capability!r}; the engines declare: {', '.join(sorted(declared))})",
-                "route_not_supported",
-            )
+        declared = engines.capabilities()
+        raise HTTPError(
+            404,
+            f"{exchange.method} {exchange.path} is not available: no connected engine "
+            f"supports {CAPABILITY_NAMES.get(capability, capability)} (capability "
+            f"{capability!r}; the engines declare: {', '.join(sorted(declared))})",
+            "route_not_supported",
+        )
 
     def _fallback(self, exchange: Exchange) -> Handler:
         path = exchange.path

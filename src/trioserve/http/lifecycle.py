@@ -20,7 +20,6 @@ cancelled half-way or hang. After the scope, the client is told why (unless it i
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Awaitable, Callable
 from functools import partial
 
@@ -78,10 +77,12 @@ class RequestHandle:
 
 
 class Registry:
-    """In-flight requests by id (for explicit cancel and the drain deadline)."""
+    """In-flight requests by id (for explicit cancel and the drain deadline, and the
+    in-flight gauge, which reads every registry when scraped)."""
 
     def __init__(self) -> None:
         self._handles: dict[str, RequestHandle] = {}
+        metrics.count_in_flight(self)
 
     def __len__(self) -> int:
         return len(self._handles)
@@ -132,11 +133,11 @@ async def run_generation(
     first output (SSE comment lines, so proxies keep a prefilling stream open).
     """
     handle = handle or RequestHandle(submit.request_id)
-    registry.add(handle)
-    metrics.REQUESTS_IN_FLIGHT.inc()
+    registry.add(handle)  # counted in flight from here (metrics.REQUESTS_IN_FLIGHT)
     outcome = "error"
     try:
-        handle.scope.deadline = trio.current_time() + timeout if timeout > 0 else math.inf
+        if timeout > 0:  # from when the scope is entered, after the submit has left
+            handle.scope.relative_deadline = timeout
 
         def on_failure(error: TrioserveError) -> None:
             handle.end("slow_client" if error.code == "slow_client" else "engine_lost")
@@ -193,7 +194,6 @@ async def run_generation(
             await writer.fail(error)
     finally:
         registry.remove(handle)
-        metrics.REQUESTS_IN_FLIGHT.dec()
         metrics.requests_ended(outcome).inc()
         if outcome not in ("completed", "disconnect"):
             log.info("request %s ended: %s", handle.id, outcome)
