@@ -16,6 +16,7 @@ import logging
 import re
 from typing import TYPE_CHECKING, Any
 
+import orjson
 import trio
 
 from ..protocol import OutputItem
@@ -123,8 +124,8 @@ class WebSocketConnection:
 
     async def _on_text(self, nursery: trio.Nursery, text: str) -> None:
         try:
-            message = json.loads(text)
-        except json.JSONDecodeError as exc:
+            message = orjson.loads(text)  # the rules of HTTP bodies (validation.parse_json)
+        except orjson.JSONDecodeError as exc:
             await self.send_error(None, HTTPError(400, f"invalid JSON: {exc}", "invalid_json"))
             return
         if not isinstance(message, dict):
