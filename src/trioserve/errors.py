@@ -30,6 +30,14 @@ class EngineOverloadedError(EngineError):
     code = "engine_overloaded"
 
 
+class UnencodableRequestError(EngineError):
+    """The request holds a value the engine protocol cannot carry (an integer beyond 64
+    bits, say): the client's to change. Raised before anything reaches the engine."""
+
+    status = 422
+    code = "invalid_request"
+
+
 class ProtocolVersionError(EngineError):
     """The engine speaks another protocol version; raised at connect time."""
 

@@ -109,11 +109,41 @@ async def test_schema_violations_get_422_with_the_field_path(frontend, body, loc
         assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
 
 
-async def test_malformed_json_gets_422(frontend):
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"messages": [',
+        # Strict JSON (RFC 8259): no NaN literal, UTF-8 only.
+        b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}',
+        '{"messages": [{"role": "user", "content": "hi"}]}'.encode("utf-16"),
+    ],
+)
+async def test_malformed_json_gets_422_and_never_reaches_the_engine(frontend, body):
     async with frontend.client() as client:
-        response = await client.post("/v1/chat/completions", content=b'{"messages": [')
-    assert response.status_code == 422
-    assert "malformed JSON" in response.json()["error"]["message"]
+        response = await client.post("/v1/chat/completions", content=body)
+        assert response.status_code == 422
+        error = response.json()["error"]
+        assert error["code"] == "invalid_request" and "malformed JSON" in error["message"]
+        assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+    assert frontend.engine.core.stats.submitted == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("value", ["99999999999999999999", "1e300", '"99999999999999999999"'])
+async def test_a_number_the_engine_protocol_cannot_carry_is_a_422(frontend, value, stream):
+    # Past 64 bits msgpack has no integer: a valid request otherwise, refused before
+    # anything reaches the engine (it was a 500 from the encoder).
+    body = b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": %s, "stream": %s}' % (
+        value.encode(),
+        b"true" if stream else b"false",
+    )
+    async with frontend.client() as client:
+        response = await client.post("/v1/chat/completions", content=body)
+        assert response.status_code == 422
+        error = response.json()["error"]
+        assert error["code"] == "invalid_request" and "cannot carry" in error["message"]
+        assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+    assert frontend.engine.core.stats.submitted == 1
 
 
 async def test_strings_for_numbers_and_booleans_are_accepted(frontend):

@@ -22,6 +22,7 @@ from ..errors import (
     EngineOverloadedError,
     ProtocolVersionError,
     TrioserveError,
+    UnencodableRequestError,
 )
 from ..protocol import (
     PROTOCOL_VERSION,
@@ -118,11 +119,17 @@ class EngineConnection:
         """Register a subscription and queue the submit. Does not wait."""
         if message.request_id in self._subs:
             raise ValueError(f"request id {message.request_id!r} is already in flight")
+        try:
+            frame = encode(message)
+        except (OverflowError, TypeError, ValueError) as exc:  # msgpack's refusals
+            raise UnencodableRequestError(
+                f"the request holds a value the engine protocol cannot carry ({exc})"
+            ) from None
         sub = Subscription(self, message.request_id, buffer, on_failure)
         # Aborts queued earlier leave first: a request id reused right after its abort
         # must not have that abort overtake its new submit.
         self._flush_aborts()
-        if not self._pump.send([encode(message)]):
+        if not self._pump.send([frame]):
             raise EngineOverloadedError(f"engine {self.address} is not accepting frames")
         self._subs[message.request_id] = sub
         return sub

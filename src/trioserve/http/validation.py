@@ -153,9 +153,9 @@ def invalid(details: list[dict[str, str]]) -> HTTPError:
 
 
 def parse_json(body: bytes | str) -> Any:
-    """A request body as JSON, strictly (RFC 8259: UTF-8, no NaN or Infinity; integers
-    within 64 bits); a 422 naming the fault when it is not. orjson: a sixth of the
-    json module's time, on every request's way to the engine."""
+    """A request body as JSON, strictly (RFC 8259: UTF-8, no NaN or Infinity); a 422
+    naming the fault when it is not. orjson: a sixth of the json module's time, on
+    every request's way to the engine."""
     try:
         return orjson.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
