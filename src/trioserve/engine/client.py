@@ -50,6 +50,16 @@ class EngineClient:
                 return True
         return False
 
+    def serves_model(self, model: str) -> bool:
+        """Whether a connected engine serves ``model`` (every request asks: no list built)."""
+        for conn in self.connections:
+            welcome = conn.welcome
+            if welcome is not None:
+                for card in welcome.models:
+                    if card.id == model:
+                        return True
+        return False
+
     def capabilities(self) -> set[str]:
         return {
             cap for conn in self.connections if conn.welcome for cap in conn.welcome.capabilities

@@ -180,6 +180,8 @@ class App:
         return body
 
     def resolve_model(self, requested: str | None) -> str:
+        if requested is not None and self.engines.serves_model(requested):
+            return requested
         models = [card.id for card in self.engines.models()]
         if not models:
             raise HTTPError(503, "no engine is connected", "engine_unavailable")

@@ -64,29 +64,30 @@ _KNOWN = {
 }
 #: Fields that are about the HTTP exchange, not generation.
 _NOT_PARAMS = frozenset({"model", "stream", "stream_options", "messages", "prompt", "user"})
+#: The validated fields of each request class that go to the engine as params.
+_PARAMS = {cls: tuple(sorted(known - _NOT_PARAMS)) for cls, known in _KNOWN.items()}
 
 
 def _check_common(req: _Common, errors: list[dict[str, str]]) -> None:
-    def bad(loc: str, msg: str) -> None:
-        errors.append({"loc": f"$.{loc}", "msg": msg})
-
-    for name in ("max_tokens", "max_completion_tokens"):
-        value = getattr(req, name)
-        if value is not None and value < 1:
-            bad(name, "must be at least 1")
+    bad: list[tuple[str, str]] = []
+    if req.max_tokens is not None and req.max_tokens < 1:
+        bad.append(("max_tokens", "must be at least 1"))
+    if req.max_completion_tokens is not None and req.max_completion_tokens < 1:
+        bad.append(("max_completion_tokens", "must be at least 1"))
     if req.temperature is not None and not 0 <= req.temperature <= 2:
-        bad("temperature", "must be between 0 and 2")
+        bad.append(("temperature", "must be between 0 and 2"))
     if req.top_p is not None and not 0 < req.top_p <= 1:
-        bad("top_p", "must be greater than 0 and at most 1")
+        bad.append(("top_p", "must be greater than 0 and at most 1"))
     if req.n is not None and req.n != 1:
-        bad("n", "only n=1 is supported")
+        bad.append(("n", "only n=1 is supported"))
     stop = req.stop
     if not (
         stop is None
         or isinstance(stop, str)
         or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
     ):
-        bad("stop", "expected a string or a list of strings")
+        bad.append(("stop", "expected a string or a list of strings"))
+    errors += ({"loc": f"$.{loc}", "msg": msg} for loc, msg in bad)
 
 
 def _check_content(content: Any, loc: str, errors: list[dict[str, str]]) -> None:
@@ -133,9 +134,10 @@ def parse_completion(body: dict[str, Any]) -> CompletionRequest:
 
 def engine_params(req: _Common, body: dict[str, Any]) -> dict[str, Any]:
     """Sampling parameters for the engine: the validated fields, then unknown extras."""
-    known = _KNOWN[type(req)]
+    cls = type(req)
+    known = _KNOWN[cls]
     params: dict[str, Any] = {k: v for k, v in body.items() if k not in known}
-    for name in known - _NOT_PARAMS:
+    for name in _PARAMS[cls]:
         value = getattr(req, name)
         if value is not None:
             params[name] = value
