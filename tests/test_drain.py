@@ -46,14 +46,17 @@ async def test_readiness_fails_at_once_and_new_connections_are_served_during_the
     assert draining_gauge() == 1
 
 
+@pytest.mark.parametrize("stream", [False, True])
 async def test_after_the_delay_the_listener_is_closed_and_in_flight_responses_say_close(
-    nursery, engine
+    nursery, engine, stream
 ):
     frontend = await start_frontend(nursery, engine, drain_delay=0.0, graceful_timeout=HANG_GUARD)
-    # An idle keep-alive connection, and a request that will answer after the listener closed.
+    # An idle keep-alive connection, and a request that will answer after the listener closed
+    # (a stream's response start is built while the engine works: it must be built again).
     idle = await raw_request(frontend, "GET", "/live", b"")
     await read_until(idle, b"alive")
-    body = json.dumps({"prompt": "x", "max_tokens": 2, "mock_ttft_ms": 300}).encode()
+    request = {"prompt": "x", "max_tokens": 2, "mock_ttft_ms": 300, "stream": stream}
+    body = json.dumps(request).encode()
     busy = await raw_request(frontend, "POST", "/v1/completions", body, x_request_id="busy")
     await wait_until(lambda: frontend.app.registry.get("busy"), "the request to be in flight")
     nursery.start_soon(frontend.drain.drain)

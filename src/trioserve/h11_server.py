@@ -348,6 +348,8 @@ class _HTTPExchange:
         self._head: bytes = b""
         #: Bytes try_send_body accepted but the socket did not take yet; sent first.
         self._pending = b""
+        #: (start message, its head, shared.terminating then): see prepare_start_body.
+        self._prepared: tuple[dict[str, Any], http1.ResponseHead, bool] | None = None
 
     def scope(self) -> dict[str, Any]:
         extensions: dict[str, dict[str, Any]] = {
@@ -356,7 +358,10 @@ class _HTTPExchange:
             # Synchronous sends for the per-token path (see try_send_body and
             # try_start_body).
             "trioserve.try_send_body": {"call": self.try_send_body},
-            "trioserve.try_start_body": {"call": self.try_start_body},
+            "trioserve.try_start_body": {
+                "call": self.try_start_body,
+                "prepare": self.prepare_start_body,
+            },
             # The body already received, without awaiting (see receive_nowait).
             "trioserve.receive_nowait": {"call": self.receive_nowait},
         }
@@ -447,16 +452,33 @@ class _HTTPExchange:
         """
         if self.response_started or self._pending or self.connection.closed:
             return False
-        try:
-            head = self._response_head(start)
-        except Exception:  # a header it refuses: the ordinary path answers 500
-            return False
+        prepared = self._prepared
+        if (
+            prepared is not None
+            and prepared[0] is start
+            and prepared[2] == self.connection.shared.terminating
+        ):
+            head = prepared[1]
+        else:
+            try:
+                head = self._response_head(start)
+            except Exception:  # a header it refuses: the ordinary path answers 500
+                return False
         if head.framing is not http1.CHUNKED:
             return False
         if not self._write_now(head.data + http1.chunk(body)):
             return False
         self._started(head)
         return True
+
+    def prepare_start_body(self, start: dict[str, Any]) -> None:
+        """Frame ``start`` now, for a later :meth:`try_start_body` with the same message:
+        the head is built while the engine works, not on the first token's way. (Built
+        again if the server began to terminate meanwhile: the head then says close.)"""
+        try:
+            self._prepared = (start, self._response_head(start), self.connection.shared.terminating)
+        except Exception:  # try_start_body builds it again, and refuses
+            self._prepared = None
 
     def _write_now(self, data: bytes) -> bool:
         """Write without waiting: False if the socket takes nothing now; True if it took

@@ -123,6 +123,40 @@ async def test_an_answer_ending_before_any_token_is_left_whole_to_the_task():
     assert server.wire == [] and not exchange.started
 
 
+class PreparingServer(FakeServer):
+    """... which also frames a start ahead (``prepare``), as trioserve's server does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prepared: list[dict] = []
+
+    def exchange(self) -> Exchange:
+        exchange = super().exchange()
+        exchange._prepare_start_body = self.prepared.append
+        return exchange
+
+
+async def test_the_response_start_is_built_before_the_first_token_and_again_if_a_drain_began():
+    for drain in (False, True):
+        server = PreparingServer()
+        exchange = server.exchange()
+        writer = SSEWriter(exchange, StreamFormat("chat", "r1", "mock", False))
+        writer.prepare()  # while the engine works
+        (prepared,) = server.prepared
+        if drain:
+            exchange.state.closing = True
+        sink = writer.sink()
+        assert sink is not None and sink(item(0, "Hi")) is None
+        ((_, status, headers, _),) = server.wire
+        assert status == 200
+        if drain:  # built again: the head now says close
+            assert headers[-1] == (b"connection", b"close")
+            assert headers[:-1] == prepared["headers"]
+        else:  # the very message the server framed ahead
+            assert headers is prepared["headers"]
+            assert (b"connection", b"close") not in headers
+
+
 async def test_a_first_delta_the_server_cannot_take_at_once_keeps_its_role():
     # The socket is full: nothing is sent, and the item goes the awaiting way, where it
     # must still be the first delta, the one that names the role.

@@ -61,6 +61,8 @@ class Exchange:
 
     __slots__ = (
         "_cancel_safe",
+        "_prepare_start_body",
+        "_prepared_start",
         "detail_errors",
         "extra_headers",
         "headers",
@@ -95,8 +97,12 @@ class Exchange:
         self._cancel_safe = CANCEL_SAFE_SEND in extensions
         #: The server's synchronous body send, if it has one (trioserve's h11 server).
         self.try_send_body = extensions.get("trioserve.try_send_body", {}).get("call")
-        #: ... and its synchronous start with a first chunk (see :meth:`try_start`).
-        self.try_start_body = extensions.get("trioserve.try_start_body", {}).get("call")
+        #: ... and its synchronous start with a first chunk (see :meth:`try_start`), with
+        #: the call that frames that start ahead (see :meth:`prepare_start`).
+        start_body = extensions.get("trioserve.try_start_body")
+        self.try_start_body = start_body["call"] if start_body else None
+        self._prepare_start_body = start_body.get("prepare") if start_body else None
+        self._prepared_start: tuple[int, list, bool, dict[str, Any]] | None = None
         #: The server's body receive that never waits (None: nothing at hand), if it has
         #: one: a body that came with its head is read without setting up a timeout.
         self.receive_nowait: Callable[[], dict[str, Any] | None] | None = extensions.get(
@@ -193,17 +199,41 @@ class Exchange:
             }
         )
 
+    def prepare_start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        """Build the start that :meth:`try_start` may send later with the same
+        ``status`` and ``headers`` (the same list): its headers, and the server's framing
+        of them, while the engine works rather than on the way of the first byte."""
+        if self.try_start_body is None or self.started:
+            return
+        message = {
+            "type": "http.response.start",
+            "status": status,
+            "headers": self.response_headers(headers),
+        }
+        self._prepared_start = (status, headers, self.state.closing, message)
+        if self._prepare_start_body is not None:
+            self._prepare_start_body(message)
+
     def try_start(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
         """Start a chunked response with its first piece of body without awaiting, where
         the server can (trioserve's h11 server); False, with nothing sent, otherwise."""
         start = self.try_start_body
         if start is None or self.started:
             return False
-        message = {
-            "type": "http.response.start",
-            "status": status,
-            "headers": self.response_headers(headers),
-        }
+        prepared = self._prepared_start
+        if (
+            prepared is not None
+            and prepared[0] == status
+            and prepared[1] is headers
+            and prepared[2] == self.state.closing  # a drain began: the head says close
+        ):
+            message = prepared[3]
+        else:
+            message = {
+                "type": "http.response.start",
+                "status": status,
+                "headers": self.response_headers(headers),
+            }
         if not start(message, body):
             return False
         self.started = True

@@ -154,8 +154,10 @@ class SSEWriter:
         return await end_batch(self.exchange, SSE_HEADERS, out, done, failure)
 
     def prepare(self) -> None:
-        """What can be built before the first output (see ``StreamFormat.prepare``)."""
+        """What can be built before the first output: the chunk parts (see
+        ``StreamFormat.prepare``) and the response's start (see ``Exchange.prepare_start``)."""
         self.fmt.prepare()
+        self.exchange.prepare_start(200, SSE_HEADERS)
 
     def sink(self) -> Callable[[OutputItem], OutputItem | None] | None:
         """A synchronous path for deltas, the first one included.
