@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 
+import attrs
 import openai
 import pytest
 import trio
@@ -299,3 +300,61 @@ async def test_a_malformed_chunked_body_is_a_400_and_nothing_reaches_the_engine(
     async with frontend.client() as client:  # the server keeps serving
         assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
     assert len(submits) == 1  # the good request only
+
+
+_MSG = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(
+    ("cls", "body", "plain"),
+    [
+        ("chat", {"messages": _MSG}, True),
+        ("chat", {"model": "mock", "messages": _MSG, "stream": True, "max_tokens": 5}, True),
+        ("chat", {"messages": _MSG, "temperature": 1, "top_p": 0.5, "seed": 3, "n": 1}, True),
+        ("chat", {"messages": _MSG, "stop": ["a", 1], "user": "u", "extra": {"x": 1}}, True),
+        (
+            "chat",
+            {"messages": [{"role": "user", "content": [{"type": "text"}], "name": "n"}]},
+            True,
+        ),
+        ("chat", {"messages": _MSG, "model": None, "stream": None, "max_tokens": None}, True),
+        ("chat", {"messages": [{"role": "user"}], "prompt": "not a field of chat"}, True),
+        ("chat", {"messages": _MSG, "max_completion_tokens": 7, "stream_options": None}, True),
+        ("completion", {"prompt": "hi", "max_tokens": 3, "messages": "not a field"}, True),
+        ("completion", {"prompt": None}, True),
+        # The converter's: strings and 0/1 for numbers and booleans, and every fault.
+        ("chat", {"messages": _MSG, "max_tokens": "5"}, False),
+        ("chat", {"messages": _MSG, "max_tokens": 5.0}, False),
+        ("chat", {"messages": _MSG, "max_tokens": True}, False),
+        ("chat", {"messages": _MSG, "stream": 1}, False),
+        ("chat", {"messages": _MSG, "stream": "true"}, False),
+        ("chat", {"messages": _MSG, "temperature": "0.5"}, False),
+        ("chat", {"messages": _MSG, "temperature": False}, False),
+        ("chat", {"messages": _MSG, "stream_options": {"include_usage": True}}, False),
+        ("chat", {"messages": _MSG, "model": 3}, False),
+        ("chat", {"messages": None}, False),
+        ("chat", {"messages": {"role": "user"}}, False),
+        ("chat", {"messages": ["hi"]}, False),
+        ("chat", {"messages": [{"content": "no role"}]}, False),
+        ("chat", {"messages": [{"role": "user", "name": 5}]}, False),
+        ("chat", {"model": "mock"}, False),
+        ("completion", {"max_tokens": 3}, False),
+    ],
+)
+def test_plain_bodies_skip_the_converter_and_get_exactly_what_it_builds(cls, body, plain):
+    from trioserve.http import openai_api
+    from trioserve.http.validation import structure
+
+    request_cls = {
+        "chat": openai_api.ChatCompletionRequest,
+        "completion": openai_api.CompletionRequest,
+    }[cls]
+    fast = openai_api._plain(body, request_cls)
+    assert (fast is not None) == plain
+    if fast is None:
+        return
+    slow = structure(body, request_cls)  # a plain body the converter refuses: an error
+    assert fast == slow
+    assert attrs.asdict(fast, recurse=True) == attrs.asdict(slow, recurse=True)
+    for name in attrs.fields_dict(request_cls):  # 1.0 == 1, so the types too
+        assert type(getattr(fast, name)) is type(getattr(slow, name)), name
