@@ -68,8 +68,8 @@ class SocketOwner(Generic[M]):
 
     async def _own(self) -> None:
         """The owner's loop, until cancelled."""
+        cut_short = self._receive_available()
         while True:
-            cut_short = self._receive_available()
             self._flush_wanted = False
             if self._before_flush is not None:
                 self._before_flush()
@@ -77,11 +77,19 @@ class SocketOwner(Generic[M]):
             if cut_short or self._flush_wanted or self._more_waiting():
                 # More is (or may be) waiting: go round again, letting others run first.
                 await trio.lowlevel.checkpoint()
-                continue
-            with trio.CancelScope() as park:
-                self._park = park
-                await self._wait()
-            self._park = None
+            else:
+                with trio.CancelScope() as park:
+                    self._park = park
+                    await self._wait()
+                    # Woken by the socket: what came is handled before the scope is left.
+                    # Leaving a cancel scope is a fair part of a wake-up from cold; a
+                    # first token should not wait for it. (Nothing here awaits, and
+                    # wake() no longer cancels this scope.)
+                    self._park = None
+                    cut_short = self._receive_available()
+                    continue
+                self._park = None  # woken by wake()
+            cut_short = self._receive_available()
 
     def _handle(self, frames: list[bytes]) -> None:
         try:
