@@ -21,7 +21,8 @@ def free_port() -> int:
 
 
 class Proc:
-    """A trioserve subprocess whose stderr is collected as it runs."""
+    """A trioserve subprocess (or a tool's: ``program``) whose stderr is collected as it
+    runs."""
 
     def __init__(self, process: trio.Process) -> None:
         self.process = process
@@ -29,9 +30,11 @@ class Proc:
         self._lines = trio.Event()
 
     @classmethod
-    async def start(cls, nursery: trio.Nursery, *args: str) -> Proc:
+    async def start(
+        cls, nursery: trio.Nursery, *args: str, program: tuple[str, ...] = ("-m", "trioserve")
+    ) -> Proc:
         process = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "trioserve", *args],
+            [sys.executable, *program, *args],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},

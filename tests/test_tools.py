@@ -9,6 +9,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import trio
+
+from tests.conftest import HANG_GUARD
 
 pytestmark = pytest.mark.integration
 TOOLS = Path(__file__).parent.parent / "tools"
@@ -74,3 +77,56 @@ def test_a_capacity_only_bench_run_writes_its_own_section_not_the_main_table(tmp
     written = doc.read_text()
     assert f"{bench.BEGIN}\nnew main\n{bench.END}" in written
     assert f"{bench.CAPACITY_BEGIN}\nnew capacity\n{bench.CAPACITY_END}" in written
+
+
+async def test_the_floor_relay_relays_tokens_and_loadgen_measures_it(nursery):
+    from tests.processes import Proc, free_port, start_engine_process
+    from trioserve.sdk.mock import expected_text
+
+    port = free_port()
+    engine = f"tcp://127.0.0.1:{port}"
+    await start_engine_process(nursery, port)
+    relay = await Proc.start(nursery, "--engine", engine, program=(str(TOOLS / "floor_relay.py"),))
+    match = await relay.wait_for_output(r"Running on http://127\.0\.0\.1:(\d+)")
+    relay_port = int(match.group(1))
+    # The tokens of the engine's answer, in order, then [DONE] and the last chunk; and the
+    # connection serves the next request.
+    body = json.dumps(
+        {"messages": [{"role": "user", "content": "floor"}], "stream": True, "max_tokens": 3}
+    ).encode()
+    request = b"POST / HTTP/1.1\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+    stream = await trio.open_tcp_stream("127.0.0.1", relay_port)
+    for _ in range(2):
+        await stream.send_all(request)
+        data = b""
+        with trio.fail_after(HANG_GUARD):
+            while not data.endswith(b"0\r\n\r\n"):
+                data += await stream.receive_some(65536)
+        assert data.startswith(b"HTTP/1.1 200 OK\r\n")
+        lines = [line.strip() for line in data.split(b"\r\n")]
+        events = [json.loads(line[6:]) for line in lines if line.startswith(b"data: {")]
+        text = "".join(e["choices"][0]["delta"]["content"] for e in events)
+        assert text == expected_text("floor", 3) and b"data: [DONE]" in data
+    await stream.aclose()
+    result = await trio.run_process(
+        [
+            sys.executable,
+            str(TOOLS / "loadgen.py"),
+            "ttft",
+            "--engine",
+            engine,
+            "--url",
+            f"http://127.0.0.1:{relay_port}",
+            "--count",
+            "3",
+            "--warmup-count",
+            "1",
+            "--ttft-ms",
+            "5",
+            "--ttft-tokens",
+            "2",
+        ],
+        capture_stdout=True,
+    )
+    figures = json.loads(result.stdout)
+    assert figures["count"] == 3 and figures["frontend_p50_ms"] >= 5
