@@ -5,6 +5,7 @@ stream whose tokens arrive one engine step at a time."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import pytest
 
@@ -57,6 +58,15 @@ def item(seq: int, text: str | None = None, finish: str | None = None) -> Output
     return OutputItem("r1", seq, data=text, finish_reason=finish)
 
 
+def chat_writer(server: FakeServer) -> tuple[Exchange, SSEWriter, Callable]:
+    """An exchange on ``server``, its chat SSE writer, and the writer's sink."""
+    exchange = server.exchange()
+    writer = SSEWriter(exchange, StreamFormat("chat", "r1", "mock", False))
+    sink = writer.sink()
+    assert sink is not None
+    return exchange, writer, sink
+
+
 def delta_of(event: bytes) -> dict:
     assert event.startswith(b"data: ") and event.endswith(b"\n\n")
     return json.loads(event[6:])["choices"][0]["delta"]
@@ -64,10 +74,7 @@ def delta_of(event: bytes) -> dict:
 
 async def test_the_first_delta_starts_the_response_from_the_sink_and_names_the_role_once():
     server = FakeServer()
-    exchange = server.exchange()
-    writer = SSEWriter(exchange, StreamFormat("chat", "r1", "mock", False))
-    sink = writer.sink()
-    assert sink is not None
+    exchange, writer, sink = chat_writer(server)
     assert sink(item(0)) is None  # nothing to relay: taken, the response not started
     assert not exchange.started and server.wire == []
     assert sink(item(1, "Hel")) is None and sink(item(2, "lo")) is None
@@ -92,10 +99,7 @@ async def test_a_one_token_answer_starts_with_its_token_and_leaves_the_end_to_th
     # The only item is also the last: its token leaves from the sink, starting the
     # response; what comes back is the same item without its text, for the awaiting path.
     server = FakeServer()
-    exchange = server.exchange()
-    writer = SSEWriter(exchange, StreamFormat("chat", "r1", "mock", False))
-    sink = writer.sink()
-    assert sink is not None
+    _, writer, sink = chat_writer(server)
     only = item(0, "Hi", finish="length")
     rest = sink(only)
     assert rest is not None and rest.data is None
@@ -114,10 +118,7 @@ async def test_a_one_token_answer_starts_with_its_token_and_leaves_the_end_to_th
 
 async def test_an_answer_ending_before_any_token_is_left_whole_to_the_task():
     server = FakeServer()
-    exchange = server.exchange()
-    writer = SSEWriter(exchange, StreamFormat("chat", "r1", "mock", False))
-    sink = writer.sink()
-    assert sink is not None
+    exchange, _, sink = chat_writer(server)
     empty = item(0, finish="stop")
     assert sink(empty) is empty
     assert server.wire == [] and not exchange.started
@@ -161,10 +162,7 @@ async def test_a_first_delta_the_server_cannot_take_at_once_keeps_its_role():
     # The socket is full: nothing is sent, and the item goes the awaiting way, where it
     # must still be the first delta, the one that names the role.
     server = FakeServer(takes_start=False)
-    exchange = server.exchange()
-    writer = SSEWriter(exchange, StreamFormat("chat", "r1", "mock", False))
-    sink = writer.sink()
-    assert sink is not None
+    exchange, writer, sink = chat_writer(server)
     first = item(1, "Hel")
     assert sink(first) is first
     assert not exchange.started and server.wire == []
