@@ -223,3 +223,12 @@ async def test_a_stream_whose_tokens_come_one_step_at_a_time(frontend, kind, tok
         assert text == expected_text("hi", tokens)
     # On trioserve's server both responses were started by their first token's sink.
     assert len(starts) == (2 if _current_server["name"] == "h11" else 0)
+
+
+@pytest.mark.parametrize("text", ["hi", "é ü", 'a"b\\c', "line\nbreak\t", "\x00\x1f", "😀", ""])
+def test_a_delta_carries_any_text_exactly_as_json_dumps_escapes_it(text):
+    fmt = StreamFormat("chat", "r1", "mock", False)
+    chunk = fmt.delta(text)
+    assert json.loads(chunk)["choices"][0]["delta"]["content"] == text
+    assert json.dumps(text).encode() in chunk  # ASCII-only, as the reference sends it
+    assert chunk.isascii()

@@ -73,7 +73,6 @@ class EngineConnection:
         self.queued = 0
         self._subs: dict[str, Subscription] = {}
         self._pending_aborts: list[str] = []
-        self._last_heard = 0.0
         self._ping_seq = 0
         # A stable identity, so the engine knows us again after a reconnect.
         self._pump = ZmtpDealer(address, frontend_id.encode(), self._on_message, self._before_flush)
@@ -174,7 +173,6 @@ class EngineConnection:
         except ProtocolError as exc:
             log.warning("engine %s: dropping malformed frame: %s", self.address, exc)
             return
-        self._last_heard = trio.current_time()
         self._unanswered_since = None
         if isinstance(message, Outputs):
             subs = self._subs

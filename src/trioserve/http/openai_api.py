@@ -263,6 +263,10 @@ def parse_generation(
     return Generation(submit, capability, bool(req.stream), bool(options and options.include_usage))
 
 
+#: What ``json.dumps`` does with a str, without the two Python calls around it (per token).
+_json_string = json.encoder.encode_basestring_ascii
+
+
 def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
@@ -334,7 +338,7 @@ class StreamFormat:
         prefix = self._prefix if self.started else self._first_prefix
         if commit:
             self.started = True
-        return b"".join((prefix, json.dumps(text).encode(), self._suffix))
+        return b"".join((prefix, _json_string(text).encode(), self._suffix))
 
     def finish(self, reason: str) -> bytes:
         if self.kind == "chat":
