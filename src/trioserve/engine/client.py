@@ -66,8 +66,11 @@ class EngineClient:
         }
 
     def default_model(self) -> str | None:
-        models = self.models()
-        return models[0].id if models else None
+        """The first model of the first connected engine (what ``models()[0]`` is)."""
+        for conn in self.connections:
+            if conn.welcome is not None and conn.welcome.models:
+                return conn.welcome.models[0].id
+        return None
 
     def submit(
         self,
@@ -83,12 +86,16 @@ class EngineClient:
         before the request finished sends one abort). Raises :class:`NoEngineError` when no
         connected engine serves the model.
         """
-        candidates = [c for c in self.connections if c.serves(message.model, capability)]
-        if not candidates:
+        engine = None
+        for conn in self.connections:  # the least loaded of those that serve it
+            if conn.serves(message.model, capability) and (
+                engine is None or conn.in_flight < engine.in_flight
+            ):
+                engine = conn
+        if engine is None:
             if not self.ready:
                 raise NoEngineError("no engine is connected")
             raise NoEngineError(f"no connected engine serves model {message.model!r}")
-        engine = min(candidates, key=lambda c: c.in_flight)
         return engine.submit(message, buffer, on_failure)
 
     async def wait_ready(self) -> None:

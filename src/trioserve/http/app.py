@@ -180,7 +180,12 @@ class App:
         return body
 
     def resolve_model(self, requested: str | None) -> str:
-        if requested is not None and self.engines.serves_model(requested):
+        engines = self.engines
+        if requested is None:
+            default = engines.default_model()
+            if default is not None:
+                return default
+        elif engines.serves_model(requested):
             return requested
         models = [card.id for card in self.engines.models()]
         if not models:

@@ -154,7 +154,8 @@ def _check_common(req: _Common, errors: list[dict[str, str]]) -> None:
         or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
     ):
         bad.append(("stop", "expected a string or a list of strings"))
-    errors += ({"loc": f"$.{loc}", "msg": msg} for loc, msg in bad)
+    if bad:
+        errors += ({"loc": f"$.{loc}", "msg": msg} for loc, msg in bad)
 
 
 def _check_content(content: Any, loc: str, errors: list[dict[str, str]]) -> None:
