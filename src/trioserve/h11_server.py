@@ -368,11 +368,10 @@ class _HTTPExchange:
         if self.connection.shared.hangups is not None:
             # Disconnects without a task per request (see watch_disconnect).
             extensions["trioserve.watch_disconnect"] = {"call": self.watch_disconnect}
-        return {
-            **_scope("http", self.request, self.connection),
-            "method": self.request.method.decode("ascii"),
-            "extensions": extensions,
-        }
+        scope = _scope("http", self.request, self.connection)
+        scope["method"] = self.request.method.decode("ascii")
+        scope["extensions"] = extensions
+        return scope
 
     def watch_disconnect(self, callback: Callable[[], None]) -> Callable[[], None]:
         """Call ``callback`` once if the client goes away; returns the call that stops
@@ -787,7 +786,7 @@ def _scope(kind: str, request: Request, connection: _HTTPConnection) -> dict[str
         "asgi": {"version": "3.0", "spec_version": "2.3"},
         "http_version": request.http_version,
         "scheme": "http" if kind == "http" else "ws",
-        "path": unquote(path.decode("latin-1")),
+        "path": unquote(path.decode("latin-1")) if b"%" in path else path.decode("latin-1"),
         "raw_path": path,
         "query_string": query,
         "root_path": "",

@@ -367,3 +367,12 @@ def test_the_fast_path_knows_every_field_of_the_request_classes():
 
     for cls, table in openai_api._PLAIN.items():
         assert set(table) | {"stream_options"} == set(attrs.fields_dict(cls)), cls.__name__
+
+
+async def test_a_percent_encoded_path_is_decoded_before_routing(frontend):
+    # ASGI's scope path is percent-decoded; a path without '%' is taken as it is.
+    async with frontend.client() as client:
+        response = await client.post("/v1/chat/%63ompletions", json=CHAT)
+        assert response.status_code == 200
+        assert response.json()["object"] == "chat.completion"
+        assert (await client.post("/v1/chat/%63ompletion", json=CHAT)).status_code == 404
