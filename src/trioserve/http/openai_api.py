@@ -91,6 +91,7 @@ _PLAIN = {
     ChatCompletionRequest: {**_PLAIN_FIELDS, "messages": (list,)},
     CompletionRequest: {**_PLAIN_FIELDS, "prompt": None},
 }
+_REQUIRED = {ChatCompletionRequest: "messages", CompletionRequest: "prompt"}
 
 
 def _plain(body: dict[str, Any], cls: type[T]) -> T | None:
@@ -103,7 +104,7 @@ def _plain(body: dict[str, Any], cls: type[T]) -> T | None:
     for key, value in body.items():
         if key not in fields:
             continue  # not a field: a param for the engine (or stream_options, below)
-        if value is None:
+        if value is None and key != "messages":  # null: absent, for an optional field
             kwargs[key] = None
             continue
         kinds = fields[key]
@@ -126,11 +127,7 @@ def _plain(body: dict[str, Any], cls: type[T]) -> T | None:
             kwargs[key] = messages
         else:
             kwargs[key] = value
-    if body.get("stream_options") is not None or kwargs.get("messages", ()) is None:
-        return None
-    if cls is ChatCompletionRequest and "messages" not in kwargs:
-        return None
-    if cls is CompletionRequest and "prompt" not in kwargs:
+    if _REQUIRED[cls] not in kwargs or body.get("stream_options") is not None:
         return None
     return cls(**kwargs)
 
