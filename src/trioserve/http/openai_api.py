@@ -133,26 +133,23 @@ def _plain(body: dict[str, Any], cls: type[T]) -> T | None:
 
 
 def _check_common(req: _Common, errors: list[dict[str, str]]) -> None:
-    bad: list[tuple[str, str]] = []
     if req.max_tokens is not None and req.max_tokens < 1:
-        bad.append(("max_tokens", "must be at least 1"))
+        errors.append({"loc": "$.max_tokens", "msg": "must be at least 1"})
     if req.max_completion_tokens is not None and req.max_completion_tokens < 1:
-        bad.append(("max_completion_tokens", "must be at least 1"))
+        errors.append({"loc": "$.max_completion_tokens", "msg": "must be at least 1"})
     if req.temperature is not None and not 0 <= req.temperature <= 2:
-        bad.append(("temperature", "must be between 0 and 2"))
+        errors.append({"loc": "$.temperature", "msg": "must be between 0 and 2"})
     if req.top_p is not None and not 0 < req.top_p <= 1:
-        bad.append(("top_p", "must be greater than 0 and at most 1"))
+        errors.append({"loc": "$.top_p", "msg": "must be greater than 0 and at most 1"})
     if req.n is not None and req.n != 1:
-        bad.append(("n", "only n=1 is supported"))
+        errors.append({"loc": "$.n", "msg": "only n=1 is supported"})
     stop = req.stop
     if not (
         stop is None
         or isinstance(stop, str)
         or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
     ):
-        bad.append(("stop", "expected a string or a list of strings"))
-    if bad:
-        errors += ({"loc": f"$.{loc}", "msg": msg} for loc, msg in bad)
+        errors.append({"loc": "$.stop", "msg": "expected a string or a list of strings"})
 
 
 def _check_content(content: Any, loc: str, errors: list[dict[str, str]]) -> None:
