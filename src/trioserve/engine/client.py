@@ -52,12 +52,9 @@ class EngineClient:
 
     def serves_model(self, model: str) -> bool:
         """Whether a connected engine serves ``model`` (every request asks: no list built)."""
-        for conn in self.connections:
-            welcome = conn.welcome
-            if welcome is not None:
-                for card in welcome.models:
-                    if card.id == model:
-                        return True
+        for conn in self.connections:  # noqa: SIM110 - no generator per request
+            if conn.serves_model(model):
+                return True
         return False
 
     def capabilities(self) -> set[str]:

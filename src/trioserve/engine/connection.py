@@ -101,11 +101,15 @@ class EngineConnection:
         welcome = self.welcome
         if welcome is None or capability not in welcome.capabilities:
             return False
-        if model is None:
-            return True
-        for card in welcome.models:  # noqa: SIM110 - no generator per submit
-            if card.id == model:
-                return True
+        return model is None or self.serves_model(model)
+
+    def serves_model(self, model: str) -> bool:
+        """Whether the engine declared ``model`` (a loop: no generator per request)."""
+        welcome = self.welcome
+        if welcome is not None:
+            for card in welcome.models:
+                if card.id == model:
+                    return True
         return False
 
     def _changed(self) -> None:
