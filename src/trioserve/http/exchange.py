@@ -191,13 +191,14 @@ class Exchange:
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.started = True
-        await self._send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": self.response_headers(headers),
-            }
-        )
+        await self._send(self._start_message(status, headers))
+
+    def _start_message(self, status: int, headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
+        return {
+            "type": "http.response.start",
+            "status": status,
+            "headers": self.response_headers(headers),
+        }
 
     def prepare_start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         """Build the start that :meth:`try_start` may send later with the same
@@ -205,11 +206,7 @@ class Exchange:
         of them, while the engine works rather than on the way of the first byte."""
         if self.try_start_body is None or self.started:
             return
-        message = {
-            "type": "http.response.start",
-            "status": status,
-            "headers": self.response_headers(headers),
-        }
+        message = self._start_message(status, headers)
         self._prepared_start = (status, headers, self.state.closing, message)
         if self._prepare_start_body is not None:
             self._prepare_start_body(message)
@@ -229,11 +226,7 @@ class Exchange:
         ):
             message = prepared[3]
         else:
-            message = {
-                "type": "http.response.start",
-                "status": status,
-                "headers": self.response_headers(headers),
-            }
+            message = self._start_message(status, headers)
         if not start(message, body):
             return False
         self.started = True
