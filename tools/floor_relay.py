@@ -28,14 +28,11 @@ import uuid
 import trio
 
 from trioserve.engine import EngineClient, open_engine_client
+from trioserve.http1 import LAST_CHUNK, chunk
 from trioserve.protocol import Submit
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 NOT_PARAMS = frozenset({"model", "messages", "stream", "stream_options"})
-
-
-def chunk(data: bytes) -> bytes:
-    return b"%x\r\n%b\r\n" % (len(data), data)
 
 
 def event(obj: object) -> bytes:
@@ -63,7 +60,7 @@ async def relay(stream: trio.SocketStream, engines: EngineClient, model: str) ->
                     if item.data:
                         out.append(event({"choices": [{"delta": {"content": item.data}}]}))
                     if item.finish_reason is not None or item.error is not None:
-                        out.append(chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+                        out.append(chunk(b"data: [DONE]\n\n") + LAST_CHUNK)
                 os.write(fd, b"".join(out))
 
 
