@@ -7,7 +7,8 @@ send and wait; what they share is here. The owner task
 1. reads and handles what is waiting, within a time budget (:meth:`_receive_available`),
 2. lets its user add coalesced messages (``before_flush``) and sends its outbox,
 3. goes round again at once if more may be waiting, or if someone asked for another
-   flush pass meanwhile; otherwise it parks in a cancel scope (:meth:`_wait`).
+   flush pass meanwhile; otherwise it parks in a cancel scope (:meth:`_wait`), and when
+   the socket wakes it, reads before it leaves that scope (leaving one costs, cold).
 
 Other tasks append to the bounded outbox without waiting and call :meth:`wake`, which
 cancels that scope, so a queued message never waits for the socket to become readable.
