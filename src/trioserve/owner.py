@@ -5,6 +5,8 @@
 send and wait; what they share is here. The owner task
 
 1. reads and handles what is waiting, within a time budget (:meth:`_receive_available`),
+   then lets its user finish what that pass began (``after_receive``: the engine
+   connection writes the outputs it held back, several of one stream in one write),
 2. lets its user add coalesced messages (``before_flush``) and sends its outbox,
 3. goes round again at once if more may be waiting, or if someone asked for another
    flush pass meanwhile; otherwise it parks in a cancel scope (:meth:`_wait`), and when
@@ -30,6 +32,8 @@ OUTBOX_LIMIT = 16_384
 #: Seconds the owner may spend handling what it read before it lets other tasks run: one
 #: engine frame can carry a whole step's outputs (a write to a client each), and an owner
 #: that handled them all in a row starved every other task, heartbeats included.
+#: (:class:`~trioserve.zmtp.ZmtpDealer` counts its thread's CPU time, see its
+#: ``_budget_spent``; :class:`~trioserve.zmq_trio.ZmqPump` the wall clock.)
 RECV_BUDGET = 0.005
 
 M = TypeVar("M")
@@ -37,7 +41,8 @@ M = TypeVar("M")
 
 class SocketOwner(Generic[M]):
     """``on_message`` is called synchronously, in the owner task, with each message (a
-    list of frames); ``before_flush`` (optional) before each send pass, so that its user
+    list of frames); ``after_receive`` (optional) after each pass that read, even one a
+    failed read ended; ``before_flush`` (optional) before each send pass, so that its user
     can turn accumulated state (pending aborts, a step's outputs) into one message."""
 
     def __init__(
@@ -45,9 +50,11 @@ class SocketOwner(Generic[M]):
         on_message: Callable[[list[bytes]], None],
         before_flush: Callable[[], None] | None,
         outbox_limit: int,
+        after_receive: Callable[[], None] | None = None,
     ) -> None:
         self._on_message = on_message
         self._before_flush = before_flush
+        self._after_receive = after_receive
         self._outbox: collections.deque[M] = collections.deque()
         self._outbox_limit = outbox_limit
         #: The owner's parking scope while it waits on the socket (None otherwise).
@@ -69,7 +76,7 @@ class SocketOwner(Generic[M]):
 
     async def _own(self) -> None:
         """The owner's loop, until cancelled."""
-        cut_short = self._receive_available()
+        cut_short = self._receive()
         while True:
             self._flush_wanted = False
             if self._before_flush is not None:
@@ -87,10 +94,17 @@ class SocketOwner(Generic[M]):
                     # first token should not wait for it. (Nothing here awaits, and
                     # wake() no longer cancels this scope.)
                     self._park = None
-                    cut_short = self._receive_available()
+                    cut_short = self._receive()
                     continue
                 self._park = None  # woken by wake()
-            cut_short = self._receive_available()
+            cut_short = self._receive()
+
+    def _receive(self) -> bool:
+        try:
+            return self._receive_available()
+        finally:
+            if self._after_receive is not None:
+                self._after_receive()
 
     def _handle(self, frames: list[bytes]) -> None:
         try:

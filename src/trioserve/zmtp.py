@@ -25,10 +25,10 @@ its successor. Frames queued while no connection is up leave once one is.
 
 One task owns the socket (:meth:`ZmtpDealer.run`), in the loop it shares with
 :class:`~trioserve.zmq_trio.ZmqPump` (:class:`~trioserve.owner.SocketOwner`): it reads,
-hands each message to ``on_message``, calls ``before_flush``, sends what is queued and
-parks. Other tasks :meth:`~ZmtpDealer.send`
-without waiting: with nothing queued before it a message leaves at once, in the caller's
-task; what the kernel does not take is queued, in order, for the owner.
+hands each message to ``on_message``, calls ``after_receive`` and ``before_flush``, sends
+what is queued and parks. Other tasks :meth:`~ZmtpDealer.send` without waiting: with
+nothing queued before it a message leaves at once, in the caller's task; what the kernel
+does not take is queued, in order, for the owner.
 
 Bounds: one message (all its frames) is at most :data:`MAX_MESSAGE` bytes and
 :data:`MAX_PARTS` frames, so the receive buffer holds at most one message plus one read;
@@ -156,9 +156,9 @@ def parse_address(address: str) -> tuple[int, str, int | None]:
 class ZmtpDealer(SocketOwner["bytes | memoryview"]):
     """A DEALER connected to one engine's ROUTER; the frontend's half of the link.
 
-    ``on_message`` and ``before_flush``: see :class:`~trioserve.owner.SocketOwner`.
-    :meth:`run` owns the socket until cancelled; :meth:`close` then sends what it can and
-    closes it.
+    ``on_message``, ``before_flush`` and ``after_receive``: see
+    :class:`~trioserve.owner.SocketOwner`. :meth:`run` owns the socket until cancelled;
+    :meth:`close` then sends what it can and closes it.
     """
 
     def __init__(
@@ -168,8 +168,10 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
         on_message: Callable[[list[bytes]], None],
         before_flush: Callable[[], None] | None = None,
         outbox_limit: int = OUTBOX_LIMIT,
+        *,
+        after_receive: Callable[[], None] | None = None,
     ) -> None:
-        super().__init__(on_message, before_flush, outbox_limit)
+        super().__init__(on_message, before_flush, outbox_limit, after_receive)
         self.address = address
         self._family, self._host, self._port = parse_address(address)
         self._ready_command = ready_command(b"DEALER", identity)
@@ -181,6 +183,9 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
         self._buffer = bytearray()
         self._parts: list[bytes] = []
         self._parts_size = 0
+        #: The current pass's budget (see :meth:`_budget_spent`).
+        self._cpu_start = 0.0
+        self._budget_end = math.inf
         #: Connections made so far (for tests and logs).
         self.connections = 0
 
@@ -314,8 +319,9 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
         check_greeting(buffer)
         del buffer[: len(GREETING)]
         sock.send(self._ready_command)
+        self._budget_end = math.inf
         # Then the peer's READY (commands only: a message before it is an error).
-        while not self._parse(math.inf):
+        while not self._parse():
             await self._read(sock)
 
     async def _read(self, sock: socket.socket) -> None:
@@ -339,26 +345,51 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
             await trio.lowlevel.wait_readable(sock)
 
     def _receive_available(self) -> bool:
-        """Read and handle what is waiting, within RECV_BUDGET; True when the budget cut
-        the pass short (more may be waiting)."""
+        """Read once, and handle the whole messages the buffer then holds, within
+        :data:`~trioserve.owner.RECV_BUDGET`; True when more may be waiting (the budget
+        cut the pass short, or the read filled :data:`RECV_SIZE`).
+
+        One read per pass: what piled up in the kernel since the last pass, and no more.
+        A frontend that keeps up handles each engine step as it comes; one that fell
+        behind gets several steps in one pass, and the outputs of one request among them
+        leave in one write (the engine connection holds them until the pass ends).
+        """
         sock = self._sock
         assert sock is not None
-        budget_end = time.perf_counter() + RECV_BUDGET
-        while not self._parse(budget_end):
-            if time.perf_counter() > budget_end:  # a large message still arriving
-                return True
-            try:
-                data = sock.recv(RECV_SIZE)
-            except BlockingIOError:
-                return False
-            if not data:
-                raise ConnectionResetError("the engine closed the connection")
-            self._buffer += data
-        return True
+        self._start_budget()
+        if self._parse():  # what the budget left of the last read
+            return True
+        try:
+            data = sock.recv(RECV_SIZE)
+        except BlockingIOError:
+            return False
+        if not data:
+            raise ConnectionResetError("the engine closed the connection")
+        self._buffer += data
+        return self._parse() or len(data) == RECV_SIZE
 
-    def _parse(self, budget_end: float) -> bool:
-        """Handle the whole messages and commands in the buffer. True when it stopped early:
-        the budget ran out, or (during the handshake) the peer's READY arrived."""
+    def _start_budget(self) -> None:
+        self._cpu_start = time.thread_time()
+        self._budget_end = time.perf_counter() + RECV_BUDGET
+
+    def _budget_spent(self) -> bool:
+        """Whether this pass has used its budget of CPU time. The wall clock is read after
+        each message (cheap), the thread's CPU clock only once the wall clock says the
+        budget is gone: a thread that was preempted, or throttled by a CPU quota, has not
+        spent that time, and cutting its pass short there would only make it read less
+        per pass, which is what a frontend that fell behind must not do."""
+        if time.perf_counter() <= self._budget_end:
+            return False
+        used = time.thread_time() - self._cpu_start
+        if used >= RECV_BUDGET:
+            return True
+        self._budget_end = time.perf_counter() + RECV_BUDGET - used
+        return False
+
+    def _parse(self) -> bool:
+        """Handle the whole messages and commands in the buffer. True when it stopped
+        early: the pass's budget ran out, or (during the handshake) the peer's READY
+        arrived."""
         buf = self._buffer
         end = len(buf)
         pos = 0
@@ -400,7 +431,7 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
                     continue
                 self._parts, self._parts_size = [], 0
                 self._handle(parts)
-                if time.perf_counter() > budget_end:
+                if self._budget_spent():
                     return True
             return False
         finally:

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
+import struct
+import termios
+import time
+
 import msgpack
 import pytest
 import trio
@@ -113,19 +118,22 @@ async def test_engine_error_item_ends_the_request_without_an_abort(nursery):
 
 
 async def test_a_sink_takes_what_it_returns_nothing_of_and_errors_never_reach_it(nursery):
-    # The sink runs in the socket owner while the consumer is parked: for each item it
-    # returns what is left for the consumer. A final item comes back (maybe without its
-    # data) and still ends the subscription; an error item always goes the consumer's way.
+    # The sink runs in the socket owner while the consumer is parked: given what came for
+    # the request, it returns what is left for the consumer. A final item comes back
+    # (maybe without its data) and still ends the subscription; an error item always
+    # goes the consumer's way.
     engine = await start_engine(nursery, tokens_per_second=200)
     async with open_engine_client([engine.address]) as client:
         await client.wait_ready()
         seen: list[OutputItem] = []
 
-        def sink(item: OutputItem) -> OutputItem | None:
-            seen.append(item)
-            if item.finish_reason is None:
-                return None
-            return OutputItem(item.request_id, item.seq, finish_reason=item.finish_reason)
+        def sink(items: list[OutputItem]) -> list[OutputItem]:
+            seen.extend(items)
+            return [
+                OutputItem(i.request_id, i.seq, finish_reason=i.finish_reason)
+                for i in items
+                if i.finish_reason is not None
+            ]
 
         async with client.submit(completion("s1", max_tokens=3), "completion") as sub:
             sub.sink = sink
@@ -136,11 +144,64 @@ async def test_a_sink_takes_what_it_returns_nothing_of_and_errors_never_reach_it
 
         failing = client.submit(completion("s2", mock_error_after=0), "completion")
         async with failing:
-            failing.sink = lambda item: seen.append(item) or item
+            failing.sink = lambda items: seen.extend(items) or items
             items = await collect(failing)
         assert len(seen) == 3  # not called
         assert [i.error.status for i in items] == [500]
         assert engine.stats.aborts_received == 0
+
+
+def unread_bytes(client) -> int:
+    """What the kernel holds, unread, on the client's socket to its (only) engine."""
+    sock = client.connections[0]._pump._sock
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+
+
+async def test_steps_that_piled_up_unread_reach_each_sink_in_one_call():
+    # A frontend that fell behind finds several engine steps waiting: it reads them in
+    # one pass, and what came for each request among them goes to its sink in one call
+    # (one write to that client), in order. A step read alone goes alone, at once.
+    fake = FakeEngine()
+    try:
+        async with open_engine_client([fake.address]) as client, trio.open_nursery() as inner:
+            ident, _ = await fake.receive()
+            fake.send(ident, welcome())
+            await client.wait_ready()
+            calls: list[list[tuple[str, int]]] = []
+
+            def sink(items: list[OutputItem]) -> list[OutputItem]:
+                calls.append([(i.request_id, i.seq) for i in items])
+                return []
+
+            subs = [client.submit(completion(rid), "completion") for rid in ("a", "b")]
+            for sub in subs:
+                sub.sink = sink
+                inner.start_soon(sub.receive_batch)  # parked: the sink's condition
+            await wait_until(lambda: all(s._waiter for s in subs), "parked consumers")
+
+            def step(seq: int) -> bytes:
+                return encode(Outputs([OutputItem(r, seq, data=f"{r}{seq}") for r in "ab"]))
+
+            fake.send(ident, step(0))
+            await wait_until(lambda: len(calls) == 2, "the first step")
+            assert calls == [[("a", 0)], [("b", 0)]]
+            # Three more steps while the frontend's loop does not run (no checkpoint
+            # here): they pile up in its socket.
+            frames = [step(seq) for seq in (1, 2, 3)]
+            for frame in frames:
+                fake.send(ident, frame)
+            expected = sum(len(frame) + 2 for frame in frames)  # ZMTP: 2-byte short frames
+            deadline = time.monotonic() + 10
+            while unread_bytes(client) < expected and time.monotonic() < deadline:
+                time.sleep(0.001)  # noqa: ASYNC251 (the loop must not run meanwhile)
+            assert unread_bytes(client) == expected
+            await wait_until(lambda: len(calls) == 4, "the piled-up steps")
+            assert calls[2:] == [[("a", 1), ("a", 2), ("a", 3)], [("b", 1), ("b", 2), ("b", 3)]]
+            for sub in subs:
+                sub.abort("test")
+            inner.cancel_scope.cancel()
+    finally:
+        fake.close()
 
 
 async def test_two_engines_share_the_load_and_models_are_merged(nursery):

@@ -15,7 +15,7 @@ from trioserve import h11_server
 from trioserve.http.exchange import Exchange, ServerState
 from trioserve.http.openai_api import StreamFormat
 from trioserve.http.writers import SSE_HEADERS, SSEWriter
-from trioserve.protocol import OutputItem
+from trioserve.protocol import ErrorInfo, OutputItem
 from trioserve.sdk.mock import expected_text
 
 
@@ -24,6 +24,7 @@ class FakeServer:
 
     def __init__(self, *, takes_start: bool = True) -> None:
         self.takes_start = takes_start
+        self.takes_body = True
         self.wire: list[tuple] = []  # ("start", status, headers, body) / ("body", body)
         self.messages: list[dict] = []  # what went the awaiting (ASGI send) way
 
@@ -34,6 +35,8 @@ class FakeServer:
         return True
 
     def try_send_body(self, body: bytes) -> bool:
+        if not self.takes_body:
+            return False
         self.wire.append(("body", body))
         return True
 
@@ -75,9 +78,9 @@ def delta_of(event: bytes) -> dict:
 async def test_the_first_delta_starts_the_response_from_the_sink_and_names_the_role_once():
     server = FakeServer()
     exchange, writer, sink = chat_writer(server)
-    assert sink(item(0)) is None  # nothing to relay: taken, the response not started
+    assert sink([item(0)]) == []  # nothing to relay: taken, the response not started
     assert not exchange.started and server.wire == []
-    assert sink(item(1, "Hel")) is None and sink(item(2, "lo")) is None
+    assert sink([item(1, "Hel")]) == [] and sink([item(2, "lo")]) == []
     (kind, status, headers, first), (kind2, second) = server.wire
     assert (kind, status, kind2) == ("start", 200, "body")
     assert headers == [*SSE_HEADERS, (b"x-request-id", b"r1")]
@@ -87,7 +90,7 @@ async def test_the_first_delta_starts_the_response_from_the_sink_and_names_the_r
     # The last token of a started stream is left whole for the awaiting path, which
     # writes it with the finish and [DONE] in one write.
     last = item(3, "!", finish="stop")
-    assert sink(last) is last and len(server.wire) == 2
+    assert sink([last]) == [last] and len(server.wire) == 2
     assert await writer.write([last])
     assert [m["type"] for m in server.messages] == ["http.response.body"]
     body = server.messages[0]["body"]
@@ -101,8 +104,8 @@ async def test_a_one_token_answer_starts_with_its_token_and_leaves_the_end_to_th
     server = FakeServer()
     _, writer, sink = chat_writer(server)
     only = item(0, "Hi", finish="length")
-    rest = sink(only)
-    assert rest is not None and rest.data is None
+    (rest,) = sink([only])
+    assert rest.data is None
     assert (rest.seq, rest.finish_reason) == (0, "length")
     ((kind, status, _, first),) = server.wire
     assert (kind, status) == ("start", 200)
@@ -116,11 +119,59 @@ async def test_a_one_token_answer_starts_with_its_token_and_leaves_the_end_to_th
     assert end["more_body"] is False
 
 
+async def test_outputs_that_came_together_leave_in_one_write_up_to_the_end():
+    # What one read of the engine's socket brought for a request (a frontend that fell
+    # behind reads several steps at once) reaches the client in one write: the first
+    # write starts the response with all the deltas; the end, with the last token, is
+    # left for the task; an error stops the sink and goes the task's way with what follows.
+    server = FakeServer()
+    exchange, _, sink = chat_writer(server)
+    assert sink([item(0, "a"), item(1), item(2, "b")]) == []
+    ((kind, status, _, body),) = server.wire
+    assert (kind, status) == ("start", 200)
+    events = [e + b"\n\n" for e in body.split(b"\n\n") if e]
+    assert [delta_of(e) for e in events] == [
+        {"role": "assistant", "content": "a"},
+        {"content": "b"},
+    ]
+    last = item(5, "!", finish="stop")
+    assert sink([item(3, "c"), item(4, "d"), last]) == [last]
+    (_, body) = server.wire[1]
+    assert [delta_of(e + b"\n\n") for e in body.split(b"\n\n") if e] == [
+        {"content": "c"},
+        {"content": "d"},
+    ]
+    failed = OutputItem("r1", 7, error=ErrorInfo(500, "boom"))
+    assert sink([item(6, "e"), failed, item(8, "f")]) == [failed, item(8, "f")]
+    assert delta_of(server.wire[2][1]) == {"content": "e"}
+    assert len(server.wire) == 3 and exchange.started
+
+
+async def test_deltas_the_socket_refuses_stay_whole_and_the_role_is_still_owed():
+    # The response was started by a keepalive, and the socket is full when the first
+    # deltas come: nothing is sent, they all go the task's way, and the first of them
+    # still names the role.
+    server = FakeServer()
+    exchange, writer, _ = chat_writer(server)
+    await writer.keepalive()
+    server.takes_body = False
+    sink = writer.sink()
+    assert sink is not None
+    batch = [item(0, "Hel"), item(1, "lo")]
+    assert sink(batch) == batch and exchange.started
+    assert not await writer.write(batch)
+    events = [e + b"\n\n" for e in server.messages[-1]["body"].split(b"\n\n") if e]
+    assert [delta_of(e) for e in events] == [
+        {"role": "assistant", "content": "Hel"},
+        {"content": "lo"},
+    ]
+
+
 async def test_an_answer_ending_before_any_token_is_left_whole_to_the_task():
     server = FakeServer()
     exchange, _, sink = chat_writer(server)
     empty = item(0, finish="stop")
-    assert sink(empty) is empty
+    assert sink([empty]) == [empty]
     assert server.wire == [] and not exchange.started
 
 
@@ -147,7 +198,7 @@ async def test_the_response_start_is_built_before_the_first_token_and_again_if_a
         if drain:
             exchange.state.closing = True
         sink = writer.sink()
-        assert sink is not None and sink(item(0, "Hi")) is None
+        assert sink is not None and sink([item(0, "Hi")]) == []
         ((_, status, headers, _),) = server.wire
         assert status == 200
         if drain:  # built again: the head now says close
@@ -164,7 +215,7 @@ async def test_a_first_delta_the_server_cannot_take_at_once_keeps_its_role():
     server = FakeServer(takes_start=False)
     exchange, writer, sink = chat_writer(server)
     first = item(1, "Hel")
-    assert sink(first) is first
+    assert sink([first]) == [first]
     assert not exchange.started and server.wire == []
     assert not await writer.write([item(1, "Hel")])
     start, body = server.messages

@@ -75,7 +75,15 @@ class EngineConnection:
         self._pending_aborts: list[str] = []
         self._ping_seq = 0
         # A stable identity, so the engine knows us again after a reconnect.
-        self._pump = ZmtpDealer(address, frontend_id.encode(), self._on_message, self._before_flush)
+        self._pump = ZmtpDealer(
+            address,
+            frontend_id.encode(),
+            self._on_message,
+            self._before_flush,
+            after_receive=self._release_held,
+        )
+        #: Subscriptions holding items for their sinks until the read pass ends.
+        self._held: list[Subscription] = []
         #: Set by the heartbeat when the engine looks silent; judged by the socket owner.
         self._liveness_check = False
         #: When the oldest ping still without any message after it was sent (None: none).
@@ -149,6 +157,18 @@ class EngineConnection:
         """Queue one abort; all aborts queued in one scheduling round leave in one frame."""
         self._pending_aborts.append(request_id)
         self._pump.wake()
+
+    def hold(self, sub: Subscription) -> None:
+        """``sub`` holds items for its sink: release them when this read pass ends."""
+        self._held.append(sub)
+
+    def _release_held(self) -> None:
+        """Run by the socket owner after each read pass: the sinks get what came."""
+        held = self._held
+        if held:
+            self._held = []
+            for sub in held:
+                sub.release()
 
     def _before_flush(self) -> None:
         """Run by the socket owner after it has read everything waiting."""

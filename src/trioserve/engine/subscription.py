@@ -56,34 +56,55 @@ class Subscription:
         self._bound = buffer
         self._closed = False  # no more items will be added
         self._waiter: trio.lowlevel.Task | None = None
-        #: Optional synchronous consumer (see ``deliver``): given an item, it returns what
-        #: is left of it for the queue, ``None`` when it took it all. A final item (a
+        #: Optional synchronous consumer (see ``deliver``): given items, it returns what
+        #: is left of them for the queue (``[]`` when it took them all). A final item (a
         #: finish) is never taken whole: at most its ``data`` goes, and the rest returns.
-        self.sink: Callable[[OutputItem], OutputItem | None] | None = None
+        self.sink: Callable[[list[OutputItem]], list[OutputItem]] | None = None
+        #: Items held for the sink until the engine connection's read pass ends.
+        self._held: list[OutputItem] | None = None
 
     # -- called by the engine connection (in its socket-owner task) --------------------
 
     def deliver(self, item: OutputItem) -> None:
         """Hand one item to the consumer, never blocking the caller."""
+        held = self._held
+        if held is not None:
+            held.append(item)
+            if len(held) >= self._bound:
+                self.release()
+            return
+        # The per-token fast path: the consumer is parked with nothing queued, so this item
+        # is next in order. It is held for the sink, which the engine connection calls at
+        # the end of its read pass (``release``) with what came for this request meanwhile:
+        # outputs of several engine steps leave in one write when the frontend is behind,
+        # and the consumer stays asleep. Errors always go the consumer's way (before the
+        # first token, they are the response's status).
+        if not self._items and self._waiter is not None and item.error is None and self.sink:
+            self._held = [item]
+            self.engine.hold(self)
+            return
+        self._queue(item)
+
+    def release(self) -> None:
+        """Give the held items to the sink, and what it leaves to the consumer."""
+        held, self._held = self._held, None
+        if not held or self.state != "open":  # (ended meanwhile: nothing is owed)
+            return
+        sink = self.sink
+        if sink is not None and self._waiter is not None:
+            held = sink(held)
+        for item in held:
+            self._queue(item)
+
+    def _queue(self, item: OutputItem) -> None:
         # OutputItem.final and _wake, written out: a property and a method call per token
         # were 1% of a non-streaming request's instructions (16 items; callgrind).
         items = self._items
-        final = item.finish_reason is not None or item.error is not None
-        # The per-token fast path: the consumer is parked with nothing queued, so this item
-        # is next in order; a sink that takes it leaves the consumer asleep. Errors always
-        # go the consumer's way (before the first token, they are the response's status).
-        if not items and self._waiter is not None and item.error is None:
-            sink = self.sink
-            if sink is not None:
-                rest = sink(item)
-                if rest is None:
-                    return
-                item = rest
         if len(items) >= self._bound:
             self.fail(SlowClientError("the client is not reading fast enough"), "slow_client")
             return
         items.append(item)
-        if final:
+        if item.finish_reason is not None or item.error is not None:
             self.state = "finished"
             self.engine.forget(self.request_id)
             self._closed = True

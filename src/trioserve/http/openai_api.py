@@ -321,19 +321,31 @@ class StreamFormat:
             return self._head + b'[{"index":0,"delta":{"role":"assistant","content":'
         return self._prefix
 
+    @functools.cached_property
+    def _event_parts(self) -> tuple[bytes, bytes, bytes]:
+        """An SSE event's parts around the text: the first one's prefix, the others'
+        prefix, and the suffix."""
+        return b"data: " + self._first_prefix, b"data: " + self._prefix, self._suffix + b"\n\n"
+
     def prepare(self) -> None:
         """Build the parts of a streamed chunk now: called once the request is submitted,
         so that the work is done while the engine computes the first token, not on the
         way from that token to the client (38 µs less on that way, measured cold)."""
-        _ = self._first_prefix, self._prefix
+        _ = self._event_parts
 
-    def delta(self, text: str, *, commit: bool = True) -> bytes:
-        """A delta chunk; the first one names the role. With ``commit`` False the chunk
-        does not count as sent (yet): the caller sets :attr:`started` once it is."""
+    def delta(self, text: str) -> bytes:
+        """A delta chunk; the first one names the role (a caller whose chunk did not leave
+        sets :attr:`started` back)."""
         prefix = self._prefix if self.started else self._first_prefix
-        if commit:
-            self.started = True
+        self.started = True
         return b"".join((prefix, _json_string(text).encode(), self._suffix))
+
+    def event(self, text: str) -> bytes:
+        """A delta chunk as one SSE event (``data: ...`` and the blank line)."""
+        first, later, suffix = self._event_parts
+        prefix = later if self.started else first
+        self.started = True
+        return b"".join((prefix, _json_string(text).encode(), suffix))
 
     def finish(self, reason: str) -> bytes:
         if self.kind == "chat":

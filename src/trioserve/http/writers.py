@@ -143,7 +143,7 @@ class SSEWriter:
                 break
             if item.data:
                 text = text_of(item.data)
-                out += (b"data: ", fmt.delta(text), b"\n\n")
+                out.append(fmt.event(text))
             if item.finish_reason is not None:
                 out += (b"data: ", fmt.finish(item.finish_reason), b"\n\n")
                 if fmt.include_usage:
@@ -159,17 +159,18 @@ class SSEWriter:
         self.fmt.prepare()
         self.exchange.prepare_start(200, SSE_HEADERS)
 
-    def sink(self) -> Callable[[OutputItem], OutputItem | None] | None:
+    def sink(self) -> Callable[[list[OutputItem]], list[OutputItem]] | None:
         """A synchronous path for deltas, the first one included.
 
-        The socket owner calls it with each item while this request's relay is parked
-        and nothing is queued (see ``Subscription.sink``): the event goes straight to the
-        client socket, with no task switch; the first one starts the response (200) with
-        it, even when it is also the last token (a one-token answer). It returns what is
-        left for the awaiting path: the item itself when the server cannot take it at
-        once, and the end of the stream (the finish, ``[DONE]``). Error items never come
-        here, so an engine error before any token still becomes the response's own
-        status. (Bound methods, not closures: every open stream holds its sink.)
+        The socket owner calls it with what came for this request in one read of the
+        engine's socket while its relay is parked and nothing is queued (see
+        ``Subscription.sink``): the deltas go straight to the client socket in one write,
+        with no task switch; the first one starts the response (200), even when it is
+        also the last token (a one-token answer). It returns what is left for the
+        awaiting path: everything when the server cannot take it at once, and the end of
+        the stream (the finish, ``[DONE]``), which the last token leaves with. Error
+        items stop it (an engine error before any token still becomes the response's
+        own status). (Bound methods, not closures: every open stream holds its sink.)
         """
         exchange = self.exchange
         if exchange.try_send_body is None:
@@ -180,30 +181,48 @@ class SSEWriter:
             return None
         return self._start_now
 
-    def _send_now(self, item: OutputItem) -> OutputItem | None:
-        if item.finish_reason is not None:
-            return item  # the last token leaves with the stream's end, in one write
-        if item.data:
-            event = b"data: " + self.fmt.delta(text_of(item.data)) + b"\n\n"
-            if not self.exchange.try_send_body(event):  # type: ignore[misc]
-                return item
-        return None
+    def _deltas(self, items: list[OutputItem]) -> tuple[bytes, int]:
+        """The events of the deltas that lead ``items`` (up to a final or error item),
+        and how many items that is."""
+        event = self.fmt.event
+        out: list[bytes] = []
+        taken = 0
+        for item in items:
+            if item.finish_reason is not None or item.error is not None:
+                break
+            data = item.data
+            if data:
+                out.append(event(data if type(data) is str else text_of(data)))
+            taken += 1
+        return b"".join(out), taken
 
-    def _start_now(self, item: OutputItem) -> OutputItem | None:
+    def _send_now(self, items: list[OutputItem]) -> list[OutputItem]:
+        fmt = self.fmt
+        started = fmt.started  # (False after a keepalive: the first delta names the role)
+        data, taken = self._deltas(items)
+        if data and not self.exchange.try_send_body(data):  # type: ignore[misc]
+            fmt.started = started
+            return items
+        return items[taken:]
+
+    def _start_now(self, items: list[OutputItem]) -> list[OutputItem]:
         exchange = self.exchange
         if exchange.started:  # started by an earlier item, or by a keepalive
-            return self._send_now(item)
-        if not item.data:
-            return None if item.finish_reason is None else item
-        # The first token, alone or the only one: it leaves now, before anything else.
+            return self._send_now(items)
         fmt = self.fmt
-        event = b"data: " + fmt.delta(text_of(item.data), commit=False) + b"\n\n"
-        if not exchange.try_start(200, SSE_HEADERS, event):
-            return item
-        fmt.started = True
-        if item.finish_reason is None:
-            return None
-        return attrs.evolve(item, data=None)
+        data, taken = self._deltas(items)
+        rest = items[taken:]
+        if not data:
+            last = rest[0] if rest else None
+            if last is None or last.error is not None or not last.data:
+                return rest  # nothing to relay yet
+            # A one-token answer: its token starts the response; its end is left.
+            data = fmt.event(text_of(last.data))
+            rest = [attrs.evolve(last, data=None), *rest[1:]]
+        if not exchange.try_start(200, SSE_HEADERS, data):
+            fmt.started = False
+            return items
+        return rest
 
     async def keepalive(self) -> None:
         """A comment line (ignored by SSE clients) so that proxies keep a silent stream open.
