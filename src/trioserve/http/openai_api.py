@@ -321,17 +321,11 @@ class StreamFormat:
             return self._head + b'[{"index":0,"delta":{"role":"assistant","content":'
         return self._prefix
 
-    @functools.cached_property
-    def _event_parts(self) -> tuple[bytes, bytes, bytes]:
-        """An SSE event's parts around the text: the first one's prefix, the others'
-        prefix, and the suffix."""
-        return b"data: " + self._first_prefix, b"data: " + self._prefix, self._suffix + b"\n\n"
-
     def prepare(self) -> None:
         """Build the parts of a streamed chunk now: called once the request is submitted,
         so that the work is done while the engine computes the first token, not on the
         way from that token to the client (38 µs less on that way, measured cold)."""
-        _ = self._event_parts
+        _ = self._first_prefix, self._prefix
 
     def delta(self, text: str) -> bytes:
         """A delta chunk; the first one names the role (a caller whose chunk did not leave
@@ -342,10 +336,9 @@ class StreamFormat:
 
     def event(self, text: str) -> bytes:
         """A delta chunk as one SSE event (``data: ...`` and the blank line)."""
-        first, later, suffix = self._event_parts
-        prefix = later if self.started else first
+        prefix = self._prefix if self.started else self._first_prefix
         self.started = True
-        return b"".join((prefix, _json_string(text).encode(), suffix))
+        return b"".join((b"data: ", prefix, _json_string(text).encode(), self._suffix, b"\n\n"))
 
     def finish(self, reason: str) -> bytes:
         if self.kind == "chat":
