@@ -72,6 +72,8 @@ sys.path.insert(0, str(TOOLS))
 import loadgen  # noqa: E402  (tools/loadgen.py: the response parser)
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+#: Tokens/s per stream of the capacity levels: 2,560 events/s apart at 512 streams.
+CAPACITY_RATES = (10, 15, 20, 25, 30, 35, 40)
 #: A run of the capacity scenario alone (it takes longer than all the others together)
 #: has a section of its own, so that running it does not replace the main table.
 CAPACITY_BEGIN, CAPACITY_END = "<!-- bench-capacity:begin -->", "<!-- bench-capacity:end -->"
@@ -397,7 +399,7 @@ class Plan:
     idle_levels: list[int]
     scenarios: list[str]
     capacity_streams: int = 512
-    capacity_rates: list[int] = field(default_factory=lambda: [10, 15, 20, 25, 30, 40])
+    capacity_rates: list[int] = field(default_factory=lambda: list(CAPACITY_RATES))
     capacity_duration: float = 4.0
     capacity_warmup: float = 2.0
     capacity_cpu: float = 0.25
@@ -1113,7 +1115,7 @@ def main() -> int:
     parser.add_argument(
         "--capacity-rates",
         type=levels,
-        default=[10, 15, 20, 25, 30, 40],
+        default=list(CAPACITY_RATES),
         help="capacity: tokens/s per stream, one load level each",
     )
     parser.add_argument(
