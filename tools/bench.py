@@ -33,7 +33,7 @@ admission bound (``--max-concurrent-requests``) is raised to what the plan opens
 during which someone edited it says so. Process logs stay in a temporary directory named
 in the JSON (``meta.logs``).
 
-    python tools/bench.py                          # the full run (about 8 minutes)
+    python tools/bench.py                          # the full run (about 19 minutes, 11 capacity)
     python tools/bench.py --quick                  # a seconds-long smoke run
     python tools/bench.py --trioserve-args "--server h11" --trioserve-args "--server hypercorn"
     python tools/bench.py --json figures.json --write-docs docs/benchmarks.md
