@@ -14,6 +14,7 @@ import zmq
 
 from tests.conftest import start_engine, wait_until
 from trioserve.engine import HeartbeatConfig, open_engine_client
+from trioserve.engine.subscription import DEFAULT_BUFFER
 from trioserve.errors import EngineLostError, ProtocolVersionError, SlowClientError
 from trioserve.protocol import (
     PROTOCOL_VERSION,
@@ -199,6 +200,36 @@ async def test_steps_that_piled_up_unread_reach_each_sink_in_one_call():
             assert calls[2:] == [[("a", 1), ("a", 2), ("a", 3)], [("b", 1), ("b", 2), ("b", 3)]]
             for sub in subs:
                 sub.abort("test")
+            inner.cancel_scope.cancel()
+    finally:
+        fake.close()
+
+
+async def test_what_a_pass_holds_for_a_sink_stays_within_the_bound():
+    # One engine frame with more outputs for one request than its subscription's bound:
+    # the held items go to the sink each time they reach the bound, in order.
+    fake = FakeEngine()
+    try:
+        async with open_engine_client([fake.address]) as client, trio.open_nursery() as inner:
+            ident, _ = await fake.receive()
+            fake.send(ident, welcome())
+            await client.wait_ready()
+            calls: list[list[int]] = []
+
+            def sink(items: list[OutputItem]) -> list[OutputItem]:
+                calls.append([i.seq for i in items])
+                return []
+
+            sub = client.submit(completion("a"), "completion")
+            sub.sink = sink
+            inner.start_soon(sub.receive_batch)
+            await wait_until(lambda: sub._waiter is not None, "a parked consumer")
+            total = DEFAULT_BUFFER + 44
+            fake.send(ident, encode(Outputs([OutputItem("a", n, data="x") for n in range(total)])))
+            await wait_until(lambda: sum(map(len, calls)) == total, "every output")
+            assert [len(c) for c in calls] == [DEFAULT_BUFFER, 44]
+            assert [seq for c in calls for seq in c] == list(range(total))
+            sub.abort("test")
             inner.cancel_scope.cancel()
     finally:
         fake.close()
