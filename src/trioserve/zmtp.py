@@ -33,7 +33,8 @@ does not take is queued, in order, for the owner.
 Bounds: one message (all its frames) is at most :data:`MAX_MESSAGE` bytes and
 :data:`MAX_PARTS` frames, so the receive buffer holds at most one message plus one read;
 the outbox holds at most ``outbox_limit`` messages; connecting and the handshake take at
-most :data:`HANDSHAKE_TIMEOUT`.
+most :data:`HANDSHAKE_TIMEOUT`; a pass reads once and handles what it read within
+:data:`~trioserve.owner.RECV_BUDGET` of CPU time before other tasks run.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ HANDSHAKE_TIMEOUT = 5.0
 MAX_MESSAGE = 512 * 2**20
 #: The most frames one message may have (the engine protocol uses one).
 MAX_PARTS = 64
-#: Bytes asked of the kernel per read.
+#: Bytes asked of the kernel per read (one read per pass: see ``_receive_available``).
 RECV_SIZE = 256 * 1024
 #: Frames from this size on are copied out of the receive buffer through a view.
 LARGE = 64 * 1024
