@@ -327,18 +327,14 @@ class StreamFormat:
         way from that token to the client (38 µs less on that way, measured cold)."""
         _ = self._first_prefix, self._prefix
 
-    def delta(self, text: str) -> bytes:
-        """A delta chunk; the first one names the role (a caller whose chunk did not leave
-        sets :attr:`started` back)."""
+    def delta(self, text: str, frame: tuple[bytes, bytes] = (b"", b"")) -> bytes:
+        """A delta chunk between ``frame``'s two parts (an SSE event's, say: one join per
+        token); the first one names the role (a caller whose chunk did not leave sets
+        :attr:`started` back)."""
         prefix = self._prefix if self.started else self._first_prefix
         self.started = True
-        return b"".join((prefix, _json_string(text).encode(), self._suffix))
-
-    def event(self, text: str) -> bytes:
-        """A delta chunk as one SSE event (``data: ...`` and the blank line)."""
-        prefix = self._prefix if self.started else self._first_prefix
-        self.started = True
-        return b"".join((b"data: ", prefix, _json_string(text).encode(), self._suffix, b"\n\n"))
+        before, after = frame
+        return b"".join((before, prefix, _json_string(text).encode(), self._suffix, after))
 
     def finish(self, reason: str) -> bytes:
         if self.kind == "chat":

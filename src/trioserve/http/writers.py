@@ -23,6 +23,8 @@ SSE_HEADERS = [
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),
 ]
+#: What wraps one chunk into an SSE event.
+SSE_EVENT = (b"data: ", b"\n\n")
 SSE_DONE = b"data: [DONE]\n\n"
 SSE_KEEPALIVE = b": keepalive\n\n"
 
@@ -143,7 +145,7 @@ class SSEWriter:
                 break
             if item.data:
                 text = text_of(item.data)
-                out.append(fmt.event(text))
+                out.append(fmt.delta(text, SSE_EVENT))
             if item.finish_reason is not None:
                 out += (b"data: ", fmt.finish(item.finish_reason), b"\n\n")
                 if fmt.include_usage:
@@ -184,7 +186,7 @@ class SSEWriter:
     def _deltas(self, items: list[OutputItem]) -> tuple[bytes, int]:
         """The events of the deltas that lead ``items`` (up to a final or error item),
         and how many items that is."""
-        event = self.fmt.event
+        delta = self.fmt.delta
         out: list[bytes] = []
         taken = 0
         for item in items:
@@ -192,7 +194,7 @@ class SSEWriter:
                 break
             data = item.data
             if data:
-                out.append(event(data if type(data) is str else text_of(data)))
+                out.append(delta(data if type(data) is str else text_of(data), SSE_EVENT))
             taken += 1
         return b"".join(out), taken
 
@@ -217,7 +219,7 @@ class SSEWriter:
             if last is None or last.error is not None or not last.data:
                 return rest  # nothing to relay yet
             # A one-token answer: its token starts the response; its end is left.
-            data = fmt.event(text_of(last.data))
+            data = fmt.delta(text_of(last.data), SSE_EVENT)
             rest = [attrs.evolve(last, data=None), *rest[1:]]
         if not exchange.try_start(200, SSE_HEADERS, data):
             fmt.started = False
