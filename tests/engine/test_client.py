@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import struct
 import termios
 import time
+from collections.abc import AsyncIterator
+from typing import Any
 
 import msgpack
 import pytest
@@ -158,10 +161,12 @@ def unread_bytes(client) -> int:
     return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0" * 4))[0]
 
 
-async def test_steps_that_piled_up_unread_reach_each_sink_in_one_call():
-    # A frontend that fell behind finds several engine steps waiting: it reads them in
-    # one pass, and what came for each request among them goes to its sink in one call
-    # (one write to that client), in order. A step read alone goes alone, at once.
+@contextlib.asynccontextmanager
+async def parked_sinks(*request_ids: str) -> AsyncIterator[tuple[FakeEngine, bytes, Any, list]]:
+    """A client welcomed by a hand-driven engine, with ``request_ids`` submitted, each
+    with its consumer parked and a sink that takes everything and records each call (a
+    list of ``(request_id, seq)``). Yields the engine, the client's identity there, the
+    client and the calls."""
     fake = FakeEngine()
     try:
         async with open_engine_client([fake.address]) as client, trio.open_nursery() as inner:
@@ -174,30 +179,12 @@ async def test_steps_that_piled_up_unread_reach_each_sink_in_one_call():
                 calls.append([(i.request_id, i.seq) for i in items])
                 return []
 
-            subs = [client.submit(completion(rid), "completion") for rid in ("a", "b")]
+            subs = [client.submit(completion(rid), "completion") for rid in request_ids]
             for sub in subs:
                 sub.sink = sink
                 inner.start_soon(sub.receive_batch)  # parked: the sink's condition
             await wait_until(lambda: all(s._waiter for s in subs), "parked consumers")
-
-            def step(seq: int) -> bytes:
-                return encode(Outputs([OutputItem(r, seq, data=f"{r}{seq}") for r in "ab"]))
-
-            fake.send(ident, step(0))
-            await wait_until(lambda: len(calls) == 2, "the first step")
-            assert calls == [[("a", 0)], [("b", 0)]]
-            # Three more steps while the frontend's loop does not run (no checkpoint
-            # here): they pile up in its socket.
-            frames = [step(seq) for seq in (1, 2, 3)]
-            for frame in frames:
-                fake.send(ident, frame)
-            expected = sum(len(frame) + 2 for frame in frames)  # ZMTP: 2-byte short frames
-            deadline = time.monotonic() + 10
-            while unread_bytes(client) < expected and time.monotonic() < deadline:
-                time.sleep(0.001)  # noqa: ASYNC251 (the loop must not run meanwhile)
-            assert unread_bytes(client) == expected
-            await wait_until(lambda: len(calls) == 4, "the piled-up steps")
-            assert calls[2:] == [[("a", 1), ("a", 2), ("a", 3)], [("b", 1), ("b", 2), ("b", 3)]]
+            yield fake, ident, client, calls
             for sub in subs:
                 sub.abort("test")
             inner.cancel_scope.cancel()
@@ -205,34 +192,41 @@ async def test_steps_that_piled_up_unread_reach_each_sink_in_one_call():
         fake.close()
 
 
+async def test_steps_that_piled_up_unread_reach_each_sink_in_one_call():
+    # A frontend that fell behind finds several engine steps waiting: it reads them in
+    # one pass, and what came for each request among them goes to its sink in one call
+    # (one write to that client), in order. A step read alone goes alone, at once.
+    async with parked_sinks("a", "b") as (fake, ident, client, calls):
+
+        def step(seq: int) -> bytes:
+            return encode(Outputs([OutputItem(r, seq, data=f"{r}{seq}") for r in "ab"]))
+
+        fake.send(ident, step(0))
+        await wait_until(lambda: len(calls) == 2, "the first step")
+        assert calls == [[("a", 0)], [("b", 0)]]
+        # Three more steps while the frontend's loop does not run (no checkpoint here):
+        # they pile up in its socket.
+        frames = [step(seq) for seq in (1, 2, 3)]
+        for frame in frames:
+            fake.send(ident, frame)
+        expected = sum(len(frame) + 2 for frame in frames)  # ZMTP: 2-byte short frames
+        deadline = time.monotonic() + 10
+        while unread_bytes(client) < expected and time.monotonic() < deadline:
+            time.sleep(0.001)  # noqa: ASYNC251 (the loop must not run meanwhile)
+        assert unread_bytes(client) == expected
+        await wait_until(lambda: len(calls) == 4, "the piled-up steps")
+        assert calls[2:] == [[("a", 1), ("a", 2), ("a", 3)], [("b", 1), ("b", 2), ("b", 3)]]
+
+
 async def test_what_a_pass_holds_for_a_sink_stays_within_the_bound():
     # One engine frame with more outputs for one request than its subscription's bound:
     # the held items go to the sink each time they reach the bound, in order.
-    fake = FakeEngine()
-    try:
-        async with open_engine_client([fake.address]) as client, trio.open_nursery() as inner:
-            ident, _ = await fake.receive()
-            fake.send(ident, welcome())
-            await client.wait_ready()
-            calls: list[list[int]] = []
-
-            def sink(items: list[OutputItem]) -> list[OutputItem]:
-                calls.append([i.seq for i in items])
-                return []
-
-            sub = client.submit(completion("a"), "completion")
-            sub.sink = sink
-            inner.start_soon(sub.receive_batch)
-            await wait_until(lambda: sub._waiter is not None, "a parked consumer")
-            total = DEFAULT_BUFFER + 44
-            fake.send(ident, encode(Outputs([OutputItem("a", n, data="x") for n in range(total)])))
-            await wait_until(lambda: sum(map(len, calls)) == total, "every output")
-            assert [len(c) for c in calls] == [DEFAULT_BUFFER, 44]
-            assert [seq for c in calls for seq in c] == list(range(total))
-            sub.abort("test")
-            inner.cancel_scope.cancel()
-    finally:
-        fake.close()
+    async with parked_sinks("a") as (fake, ident, _, calls):
+        total = DEFAULT_BUFFER + 44
+        fake.send(ident, encode(Outputs([OutputItem("a", n, data="x") for n in range(total)])))
+        await wait_until(lambda: sum(map(len, calls)) == total, "every output")
+        assert [len(c) for c in calls] == [DEFAULT_BUFFER, 44]
+        assert [seq for c in calls for _, seq in c] == list(range(total))
 
 
 async def test_two_engines_share_the_load_and_models_are_merged(nursery):
