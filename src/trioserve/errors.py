@@ -38,8 +38,15 @@ class UnencodableRequestError(EngineError):
     code = "invalid_request"
 
 
-class ProtocolVersionError(EngineError):
-    """The engine speaks another protocol version; raised at connect time."""
+class EngineFailedError(EngineError):
+    """The engine broke the protocol (refused our version, changed it, sent a frame over
+    the bound): it is out of service, and tried again after a backoff."""
+
+    code = "engine_failed"
+
+
+class ProtocolVersionError(EngineFailedError):
+    """The engine speaks another protocol version (an :class:`EngineFailedError`)."""
 
     code = "protocol_version_mismatch"
 

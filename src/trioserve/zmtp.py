@@ -30,7 +30,8 @@ what is queued and parks. Other tasks :meth:`~ZmtpDealer.send` without waiting: 
 nothing queued before it a message leaves at once, in the caller's task; what the kernel
 does not take is queued, in order, for the owner.
 
-Bounds: one message (all its frames) is at most :data:`MAX_MESSAGE` bytes and
+Bounds: one message (all its frames) is at most ``max_message`` bytes (default
+:data:`MAX_MESSAGE`) and
 :data:`MAX_PARTS` frames, so the receive buffer holds at most one message plus one read;
 the outbox holds at most ``outbox_limit`` messages; connecting and the handshake take at
 most :data:`HANDSHAKE_TIMEOUT`; a pass reads once and handles what it read within
@@ -61,9 +62,14 @@ MORE, LONG, COMMAND = 1, 2, 4
 RECONNECT_INTERVAL = 0.1
 #: Seconds a connection may take from ``connect(2)`` to the peer's READY.
 HANDSHAKE_TIMEOUT = 5.0
-#: The largest message accepted from an engine, all frames together (bytes). A larger
-#: one ends the connection: nothing this frontend relays is near it.
-MAX_MESSAGE = 512 * 2**20
+#: The largest message accepted from an engine by default, all frames together (bytes;
+#: ``--engine-max-frame-mb``). What the protocol needs: one engine step's outputs for one
+#: frontend, where a step yields one delta per request. Text steps are kilobytes; the
+#: largest item is a media payload, and engines send media larger than this in several
+#: items (docs/protocol.md §2). A larger message is a protocol error: it ends the
+#: connection before its body is read, so the buffer never holds more than this plus one
+#: read.
+MAX_MESSAGE = 128 * 2**20
 #: The most frames one message may have (the engine protocol uses one).
 MAX_PARTS = 64
 #: Bytes asked of the kernel per read (one read per pass: see ``_receive_available``).
@@ -158,8 +164,9 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
     """A DEALER connected to one engine's ROUTER; the frontend's half of the link.
 
     ``on_message``, ``before_flush`` and ``after_receive``: see
-    :class:`~trioserve.owner.SocketOwner`. :meth:`run` owns the socket until cancelled;
-    :meth:`close` then sends what it can and closes it.
+    :class:`~trioserve.owner.SocketOwner`; ``on_error``: see its attribute.
+    :meth:`run` owns the socket until cancelled; :meth:`close` then sends what it can and
+    closes it.
     """
 
     def __init__(
@@ -171,9 +178,17 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
         outbox_limit: int = OUTBOX_LIMIT,
         *,
         after_receive: Callable[[], None] | None = None,
+        max_message: int | None = None,
+        on_error: Callable[[str], float] | None = None,
     ) -> None:
         super().__init__(on_message, before_flush, outbox_limit, after_receive)
         self.address = address
+        #: The largest message accepted from the peer (bytes, all frames together).
+        self.max_message = MAX_MESSAGE if max_message is None else max_message
+        #: Told why the peer broke the protocol (a :class:`ZmtpError`); returns the seconds
+        #: to wait before connecting again, and logs (without it: a warning per new reason,
+        #: and the next attempt after :data:`RECONNECT_INTERVAL`).
+        self._on_error = on_error
         self._family, self._host, self._port = parse_address(address)
         self._ready_command = ready_command(b"DEALER", identity)
         # The outbox holds framed messages; a ``memoryview`` at its head is the unsent
@@ -251,6 +266,7 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
         """Own the socket until cancelled: connect, serve, reconnect. Never returns."""
         refused = None  # the last refusal logged as a warning: each is logged once
         while True:
+            delay = RECONNECT_INTERVAL
             try:
                 with trio.fail_after(HANDSHAKE_TIMEOUT):
                     await self._connect()
@@ -259,7 +275,9 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
                 self._send_available()
                 await self._own()
             except ZmtpError as exc:
-                if str(exc) != refused:
+                if self._on_error is not None:
+                    delay = self._on_error(str(exc))
+                elif str(exc) != refused:
                     refused = str(exc)
                     log.warning("engine %s: dropping the connection: %s", self.address, exc)
             except (OSError, trio.TooSlowError) as exc:
@@ -268,7 +286,7 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
                 else:
                     log.debug("engine %s: cannot connect: %r", self.address, exc)
             self._disconnect()
-            await trio.sleep(RECONNECT_INTERVAL)
+            await trio.sleep(delay)
 
     async def _connect(self) -> None:
         if self._family == socket.AF_UNIX:
@@ -407,8 +425,8 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
                     start = pos + 2
                 if flags & ~(MORE | LONG | COMMAND):
                     raise ZmtpError(f"reserved frame flags set ({flags:#x})")
-                if size > MAX_MESSAGE - self._parts_size:
-                    raise ZmtpError(f"a message larger than {MAX_MESSAGE} bytes")
+                if size > self.max_message - self._parts_size:
+                    raise ZmtpError(f"a message larger than {self.max_message} bytes")
                 if end - start < size:
                     break
                 if size < LARGE:

@@ -15,16 +15,21 @@ import pytest
 import trio
 import zmq
 
-from tests.conftest import start_engine, wait_until
-from trioserve.engine import HeartbeatConfig, open_engine_client
+from tests.conftest import HANG_GUARD, start_engine, wait_until
+from trioserve import metrics
+from trioserve.engine import HeartbeatConfig, connection, open_engine_client
 from trioserve.engine.subscription import DEFAULT_BUFFER
-from trioserve.errors import EngineLostError, ProtocolVersionError, SlowClientError
+from trioserve.errors import EngineFailedError, EngineLostError, SlowClientError
 from trioserve.protocol import (
     PROTOCOL_VERSION,
+    Abort,
     Hello,
     ModelCard,
     OutputItem,
     Outputs,
+    Ping,
+    Pong,
+    Reject,
     Submit,
     Welcome,
     decode,
@@ -265,19 +270,134 @@ class FakeEngine:
         self.sock.close(linger=0)
 
 
-def welcome(version: int = PROTOCOL_VERSION, session: str = "s1") -> bytes:
-    return encode(Welcome(version, "fake", session, [ModelCard("mock")], ["completion"]))
+def welcome(version: int = PROTOCOL_VERSION, session: str = "s1", model: str = "mock") -> bytes:
+    return encode(Welcome(version, "fake", session, [ModelCard(model)], ["completion"]))
 
 
-async def test_protocol_version_mismatch_is_a_clear_error_at_connect():
+async def receive_a(fake: FakeEngine, kind: type) -> tuple[bytes, Any]:
+    """The next message of type ``kind`` the fake receives (hellos repeat until answered)."""
+    with trio.fail_after(HANG_GUARD):
+        while True:
+            ident, message = await fake.receive()
+            if isinstance(message, kind):
+                return ident, message
+
+
+@pytest.fixture
+def quick_retry(monkeypatch):
+    """A failed engine is tried again after 50 ms (the backoff's start), not a second."""
+    monkeypatch.setattr(connection, "FAIL_BACKOFF", 0.05)
+
+
+@pytest.mark.parametrize("answer", ["reject", "welcome"])
+async def test_an_engine_that_refuses_our_version_fails_alone_and_is_tried_again(
+    nursery, quick_retry, caplog, answer
+):
+    # A reject, or a welcome of another version: that engine is out of service (one log
+    # line), the frontend does not stop, the other engine serves, and after the backoff
+    # the failed one is said hello to again; a proper welcome brings it back.
+    engine = await start_engine(nursery)
+    fake = FakeEngine()
+    try:
+        async with open_engine_client([engine.address, fake.address]) as client:
+            ident, _ = await receive_a(fake, Hello)
+            if answer == "reject":
+                fake.send(ident, encode(Reject(PROTOCOL_VERSION + 1, "speaks 2 only")))
+            else:
+                fake.send(ident, welcome(version=PROTOCOL_VERSION + 1))
+            with trio.fail_after(HANG_GUARD):
+                await client.wait_ready()  # returns: a failed engine has settled
+            (why,) = client.failures().values()
+            assert f"version {PROTOCOL_VERSION + 1}" in why
+            assert client.ready and not client.connections[1].ready
+            async with client.submit(completion("r1", max_tokens=3), "completion") as sub:
+                assert len(await collect(sub)) == 3
+            ident, _ = await receive_a(fake, Hello)  # tried again
+            fake.send(ident, welcome(model="fake"))
+            await wait_until(lambda: client.connections[1].ready, "the engine back")
+            assert client.failures() == {} and client.serves_model("fake")
+        failed = [r for r in caplog.records if "failed:" in r.getMessage()]
+        assert len(failed) == 1 and failed[0].levelname == "ERROR"
+    finally:
+        fake.close()
+
+
+async def test_a_version_change_while_serving_fails_its_requests_once_each(quick_retry):
     fake = FakeEngine()
     try:
         async with open_engine_client([fake.address]) as client:
-            ident, hello = await fake.receive()
-            assert isinstance(hello, Hello)
+            ident, _ = await receive_a(fake, Hello)
+            fake.send(ident, welcome())
+            await client.wait_ready()
+            failures: list[Exception] = []
+            subs = [
+                client.submit(completion(f"r{i}"), "completion", on_failure=failures.append)
+                for i in range(3)
+            ]
+            for _ in subs:
+                await receive_a(fake, Submit)
             fake.send(ident, welcome(version=PROTOCOL_VERSION + 1))
-            with pytest.raises(ProtocolVersionError, match="speaks protocol version"):
-                await client.wait_ready()
+            for sub in subs:
+                with pytest.raises(EngineFailedError, match="speaks protocol version"):
+                    await sub.receive_batch()
+            assert [s.state for s in subs] == ["lost"] * 3 and len(failures) == 3
+            assert not client.ready
+            _, abort = await receive_a(fake, Abort)
+            assert sorted(abort.request_ids) == ["r0", "r1", "r2"]
+            for sub in subs:
+                assert sub.abort("again") is False  # ended once
+            # Retried: a hello (never a second abort) comes next.
+            _, message = await fake.receive()
+            while not isinstance(message, Hello):
+                assert not isinstance(message, Abort)
+                _, message = await fake.receive()
+    finally:
+        fake.close()
+
+
+async def test_a_frame_over_the_bound_fails_that_engine_not_the_frontend(nursery, quick_retry):
+    engine = await start_engine(nursery)
+    fake = FakeEngine()
+    try:
+        async with open_engine_client([engine.address, fake.address], max_message=1000) as client:
+            ident, _ = await receive_a(fake, Hello)
+            fake.send(ident, welcome(model="fake"))
+            await client.wait_ready()
+            sub = client.submit(Submit("big", "fake", "completion", {"prompt": "p"}), "completion")
+            await receive_a(fake, Submit)
+            fake.send(ident, b"z" * 1001)
+            with pytest.raises(EngineFailedError, match="larger than 1000 bytes"):
+                await sub.receive_batch()
+            assert "larger than 1000 bytes" in client.failures()[fake.address]
+            assert client.ready and not client.serves_model("fake")
+            async with client.submit(completion("ok", max_tokens=2), "completion") as other:
+                assert len(await collect(other)) == 2
+            # The link comes back after the backoff; the abort of "big" leaves on it.
+            _, abort = await receive_a(fake, Abort)
+            assert abort.request_ids == ["big"]
+    finally:
+        fake.close()
+
+
+@pytest.mark.parametrize("running", [-(2**63), 2**64 - 1, 2**31])
+async def test_impossible_pong_figures_are_ignored_with_one_warning(caplog, running):
+    fake = FakeEngine()
+    try:
+        heartbeat = HeartbeatConfig(interval=0.02, timeout=5.0)
+        async with open_engine_client([fake.address], heartbeat=heartbeat) as client:
+            ident, _ = await receive_a(fake, Hello)
+            fake.send(ident, welcome())
+            await client.wait_ready()
+            conn = client.connections[0]
+            gauge = metrics.ENGINE_RUNNING.labels(engine=fake.address)
+            for figures in [(3, 1), (running, 0), (running, 0), (0, running)]:
+                _, ping = await receive_a(fake, Ping)
+                fake.send(ident, encode(Pong(ping.seq, "s1", *figures)))
+            await receive_a(fake, Ping)  # the last pong has been read by now
+            await wait_until(lambda: conn._bad_figures, "the last pong")
+            assert (conn.running, conn.queued, gauge._value.get()) == (3, 1, 3)
+            assert client.ready
+        assert caplog.text.count("ignoring pong figures") == 1
     finally:
         fake.close()
 

@@ -95,23 +95,22 @@ class EngineClient:
             raise NoEngineError(f"no connected engine serves model {message.model!r}")
         return engine.submit(message, buffer, on_failure)
 
+    def failures(self) -> dict[str, str]:
+        """Why each engine that is out of service failed, by address."""
+        return {c.address: c.failure for c in self.connections if c.failure is not None}
+
     async def wait_ready(self) -> None:
-        """Wait until every engine has welcomed us; raise if one refused our version."""
-        while True:
-            for conn in self.connections:
-                if conn.fatal is not None:
-                    raise conn.fatal
-            if all(conn.ready for conn in self.connections):
-                return
+        """Wait until every engine has welcomed us or failed (a failed engine is tried
+        again in the background; see :meth:`failures`). Raises nothing: no engine can
+        stop the frontend."""
+        while not all(conn.ready or conn.failure is not None for conn in self.connections):
             await self._changed.wait()
 
     async def check_versions(self) -> None:
-        """Raise :class:`ProtocolVersionError` as soon as any engine refuses our version."""
-        while True:
-            for conn in self.connections:
-                if conn.fatal is not None:
-                    raise conn.fatal
-            await self._changed.wait()
+        """Wait forever. (This used to raise :class:`ProtocolVersionError` when an engine
+        refused our version, which stopped the whole frontend; such an engine is now
+        marked failed and tried again. Kept while server.py still starts it.)"""
+        await trio.sleep_forever()
 
 
 @contextlib.asynccontextmanager
@@ -120,12 +119,15 @@ async def open_engine_client(
     *,
     heartbeat: HeartbeatConfig | None = None,
     frontend_id: str | None = None,
+    max_message: int | None = None,
 ) -> AsyncIterator[EngineClient]:
     """Connect to every engine in ``addresses`` and keep the connections alive.
 
     Owns one DEALER socket per engine and the tasks that serve them; both end when the
     context exits. Does not wait for handshakes (see :meth:`EngineClient.wait_ready`):
     engines may come up after the frontend, and reconnect on their own after a restart.
+    ``max_message``: the largest frame accepted from an engine (bytes; default
+    :data:`trioserve.zmtp.MAX_MESSAGE`); a larger one fails that engine.
     """
     if not addresses:
         raise ValueError("open_engine_client needs at least one engine address")
@@ -133,7 +135,8 @@ async def open_engine_client(
     heartbeat = heartbeat or HeartbeatConfig()
     client = EngineClient()
     client.connections = [
-        EngineConnection(addr, frontend_id, heartbeat, client._notify) for addr in addresses
+        EngineConnection(addr, frontend_id, heartbeat, client._notify, max_message=max_message)
+        for addr in addresses
     ]
     async with trio.open_nursery() as nursery:
         for conn in client.connections:

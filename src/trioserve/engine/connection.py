@@ -5,11 +5,19 @@ One :class:`~trioserve.zmtp.ZmtpDealer` task owns the connection to the engine; 
 subscriptions with non-blocking sends only, so one slow request never holds up the others.
 A heartbeat task sends pings (or, while not connected, hellos) and declares the engine lost
 when nothing has been heard from it for ``heartbeat_timeout`` seconds.
+
+An engine that breaks the protocol (a ``reject``, a ``welcome`` of another version, a
+ZeroMQ-level error such as a frame over ``max_message``) is marked *failed*
+(:meth:`EngineConnection._fail`): its requests end at once with
+:class:`~trioserve.errors.EngineFailedError` (503 ``engine_failed``, one abort each), it
+serves nothing, and it is said hello to again after a backoff that doubles with each
+failure in a row. Nothing an engine sends ends anything beyond its own connection.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import uuid
 from collections.abc import Callable
 
@@ -18,6 +26,7 @@ import trio
 
 from .. import metrics
 from ..errors import (
+    EngineFailedError,
     EngineLostError,
     EngineOverloadedError,
     ProtocolVersionError,
@@ -43,6 +52,15 @@ from .subscription import DEFAULT_BUFFER, Subscription
 
 log = logging.getLogger(__name__)
 
+#: Seconds before an engine that failed is tried again; doubled with each failure in a
+#: row, up to FAIL_BACKOFF_MAX (and back to FAIL_BACKOFF once it has served that long).
+FAIL_BACKOFF = 1.0
+FAIL_BACKOFF_MAX = 30.0
+#: The largest ``running``/``queued`` figure a pong may carry (no engine holds 2^31
+#: requests); a pong outside 0..MAX_LOAD_FIGURE keeps the engine alive but its figures are
+#: ignored, with one warning until a sound pong comes (docs/protocol.md, ``pong``).
+MAX_LOAD_FIGURE = 2**31 - 1
+
 
 @attrs.define
 class HeartbeatConfig:
@@ -61,14 +79,23 @@ class EngineConnection:
         frontend_id: str,
         heartbeat: HeartbeatConfig,
         on_change: Callable[[], None] | None = None,
+        *,
+        max_message: int | None = None,
     ) -> None:
         self.address = address
         self._on_change = on_change
         self.frontend_id = frontend_id
         self.heartbeat = heartbeat
         self.welcome: Welcome | None = None
-        #: Set when the engine refused our protocol version; the connection then stops.
-        self.fatal: ProtocolVersionError | None = None
+        #: Why the engine is out of service (see :meth:`_fail`); None while it is not.
+        self.failure: str | None = None
+        #: When a failed engine is said hello to again, and the backoff after the next
+        #: failure.
+        self._retry_at = 0.0
+        self._backoff = FAIL_BACKOFF
+        self._failed_at = -math.inf
+        #: Whether the last pong's figures were out of bounds (warned once per streak).
+        self._bad_figures = False
         self.running = 0
         self.queued = 0
         self._subs: dict[str, Subscription] = {}
@@ -81,6 +108,8 @@ class EngineConnection:
             self._on_message,
             self._before_flush,
             after_receive=self._release_held,
+            max_message=max_message,
+            on_error=self._on_link_error,
         )
         #: Subscriptions holding items for their sinks until the read pass ends.
         self._held: list[Subscription] = []
@@ -203,6 +232,10 @@ class EngineConnection:
             log.warning("engine %s: dropping malformed frame: %s", self.address, exc)
             return
         self._unanswered_since = None
+        if self.failure is not None and trio.current_time() < self._retry_at:
+            # Out of service: what it says before we say hello again is not heard.
+            log.debug("engine %s (failed): dropping %s", self.address, type(message).__name__)
+            return
         if isinstance(message, Outputs):
             subs = self._subs
             for item in message.items:
@@ -213,32 +246,48 @@ class EngineConnection:
             if self.welcome is not None and message.session != self.welcome.session:
                 self._declare_lost("the engine restarted")
                 return
-            self.running, self.queued = message.running, message.queued
-            self._gauge_running.set(message.running)
-            self._gauge_queued.set(message.queued)
+            self._on_figures(message.running, message.queued)
         elif isinstance(message, Welcome):
             self._on_welcome(message)
         elif isinstance(message, Reject):
-            self.welcome = None
-            self._gauge_connected.set(0)
-            self.fatal = ProtocolVersionError(
-                f"engine {self.address} refused protocol version {PROTOCOL_VERSION}: "
-                f"{message.message} (the engine speaks version {message.protocol_version})"
+            self._fail(
+                f"it refused protocol version {PROTOCOL_VERSION}: {message.message[:200]!r} "
+                f"(it speaks version {message.protocol_version})",
+                ProtocolVersionError,
             )
-            log.error("%s", self.fatal)
-            self._changed()
         else:
             log.warning("engine %s: dropping unexpected %s", self.address, type(message).__name__)
 
+    def _on_figures(self, running: int, queued: int) -> None:
+        """A pong's load figures, into the gauges if they are possible at all."""
+        if not (0 <= running <= MAX_LOAD_FIGURE and 0 <= queued <= MAX_LOAD_FIGURE):
+            if not self._bad_figures:
+                self._bad_figures = True
+                log.warning(
+                    "engine %s: ignoring pong figures out of 0..%d (running=%.30s, "
+                    "queued=%.30s); warned once until they are sound again",
+                    self.address,
+                    MAX_LOAD_FIGURE,
+                    running,
+                    queued,
+                )
+            return
+        self._bad_figures = False
+        self.running, self.queued = running, queued
+        self._gauge_running.set(running)
+        self._gauge_queued.set(queued)
+
     def _on_welcome(self, welcome: Welcome) -> None:
         if welcome.protocol_version != PROTOCOL_VERSION:
-            self.fatal = ProtocolVersionError(
-                f"engine {self.address} speaks protocol version {welcome.protocol_version}, "
-                f"this frontend speaks {PROTOCOL_VERSION}"
+            self._fail(
+                f"it speaks protocol version {str(welcome.protocol_version)[:30]}, this frontend "
+                f"speaks {PROTOCOL_VERSION}",
+                ProtocolVersionError,
             )
-            log.error("%s", self.fatal)
-            self._changed()
             return
+        if self.failure is not None:
+            log.info("engine %s is sound again (it had failed: %s)", self.address, self.failure)
+            self.failure = None
         if self.welcome is None:
             log.info(
                 "engine %s connected: id=%s models=%s capabilities=%s",
@@ -259,6 +308,42 @@ class EngineConnection:
         self._gauge_connected.set(1)
         self._changed()
 
+    def _on_link_error(self, why: str) -> float:
+        """The socket owner dropped the connection because the engine broke ZeroMQ's
+        protocol: the engine fails; the owner connects again after the backoff returned."""
+        return self._fail(f"it broke the ZeroMQ protocol: {why}")
+
+    def _fail(self, why: str, error_type: type[EngineFailedError] = EngineFailedError) -> float:
+        """Take the engine out of service: its requests end now (503 ``engine_failed``, one
+        abort each, sent whenever the link works), nothing is routed to it, and hello is
+        said again after a backoff, which is returned. One log line per new reason."""
+        now = trio.current_time()
+        if now - self._failed_at > FAIL_BACKOFF_MAX + self._backoff:  # sound for a while
+            self._backoff = FAIL_BACKOFF
+        delay, self._backoff = self._backoff, min(self._backoff * 2, FAIL_BACKOFF_MAX)
+        self._failed_at = now
+        self._retry_at = now + delay
+        level = logging.DEBUG if why == self.failure else logging.ERROR
+        log.log(
+            level,
+            "engine %s failed: %s; out of service, failing %d request(s); trying again in %g s",
+            self.address,
+            why,
+            len(self._subs),
+            delay,
+        )
+        self.failure = why
+        self.welcome = None
+        self._unanswered_since = None
+        self._gauge_connected.set(0)
+        self._gauge_running.set(0)
+        self._gauge_queued.set(0)
+        error = error_type(f"engine {self.address} failed: {why}")
+        for sub in list(self._subs.values()):
+            sub.fail(error, "engine_failed")
+        self._changed()
+        return delay
+
     def _declare_lost(self, why: str) -> None:
         log.warning("engine %s lost: %s; failing %d request(s)", self.address, why, len(self._subs))
         self.welcome = None
@@ -272,9 +357,11 @@ class EngineConnection:
 
     async def _heartbeat(self) -> None:
         hello = encode(Hello(PROTOCOL_VERSION, self.frontend_id))
-        while self.fatal is None:
+        while True:
             now = trio.current_time()
-            if self.welcome is None:
+            if self.failure is not None and now < self._retry_at:
+                pass  # out of service: not a word until the backoff has passed
+            elif self.welcome is None:
                 if self._pump.pending == 0:
                     self._pump.send([hello])
                 else:

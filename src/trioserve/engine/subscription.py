@@ -6,8 +6,8 @@ A :class:`Subscription` ends exactly once, in one of three ways:
   the engine has ended it, so no abort is sent;
 - ``aborted``: the frontend gave up on it (client gone, deadline, cancel, slow client,
   drain); one abort is queued to the engine;
-- ``lost``: the engine stopped answering; one abort is queued too, in case the engine was
-  only hung and comes back.
+- ``lost``: the engine stopped answering, or failed (broke the protocol); one abort is
+  queued too, in case the engine was only hung and comes back.
 
 Ending is synchronous (it only queues the abort for the socket's owner task), so it can
 run in a ``finally`` under cancellation without awaiting anything, and it is idempotent.
@@ -159,7 +159,7 @@ class Subscription:
         return True
 
     def _end(self, reason: str) -> None:
-        self.state = "lost" if reason == "engine_lost" else "aborted"
+        self.state = "lost" if reason in ("engine_lost", "engine_failed") else "aborted"
         self.engine.forget(self.request_id)
         self.engine.queue_abort(self.request_id)
         metrics.engine_aborts(reason).inc()

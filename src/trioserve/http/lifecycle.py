@@ -28,7 +28,7 @@ import trio
 
 from .. import metrics
 from ..engine import EngineClient, Subscription
-from ..errors import EngineError, TrioserveError
+from ..errors import EngineError, EngineFailedError, TrioserveError
 from ..protocol import Submit
 from .errors import HTTPError
 from .writers import EngineItemError, Writer, WriterRefused
@@ -43,6 +43,11 @@ _END_ERRORS = {
     "cancel": (499, "request_cancelled", "the request was cancelled"),
     "slow_client": (503, "slow_client", "the client fell behind its stream buffer"),
     "engine_lost": (503, "engine_lost", "the engine stopped responding"),
+    "engine_failed": (
+        503,
+        "engine_failed",
+        "the engine broke the protocol and is out of service until it recovers",
+    ),
     "drain": (503, "server_shutting_down", "the server is shutting down"),
     "abandoned": (500, "request_abandoned", "another part of the same request failed"),
 }
@@ -140,7 +145,10 @@ async def run_generation(
             handle.scope.relative_deadline = timeout
 
         def on_failure(error: TrioserveError) -> None:
-            handle.end("slow_client" if error.code == "slow_client" else "engine_lost")
+            if isinstance(error, EngineFailedError):
+                handle.end("engine_failed")
+            else:
+                handle.end("slow_client" if error.code == "slow_client" else "engine_lost")
 
         try:
             sub = engines.submit(submit, capability, buffer=buffer, on_failure=on_failure)
