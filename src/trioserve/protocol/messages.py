@@ -96,6 +96,9 @@ class Pong:
     running: int
     #: Requests accepted but not yet started.
     queued: int
+    #: Fraction of the engine's KV cache in use, 0.0 to 1.0, where the engine has one
+    #: (vLLM's scheduler figure); absent otherwise.
+    kv_cache_usage: float | None = None
 
 
 @attrs.frozen

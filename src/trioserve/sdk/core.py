@@ -67,8 +67,22 @@ class RequestError(Exception):
         self.type = type
 
 
+@attrs.frozen
+class EngineLoad:
+    """A backend's own account of its load, for pongs (see ``Backend.load``)."""
+
+    running: int
+    queued: int
+    kv_cache_usage: float | None = None
+
+
 class Backend(Protocol):
-    """What the SDK serves. ``generate`` is cancelled when the request is aborted."""
+    """What the SDK serves. ``generate`` is cancelled when the request is aborted.
+
+    Optionally, ``load() -> EngineLoad``: the backend's own load figures for pongs (a
+    backend with a scheduler of its own, like vLLM's, knows better than the SDK's count
+    of running requests).
+    """
 
     engine_id: str
     models: list[ModelCard]
@@ -138,6 +152,21 @@ class EngineCore:
 
     # -- input -------------------------------------------------------------------------
 
+    def _pong(self, seq: int) -> Pong:
+        """Load figures: the backend's own where it keeps them (``load()``: vLLM's
+        scheduler), else the requests this engine is generating for."""
+        load = getattr(self.backend, "load", None)
+        if load is None:
+            return Pong(seq, self.session, running=len(self.running), queued=0)
+        figures: EngineLoad = load()
+        return Pong(
+            seq,
+            self.session,
+            running=figures.running,
+            queued=figures.queued,
+            kv_cache_usage=figures.kv_cache_usage,
+        )
+
     def handle(self, identity: bytes, frame: bytes, now: float) -> list[Start | Cancel]:
         """One frame from a frontend; returns what the shell must start or cancel."""
         try:
@@ -148,9 +177,7 @@ class EngineCore:
             return []
         self._last_seen[identity] = now
         if isinstance(message, Ping):
-            self._reply(
-                identity, Pong(message.seq, self.session, running=len(self.running), queued=0)
-            )
+            self._reply(identity, self._pong(message.seq))
         elif isinstance(message, Submit):
             return self._on_submit(identity, message)
         elif isinstance(message, Abort):

@@ -1,0 +1,350 @@
+"""Serve a vLLM model to trioserve frontends: a backend of the SDK over vLLM's ``AsyncLLM``.
+
+``trioserve engine vllm MODEL --bind ADDRESS [vLLM's options]`` runs this module in its own
+process (it needs ``vllm`` installed beside trioserve; nothing else in trioserve imports
+it). The process is the asyncio shell of the SDK around one :class:`VllmBackend`; vLLM
+starts its EngineCore (the scheduler and the model) as a child process of its own, as
+``vllm serve`` does.
+
+What is vLLM's and what is ours:
+
+- A submit becomes vLLM's own request object (``ChatCompletionRequest`` or
+  ``CompletionRequest``, built from the messages or prompt and the params the frontend
+  passed on), rendered by vLLM's own ``OnlineRenderer`` (chat template, tokenizer) and
+  turned into ``SamplingParams`` by vLLM's own ``to_sampling_params``. So the prompt, the
+  parameter mapping, the defaults from the model's generation config and every validation
+  message are those of ``vllm serve``. A request vLLM refuses is a 400 naming its reason.
+- Outputs are vLLM's deltas (``RequestOutputKind.DELTA``): text detokenized by vLLM
+  (a character split across byte-level tokens arrives whole), ``finish_reason`` as vLLM
+  says it, and usage counted from the token ids.
+- Cancelling ``generate`` (the frontend's abort, an orphaned frontend) cancels vLLM's
+  ``generate``, which aborts the request in vLLM's scheduler: one abort, seen there.
+- Load: a stat logger of ours receives vLLM's scheduler figures (running, waiting,
+  KV-cache usage) after every engine step; pongs carry them to the frontends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from ..protocol import ModelCard, Submit, Usage
+from .core import EngineLoad, Output, RequestError
+
+log = logging.getLogger("trioserve.engine.vllm")
+
+#: vLLM's request id for one submit: the frontend's id plus a random suffix, since two
+#: frontends may use the same request id.
+_SUFFIX_BYTES = 6
+
+
+class SchedulerFigures:
+    """vLLM's own figures of its scheduler, as its last engine step reported them.
+
+    Filled by :class:`_FiguresLogger`, which vLLM calls after every step (a stat logger is
+    vLLM's documented way to receive them)."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.waiting = 0
+        self.kv_cache_usage = 0.0
+
+
+def _figures_logger_factory(figures: SchedulerFigures) -> Any:
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class _FiguresLogger(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            pass
+
+        def record(
+            self,
+            scheduler_stats: Any,
+            iteration_stats: Any,
+            mm_cache_stats: Any = None,
+            engine_idx: int = 0,
+        ) -> None:
+            if scheduler_stats is not None:
+                figures.running = scheduler_stats.num_running_reqs
+                figures.waiting = (
+                    scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs
+                )
+                figures.kv_cache_usage = scheduler_stats.kv_cache_usage
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return _FiguresLogger
+
+
+class VllmBackend:
+    """A trioserve backend over one started ``AsyncLLM``.
+
+    Owns nothing it must close: the caller owns the ``AsyncLLM`` (see :func:`serve_vllm`).
+    """
+
+    capabilities = ["chat", "completion"]
+
+    def __init__(
+        self,
+        engine: Any,
+        renderer: Any,
+        served_names: Sequence[str],
+        figures: SchedulerFigures,
+    ) -> None:
+        self.engine = engine
+        self.renderer = renderer
+        self.served_names = list(served_names)
+        self.engine_id = f"vllm-{self.served_names[0]}"
+        self.models = [ModelCard(name, owned_by="vllm") for name in self.served_names]
+        self.figures = figures
+        model_config = engine.model_config
+        self.max_model_len: int = model_config.max_model_len
+        self.default_sampling_params: dict[str, Any] = model_config.get_diff_sampling_param()
+        # As vLLM's serving classes compute it (OpenAIServingChat.__init__).
+        if model_config.generation_config not in ("auto", "vllm"):
+            self.override_max_tokens = self.default_sampling_params.get("max_tokens")
+        else:
+            override = getattr(model_config, "override_generation_config", {}) or {}
+            self.override_max_tokens = override.get("max_new_tokens")
+
+    def load(self) -> EngineLoad:
+        figures = self.figures
+        return EngineLoad(figures.running, figures.waiting, figures.kv_cache_usage)
+
+    async def generate(self, request: Submit) -> AsyncIterator[Output]:
+        from vllm.sampling_params import RequestOutputKind
+
+        vllm_request, engine_input = await self._render(request)
+        sampling_params = self._sampling_params(vllm_request, engine_input)
+        sampling_params.output_kind = RequestOutputKind.DELTA
+        request_id = f"{request.request_id}-{os.urandom(_SUFFIX_BYTES).hex()}"
+        prompt_tokens = 0
+        completion_tokens = 0
+        try:
+            stream = self.engine.generate(engine_input, sampling_params, request_id)
+            async for result in stream:
+                if result.prompt_token_ids is not None:
+                    prompt_tokens = len(result.prompt_token_ids)
+                completion = result.outputs[0]
+                completion_tokens += len(completion.token_ids)
+                if result.finished:
+                    yield Output(
+                        data=completion.text or None,
+                        usage=Usage(prompt_tokens, completion_tokens),
+                        finish_reason=completion.finish_reason or "stop",
+                    )
+                    return
+                if completion.text:
+                    yield Output(data=completion.text)
+        except (ValueError, TypeError) as exc:
+            raise _client_error(exc) from exc
+        except Exception as exc:
+            raise _vllm_error(exc) from exc
+
+    async def _render(self, request: Submit) -> tuple[Any, Any]:
+        """vLLM's request object for ``request``, and its rendered engine input."""
+        import pydantic
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+        from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+        body: dict[str, Any] = dict(request.params)
+        body["model"] = request.model
+        try:
+            if request.task == "chat":
+                body["messages"] = request.inputs.get("messages")
+                vllm_request: Any = ChatCompletionRequest.model_validate(body)
+                rendered = await self.renderer.render_chat(vllm_request)
+            elif request.task == "completion":
+                body["prompt"] = request.inputs.get("prompt")
+                vllm_request = CompletionRequest.model_validate(body)
+                rendered = await self.renderer.render_completion(vllm_request)
+            else:
+                raise RequestError(400, f"task {request.task!r} is not served by vLLM")
+        except pydantic.ValidationError as exc:
+            raise RequestError(400, _validation_message(exc), "invalid_request_error") from exc
+        except RequestError:
+            raise
+        except Exception as exc:
+            raise _client_error(exc) from exc
+        error = getattr(rendered, "error", None)
+        if error is not None:  # vLLM's ErrorResponse
+            status = error.code if 400 <= error.code < 600 else 400
+            raise RequestError(status, error.message, "invalid_request_error")
+        inputs = rendered[1] if request.task == "chat" else rendered
+        if len(inputs) != 1:
+            raise RequestError(400, "one prompt per request", "invalid_request_error")
+        return vllm_request, inputs[0]
+
+    def _sampling_params(self, vllm_request: Any, engine_input: Any) -> Any:
+        from vllm.entrypoints.serve.utils.api_utils import get_max_tokens
+
+        if getattr(vllm_request, "use_beam_search", False):
+            raise RequestError(
+                400, "beam search is not served by trioserve", "invalid_request_error"
+            )
+        max_tokens = getattr(vllm_request, "max_completion_tokens", None)
+        if max_tokens is None:
+            max_tokens = vllm_request.max_tokens
+        try:
+            limit = get_max_tokens(
+                self.max_model_len,
+                max_tokens,
+                _prompt_length(engine_input),
+                self.default_sampling_params,
+                self.override_max_tokens,
+                truncate_prompt_tokens=vllm_request.truncate_prompt_tokens,
+            )
+            return vllm_request.to_sampling_params(limit, self.default_sampling_params)
+        except (ValueError, TypeError) as exc:
+            raise _client_error(exc) from exc
+
+
+def _prompt_length(engine_input: Any) -> int:
+    if isinstance(engine_input, dict):
+        ids = engine_input.get("prompt_token_ids")
+        if ids is None:
+            ids = engine_input.get("prompt", "")
+        return len(ids)
+    return len(getattr(engine_input, "prompt_token_ids", ()) or ())
+
+
+def _validation_message(exc: Any) -> str:
+    parts = []
+    for error in exc.errors()[:10]:
+        where = ".".join(str(p) for p in error.get("loc", ()))
+        parts.append(f"{where}: {error.get('msg')}" if where else str(error.get("msg")))
+    return "; ".join(parts) or str(exc)
+
+
+def _client_error(exc: BaseException) -> RequestError:
+    return RequestError(400, str(exc) or type(exc).__name__, "invalid_request_error")
+
+
+def _vllm_error(exc: BaseException) -> RequestError:
+    """A failure of vLLM's, mapped to the status vLLM's own server would answer."""
+    from vllm.exceptions import VLLMClientError
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    cause = exc.__cause__ if exc.__cause__ is not None else exc
+    if isinstance(exc, VLLMClientError) or isinstance(cause, (VLLMClientError, ValueError)):
+        return _client_error(cause)
+    if isinstance(exc, EngineDeadError):
+        return RequestError(503, "vLLM's engine is dead", "engine_unavailable")
+    log.error("vLLM failed a request: %r", exc)
+    return RequestError(500, f"vLLM error: {type(cause).__name__}")
+
+
+# -- trioserve engine vllm -----------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """trioserve's own options, then every option of ``vllm serve`` (its parser adds the
+    positional MODEL too)."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(
+        prog="trioserve engine vllm",
+        description="Serve a model with vLLM to trioserve frontends over ZeroMQ. Takes "
+        "vLLM's engine options as `vllm serve` spells them.",
+    )
+    group = parser.add_argument_group("trioserve")
+    group.add_argument("--bind", default="tcp://127.0.0.1:5555", help="ZeroMQ address (ROUTER)")
+    group.add_argument(
+        "--frontend-timeout",
+        type=float,
+        default=5.0,
+        help="seconds of frontend silence before its requests are aborted here",
+    )
+    group.add_argument("--log-aborts", action="store_true", help="log every abort received")
+    group.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve vLLM's own Prometheus metrics on 127.0.0.1:PORT (0: any free port, logged)",
+    )
+    group.add_argument("--exit-with-parent", type=int, default=None, metavar="PID")
+    return make_arg_parser(parser)
+
+
+def main(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(list(argv))
+    if args.model_tag is not None:  # vLLM's positional MODEL, as `vllm serve` takes it
+        args.model = args.model_tag
+    try:
+        asyncio.run(_serve(args))
+    except KeyboardInterrupt:
+        pass
+    log.info("vLLM engine stopped")
+    return 0
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.renderers.chat_utils import load_chat_template
+    from vllm.renderers.online_renderer import OnlineRenderer
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from .asyncio_shell import serve_engine_asyncio
+
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+
+    figures = SchedulerFigures()
+    engine_args = AsyncEngineArgs.from_cli_args(args)
+    log.info("loading %s with vLLM", args.model)
+    engine = AsyncLLM.from_engine_args(engine_args, stat_loggers=[_figures_logger_factory(figures)])
+    watcher = None
+    try:
+        if args.metrics_port is not None:
+            _serve_vllm_metrics(args.metrics_port)
+        renderer = OnlineRenderer(
+            model_config=engine.model_config,
+            renderer=engine.renderer,
+            request_logger=None,
+            chat_template=load_chat_template(args.chat_template),
+            chat_template_content_format=args.chat_template_content_format,
+            trust_request_chat_template=args.trust_request_chat_template,
+            default_chat_template_kwargs=getattr(args, "default_chat_template_kwargs", None),
+        )
+        renderer.warmup()
+        names = args.served_model_name or [args.model]
+        backend = VllmBackend(engine, renderer, names, figures)
+        if args.exit_with_parent is not None:
+            watcher = loop.create_task(
+                _exit_with_parent(args.exit_with_parent or os.getppid(), task)
+            )
+        log.info("vLLM engine serving %s on %s", ", ".join(names), args.bind)
+        await serve_engine_asyncio(
+            backend, args.bind, frontend_timeout=args.frontend_timeout, log_aborts=args.log_aborts
+        )
+    except asyncio.CancelledError:
+        pass
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+        engine.shutdown()
+
+
+def _serve_vllm_metrics(port: int) -> None:
+    """vLLM's Prometheus metrics (its scheduler's gauges and counters), on loopback."""
+    import prometheus_client
+
+    server, _thread = prometheus_client.start_http_server(port, addr="127.0.0.1")
+    log.info("vLLM metrics on http://127.0.0.1:%d/metrics", server.server_port)
+
+
+async def _exit_with_parent(parent: int, task: asyncio.Task[Any]) -> None:
+    while os.getppid() == parent:  # noqa: ASYNC110
+        await asyncio.sleep(0.5)
+    log.warning("parent process %d is gone; stopping", parent)
+    task.cancel()
