@@ -106,7 +106,13 @@ class SlowFlood:
 
 
 async def start_engine(nursery: trio.Nursery, **backend_options: object) -> TrioEngine:
-    options = {"tokens_per_second": 400.0, "ttft_ms": 2.0, **backend_options}
+    # The tests drive faults through the mock's knobs: allowed here, off by default.
+    options = {
+        "tokens_per_second": 400.0,
+        "ttft_ms": 2.0,
+        "allow_fault_injection": True,
+        **backend_options,
+    }
     backend = MockBackend(**options)  # type: ignore[arg-type]
     return await nursery.start(partial(serve_engine, backend, "tcp://127.0.0.1:*", track_ends=True))
 

@@ -88,6 +88,7 @@ async def start_engine_process(nursery: trio.Nursery, port: int, *extra: str) ->
         "200",
         "--ttft-ms",
         "2",
+        "--allow-fault-injection",  # the tests drive faults through the mock's knobs
         *extra,
     )
     await engine.wait_for_output("mock engine serving")

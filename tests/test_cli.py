@@ -62,7 +62,9 @@ async def test_run_without_engine_starts_the_mock_and_ctrl_c_stops_everything(nu
         os.kill(engine_pid, 0)
 
 
-async def test_engine_with_another_protocol_version_stops_run_with_a_clear_error(nursery):
+async def test_engine_with_another_protocol_version_fails_alone_and_run_serves_on(nursery):
+    # It used to stop `trioserve run` with status 2, and with it every other engine's
+    # traffic: now that engine is marked failed (one log line) and readiness says so.
     import zmq
 
     from trioserve.protocol import PROTOCOL_VERSION, ModelCard, Welcome, encode
@@ -72,7 +74,7 @@ async def test_engine_with_another_protocol_version_stops_run_with_a_clear_error
     sock.bind("tcp://127.0.0.1:*")
     address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
     try:
-        frontend, _ = await start_frontend_process(nursery, "--engine", address)
+        frontend, url = await start_frontend_process(nursery, "--engine", address)
         with trio.fail_after(HANG_GUARD):
             while True:
                 try:
@@ -82,8 +84,14 @@ async def test_engine_with_another_protocol_version_stops_run_with_a_clear_error
                     await trio.sleep(0.01)
         welcome = Welcome(PROTOCOL_VERSION + 1, "future", "s", [ModelCard("m")], ["chat"])
         sock.send_multipart([ident, encode(welcome)])
-        assert await frontend.wait() == 2
-        assert b"speaks protocol version" in frontend.output
+        await frontend.wait_for_output("speaks protocol version")
+        async with httpx.AsyncClient(base_url=url, timeout=HANG_GUARD) as client:
+            assert (await client.get("/health")).status_code == 503
+            assert (await client.get("/live")).status_code == 200
+        assert frontend.process.returncode is None
+        frontend.signal(signal.SIGINT)
+        assert await frontend.wait() == 0
+        assert frontend.output.count(b"failed: it speaks protocol version") == 1
     finally:
         sock.close(linger=0)
 

@@ -230,3 +230,20 @@ async def test_an_engine_that_breaks_the_protocol_fails_alone_and_the_server_ser
             assert frontend.app.engines.failures() == {}
     finally:
         fake.close()
+
+
+@pytest.mark.parametrize("allowed", [False, True], ids=["default", "mock-fault-injection"])
+async def test_the_mock_that_run_starts_obeys_fault_knobs_only_when_asked(nursery, allowed):
+    # Any client could stall the default engine for everyone with mock_stall_s: the
+    # knobs are off unless the operator turns them on.
+    _, url = await start_frontend_process(nursery, *(["--mock-fault-injection"] if allowed else []))
+    async with httpx.AsyncClient(base_url=url, timeout=HANG_GUARD) as client:
+        body = {"prompt": "x", "max_tokens": 2, "mock_error_after": 0, "mock_error_status": 429}
+        response = await client.post("/v1/completions", json=body)
+        plain = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+    assert plain.status_code == 200
+    if allowed:
+        assert response.status_code == 429
+    else:
+        assert response.status_code == 400
+        assert response.json()["error"]["code"] == "fault_injection_disabled"

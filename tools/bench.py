@@ -1189,6 +1189,7 @@ def main() -> int:
         f"{plan.stream_rate:g}",
         "--ttft-ms",
         f"{plan.ttft_ms:g}",
+        "--allow-fault-injection",  # the scenarios drive the mock's mock_* knobs
     ]
     engine = spawn("engine", [*pin_prefix(LOAD_CORE, pin), *engine_command], workdir)
     rounds: list[dict[str, dict[str, dict]]] = []

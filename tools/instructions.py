@@ -180,7 +180,16 @@ def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
         workdir = Path(tmp)
         engine = bench.spawn(
             "engine",
-            [sys.executable, "-m", "trioserve", "engine", "mock", "--bind", engine_address],
+            [
+                sys.executable,
+                "-m",
+                "trioserve",
+                "engine",
+                "mock",
+                "--bind",
+                engine_address,
+                "--allow-fault-injection",  # for ENGINE_KNOBS
+            ],
             workdir,
         )
         try:

@@ -227,6 +227,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds of engine silence before its requests fail with 503 and it is reconnected",
     )
     run.add_argument(
+        "--engine-max-frame-mb",
+        type=_positive(float),
+        default=DEFAULTS.engine_max_message_bytes / 2**20,
+        help="largest frame accepted from an engine, in MiB; a larger one fails that engine "
+        "(docs/protocol.md)",
+    )
+    run.add_argument(
         "--drain-delay",
         type=_non_negative,
         default=DEFAULTS.drain_delay,
@@ -244,6 +251,12 @@ def build_parser() -> argparse.ArgumentParser:
     mock.add_argument("--mock-tokens-per-second", type=_positive(float), default=50.0)
     mock.add_argument("--mock-ttft-ms", type=_non_negative, default=20.0)
     mock.add_argument("--mock-model", default="mock")
+    mock.add_argument(
+        "--mock-fault-injection",
+        action="store_true",
+        help="let clients use the mock's fault-injection knobs (mock_stall_s, …): any client "
+        "could then stall the engine for everyone; for tests and benchmarks",
+    )
 
     client = commands.add_parser(
         "client",
@@ -287,6 +300,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds of frontend silence before its requests are aborted here",
     )
     mock_engine.add_argument("--log-aborts", action="store_true", help="log every abort received")
+    mock_engine.add_argument(
+        "--allow-fault-injection",
+        action="store_true",
+        help="obey the mock_* params of requests (stalls, errors, timing); off, a request "
+        "naming one gets a 400: any client could stall the engine for everyone",
+    )
     mock_engine.add_argument(
         "--loop", choices=["trio", "asyncio"], default="trio", help="event loop to serve on"
     )
@@ -365,6 +384,7 @@ def _run(args: argparse.Namespace) -> int:
         ws_ping_interval=args.ws_ping_interval,
         heartbeat_interval=args.heartbeat_interval,
         heartbeat_timeout=args.heartbeat_timeout,
+        engine_max_message_bytes=int(args.engine_max_frame_mb * 2**20),
         drain_delay=args.drain_delay,
         graceful_timeout=args.graceful_timeout,
     )
@@ -392,6 +412,7 @@ def _run(args: argparse.Namespace) -> int:
                 str(args.mock_tokens_per_second),
                 "--ttft-ms",
                 str(args.mock_ttft_ms),
+                *(["--allow-fault-injection"] if args.mock_fault_injection else []),
                 "--exit-with-parent",
                 str(os.getpid()),
             ]
@@ -461,7 +482,10 @@ def _engine_mock(args: argparse.Namespace) -> int:
     from .sdk import MockBackend, serve_engine, serve_engine_asyncio
 
     backend = MockBackend(
-        model=args.model, tokens_per_second=args.tokens_per_second, ttft_ms=args.ttft_ms
+        model=args.model,
+        tokens_per_second=args.tokens_per_second,
+        ttft_ms=args.ttft_ms,
+        allow_fault_injection=args.allow_fault_injection,
     )
     options = {"frontend_timeout": args.frontend_timeout, "log_aborts": args.log_aborts}
     watch_parent = args.exit_with_parent is not None

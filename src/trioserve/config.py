@@ -50,6 +50,9 @@ class Settings:
     ws_ping_interval: float = 20.0
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 3.0
+    #: Largest frame accepted from an engine, in bytes (``zmtp.MAX_MESSAGE``); a larger
+    #: one fails that engine.
+    engine_max_message_bytes: int = 128 * 2**20
     #: Seconds to keep serving after SIGTERM before the listener closes.
     drain_delay: float = 5.0
     #: Seconds from SIGTERM until what is still running is ended.

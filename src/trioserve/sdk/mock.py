@@ -6,7 +6,11 @@ seconds, aligned to a shared step grid so that concurrent requests produce their
 the same step and leave in one frame, as a real batching engine's would.
 
 Per-request knobs, read from ``Submit.params`` (the HTTP routes pass every body field they
-do not know through to the engine, these included):
+do not know through to the engine, these included). They are fault injection: any client
+of any frontend could stall the engine for everyone with them, so they work only on an
+engine made with ``allow_fault_injection=True`` (``trioserve engine mock
+--allow-fault-injection``, ``trioserve run --mock-fault-injection``); otherwise a request
+that names one ends with a 400 error item (:data:`FAULT_INJECTION_OFF`):
 
 - ``mock_ttft_ms``, ``mock_tokens_per_second``: override the engine's timing;
 - ``mock_error_after`` (tokens) with ``mock_error_status`` (default 500) and
@@ -48,6 +52,14 @@ WORDS = tuple(
 )
 
 DEFAULT_MAX_TOKENS = 16
+
+#: Per-request params that only an engine started with fault injection allowed obeys.
+KNOB_PREFIX = "mock_"
+#: The error a request naming a knob gets from an engine that does not allow them.
+FAULT_INJECTION_OFF = (
+    "the mock engine's fault-injection params (mock_*) are disabled; start the engine "
+    "with --allow-fault-injection (trioserve run: --mock-fault-injection) to use them"
+)
 
 #: Every task the mock engine serves (its welcome's capabilities).
 CAPABILITIES = (
@@ -301,7 +313,8 @@ def _optional_int(params: dict[str, Any], name: str) -> int | None:
 
 class MockBackend:
     """See the module docstring. ``engine_id`` names it in the welcome; ``capabilities``
-    (default: every task of :data:`CAPABILITIES`) is what it declares."""
+    (default: every task of :data:`CAPABILITIES`) is what it declares;
+    ``allow_fault_injection`` lets requests use the ``mock_*`` knobs."""
 
     def __init__(
         self,
@@ -311,8 +324,10 @@ class MockBackend:
         ttft_ms: float = 20.0,
         engine_id: str = "mock",
         capabilities: list[str] | tuple[str, ...] = CAPABILITIES,
+        allow_fault_injection: bool = False,
     ) -> None:
         self.engine_id = engine_id
+        self.allow_fault_injection = allow_fault_injection
         self.models = [ModelCard(model)]
         self.capabilities = list(capabilities)
         self.tokens_per_second = tokens_per_second
@@ -354,6 +369,10 @@ class MockBackend:
 
     async def generate(self, request: Submit) -> AsyncIterator[Output]:
         params = request.params
+        if not self.allow_fault_injection:
+            for name in params:
+                if name.startswith(KNOB_PREFIX):
+                    raise RequestError(400, FAULT_INJECTION_OFF, "fault_injection_disabled")
         overrides = params.get("mock_by_seed")
         if isinstance(overrides, dict) and isinstance(overrides.get(str(params.get("seed"))), dict):
             params = {**params, **overrides[str(params.get("seed"))]}
