@@ -318,3 +318,67 @@ def test_how_the_bytes_are_split_into_reads_changes_nothing():
         for start, end in zip([0, *cuts], [*cuts, len(stream)], strict=True):
             parser.receive_data(stream[start:end])
         assert requests(events(parser)) == whole, cuts
+
+
+@pytest.mark.parametrize(
+    ("head", "status"),
+    [
+        (b"GET / HTTP/1.1\r\n\r\n", 400),  # no Host on HTTP/1.1
+        (b"GET / HTTP/1.1\r\nHost: a\r\nHost: a\r\n\r\n", 400),
+        (b"GET / HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n", 400),
+        (b"GET / HTTP/2.0\r\nHost: a\r\n\r\n", 505),  # llhttp takes these lines
+        (b"GET / HTTP/0.9\r\nHost: a\r\n\r\n", 505),
+    ],
+)
+def test_host_rules_and_http_versions_are_h11s(head, status):
+    parser = http1.RequestParser(16384)
+    parser.receive_data(head)
+    with pytest.raises(ProtocolError) as caught:
+        parser.next_event()
+    assert caught.value.status == status
+
+
+def test_an_http_1_0_request_needs_no_host():
+    [request, end] = parse(b"GET / HTTP/1.0\r\n\r\n")
+    assert request.http_version == "1.0" and end is END
+
+
+def test_body_complete_says_whether_the_request_body_was_parsed_to_its_end():
+    parser = http1.RequestParser(16384)
+    parser.receive_data(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nab")
+    assert isinstance(parser.next_event(), Request)
+    assert not parser.body_complete and parser.buffered_body == 2
+    parser.receive_data(b"cd" + b"GET /next HTTP/1.1\r\nHost: x\r\n")
+    assert parser.body_complete and parser.buffered_body == 4
+    assert parser.next_event() == b"ab" and parser.next_event() == b"cd"
+    assert parser.next_event() is END and parser.buffered_body == 0
+    parser.receive_data(b"\r\n")
+    assert isinstance(parser.next_event(), Request) and parser.body_complete  # no body
+
+
+def websocket_request(*headers: tuple[bytes, bytes], version: str = "1.1") -> Request:
+    base = [(b"host", b"x"), (b"upgrade", b"websocket"), (b"connection", b"keep-alive, Upgrade")]
+    return Request(b"GET", b"/v1/ws", version, base + list(headers), True)
+
+
+KEY = (b"sec-websocket-key", b"AQIDBAUGBwgJCgsMDQ4PEA==")
+V13 = (b"sec-websocket-version", b"13")
+
+
+@pytest.mark.parametrize(
+    ("headers", "version", "expected"),
+    [
+        ((KEY, V13), "1.1", None),
+        ((V13,), "1.1", 400),
+        ((KEY,), "1.1", 400),
+        ((KEY, (b"sec-websocket-version", b"8")), "1.1", 426),
+        ((KEY, V13, V13), "1.1", 426),
+        ((KEY, KEY, V13), "1.1", 400),
+        (((b"sec-websocket-key", b"AQID"), V13), "1.1", 400),
+        (((b"sec-websocket-key", b"\xff\xfe==="), V13), "1.1", 400),
+        ((KEY, V13), "1.0", 400),
+    ],
+)
+def test_the_websocket_handshake_is_checked_before_wsproto(headers, version, expected):
+    refused = http1.websocket_handshake_error(websocket_request(*headers, version=version))
+    assert (refused and refused[0]) == expected

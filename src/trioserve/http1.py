@@ -23,6 +23,8 @@ a response on a connection that will close says ``Connection: close``.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections import deque
 from http import HTTPStatus
 from typing import Final
@@ -89,6 +91,45 @@ def _is_websocket_upgrade(request: Request) -> bool:
     return upgrade == b"websocket" and b"upgrade" in connection
 
 
+#: The only WebSocket protocol version there is (RFC 6455).
+WEBSOCKET_VERSION: Final = b"13"
+
+
+def websocket_handshake_error(request: Request) -> tuple[int, str, str] | None:
+    """Why a WebSocket upgrade request cannot be accepted: ``(status, code, message)``, or
+    None if it can. Checked before wsproto sees the request (wsproto raises on what it
+    cannot accept): RFC 6455 section 4.2.1, whose 426 (a version other than 13) is
+    answered with ``Sec-WebSocket-Version: 13``.
+    """
+    keys: list[bytes] = []
+    versions: list[bytes] = []
+    connection = b""
+    for name, value in request.headers:
+        if name == b"sec-websocket-key":
+            keys.append(value)
+        elif name == b"sec-websocket-version":
+            versions.append(value)
+        elif name == b"connection":
+            connection += b"," + value
+    if request.http_version != "1.1":
+        return 400, "invalid_websocket_handshake", "a WebSocket handshake needs HTTP/1.1"
+    if not any(token.strip().lower() == b"upgrade" for token in connection.split(b",")):
+        return 400, "invalid_websocket_handshake", "a WebSocket handshake needs Connection: Upgrade"
+    if not versions:
+        return 400, "invalid_websocket_handshake", "Sec-WebSocket-Version is missing"
+    if versions != [WEBSOCKET_VERSION]:
+        return 426, "unsupported_websocket_version", "only Sec-WebSocket-Version 13 is supported"
+    if len(keys) != 1:
+        return 400, "invalid_websocket_handshake", "exactly one Sec-WebSocket-Key is required"
+    try:
+        nonce = base64.b64decode(keys[0], validate=True)
+    except (binascii.Error, ValueError):
+        nonce = b""
+    if len(nonce) != 16:
+        return 400, "invalid_websocket_handshake", "Sec-WebSocket-Key is not 16 bytes in base64"
+    return None
+
+
 def _declares_body(headers: list[tuple[bytes, bytes]]) -> bool:
     for name, value in headers:
         if name == b"transfer-encoding" or (name == b"content-length" and value.strip() != b"0"):
@@ -125,6 +166,12 @@ class RequestParser:
         #: The last head asked for an upgrade to WebSocket: parsing stops after it.
         self._to_websocket = False
         self._stopped = False
+        #: Requests whose body has been parsed to its end, and requests handed out by
+        #: next_event (see body_complete).
+        self._completed = 0
+        self._handed_out = 0
+        #: Body bytes parsed and not handed out yet.
+        self.buffered_body = 0
 
     # -- httptools callbacks -------------------------------------------------------------
 
@@ -151,10 +198,21 @@ class RequestParser:
             raise self._head_too_large()
         headers = self._headers
         version = parser.get_http_version()
+        if version not in ("1.1", "1.0"):
+            # llhttp takes HTTP/0.9 and 2.0 request lines; neither is served on this port.
+            raise ProtocolError(505, f"HTTP/{version} is not supported; this port speaks HTTP/1.1")
         expect = False
+        hosts = 0
         for name, value in headers:
             if name == b"expect" and value.lower() == b"100-continue":
                 expect = version == "1.1"
+            elif name == b"host":
+                hosts += 1
+        # As h11 (RFC 9112 section 3.2): exactly one Host on HTTP/1.1, at most one before.
+        if hosts > 1:
+            raise ProtocolError(400, "more than one Host header")
+        if hosts == 0 and version == "1.1":
+            raise ProtocolError(400, "an HTTP/1.1 request needs a Host header")
         request = Request(
             parser.get_method(),
             self._url,
@@ -174,10 +232,12 @@ class RequestParser:
 
     def on_body(self, body: bytes) -> None:
         self.awaiting_continue = False
+        self.buffered_body += len(body)
         self._events.append(body)
 
     def on_message_complete(self) -> None:
         self.awaiting_continue = False
+        self._completed += 1
         self._events.append(END)
 
     # -- events ------------------------------------------------------------------------
@@ -234,13 +294,30 @@ class RequestParser:
         if not self._events:
             return NEED_DATA
         event = self._events.popleft()
-        if type(event) is ProtocolError:
-            raise event
+        kind = type(event)
+        if kind is bytes:
+            self.buffered_body -= len(event)  # type: ignore[arg-type]
+        elif kind is Request:
+            self._handed_out += 1
+        elif kind is ProtocolError:
+            raise event  # type: ignore[misc]
         return event
 
     @property
     def has_events(self) -> bool:
         return bool(self._events)
+
+    @property
+    def body_complete(self) -> bool:
+        """The body of the last request handed out has been parsed to its end (its
+        pieces may still wait in the events): nothing more of it needs to be read."""
+        return self._completed >= self._handed_out
+
+    @property
+    def stopped(self) -> bool:
+        """Nothing more will be parsed: the client closed its side, broke the protocol,
+        or upgraded to WebSocket."""
+        return self._stopped
 
 
 # -- responses -------------------------------------------------------------------------
@@ -328,12 +405,16 @@ def chunk(data: bytes) -> bytes:
 LAST_CHUNK: Final = b"0\r\n\r\n"
 
 
-def simple_response(status: int, body: bytes, content_type: bytes) -> bytes:
+def simple_response(
+    status: int, body: bytes, content_type: bytes, headers: tuple[tuple[bytes, bytes], ...] = ()
+) -> bytes:
     """A whole response that closes the connection (refusals and errors)."""
-    return b"%sconnection: close\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n%s" % (
+    extra = b"".join(b"%s: %s\r\n" % (name, value) for name, value in headers)
+    return b"%sconnection: close\r\ncontent-type: %s\r\ncontent-length: %d\r\n%s\r\n%s" % (
         _STATUS_LINES.get(status, b"HTTP/1.1 %d \r\n" % status),
         content_type,
         len(body),
+        extra,
         body,
     )
 
