@@ -126,6 +126,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds a request body may stall before the request ends with 408 (0: none)",
     )
     run.add_argument(
+        "--body-deadline",
+        type=_non_negative,
+        default=DEFAULTS.body_deadline,
+        help="seconds from a request's head to the end of its body, 408 past it (h11 server; "
+        "0: none)",
+    )
+    run.add_argument(
+        "--max-connections",
+        type=_non_negative,
+        default=DEFAULTS.max_connections,
+        help="connections open at once; past it a new one gets 503 and is closed (h11 "
+        "server; 0: three quarters of the open-file limit)",
+    )
+    run.add_argument(
         "--max-concurrent-requests",
         type=_positive(int),
         default=DEFAULTS.max_concurrent_requests,
@@ -368,6 +382,8 @@ def _run(args: argparse.Namespace) -> int:
         stream_buffer=args.stream_buffer,
         max_body_bytes=int(args.max_body_mb * 2**20),
         body_timeout=args.body_timeout,
+        body_deadline=args.body_deadline,
+        max_connections=int(args.max_connections),
         max_concurrent_requests=args.max_concurrent_requests,
         cors_origins=list(args.cors_origin),
         cors_allow_credentials=args.cors_allow_credentials,

@@ -20,6 +20,12 @@ class Settings:
     max_body_bytes: int = 128 * 1024 * 1024
     #: Seconds a request body may stall between two pieces (408 past it; 0: no limit).
     body_timeout: float = 30.0
+    #: Seconds from a request's head to the end of its body (408 past it; 0: no limit;
+    #: h11 server).
+    body_deadline: float = 120.0
+    #: Connections open at once (h11 server; past it, 503 and close; 0: three quarters
+    #: of the descriptor limit).
+    max_connections: int = 0
     #: Generation requests served at once (HTTP and WebSocket); past it, 503 at once.
     max_concurrent_requests: int = 256
     #: Origins allowed by CORS (``*``: any, never with credentials); empty: no CORS.

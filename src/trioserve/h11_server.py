@@ -49,7 +49,7 @@ from wsproto.utilities import LocalProtocolError as WSLocalProtocolError
 from wsproto.utilities import RemoteProtocolError as WSRemoteProtocolError
 
 from . import hangups, http1
-from .http1 import CLOSED, END, NEED_DATA, ProtocolError, Request
+from .http1 import END, NEED_DATA, ProtocolError, Request
 
 log = logging.getLogger("trioserve.h11")
 
@@ -59,6 +59,21 @@ RECEIVE_SIZE = 65536
 #: Bytes of a pipelined next request buffered while a response is in progress; past it the
 #: server stops reading that connection until the response is done.
 PIPELINE_BUFFER = 65536
+#: Connections turned away at once (past ``max_connections``) that are given a moment to
+#: read their 503 before the socket closes; past it, further ones are closed at once.
+TURN_AWAY_LINGERING = 64
+#: Seconds a turned-away connection is given to read its 503 and close.
+TURN_AWAY_LINGER = 1.0
+#: Seconds between two log lines about connections refused or accept(2) failing.
+LOG_INTERVAL = 10.0
+#: Seconds the accept loop waits after accept(2) ran out of descriptors or memory.
+ACCEPT_BACKOFF = 0.1
+#: After an early answer (a body not read), how long and how much of the body the server
+#: still reads off before it closes (nginx's lingering close).
+LINGER_SECONDS = 2.0
+LINGER_BYTES = 1024 * 1024
+#: Default of ``H11Config.body_preread_bytes``: a generation request's JSON fits.
+BODY_PREREAD_BYTES = 1024 * 1024
 
 
 @attrs.define
@@ -74,6 +89,49 @@ class H11Config:
     ws_max_message_bytes: int = 1024 * 1024
     #: Seconds between WebSocket pings (0: none).
     ws_ping_interval: float = 20.0
+    #: Seconds from a request head to the end of its body (408 past it; 0: no limit).
+    body_deadline: float = 120.0
+    #: Seconds a body read before the app is called may stall between two pieces (408
+    #: past it; 0: no limit). Later pieces are the app's to time (``body_timeout``).
+    body_timeout: float = 30.0
+    #: A request body up to this size is read whole before the app is called, so a
+    #: client that sends it slowly holds a connection but no admission slot (0: never;
+    #: multipart bodies never: the app streams uploads to disk).
+    body_preread_bytes: int = BODY_PREREAD_BYTES
+    #: Connections open at once; past it, a new one is answered 503 and closed (0: three
+    #: quarters of the process's descriptor limit, see :func:`default_max_connections`).
+    max_connections: int = 0
+
+
+def default_max_connections() -> int:
+    """Three quarters of ``RLIMIT_NOFILE``: the rest is for engine sockets, uploads,
+    logs and the connections being turned away, so accept(2) never meets EMFILE."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return 1024
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        return 65536
+    return max(soft * 3 // 4, 16)
+
+
+class _Throttled:
+    """A log line at most once per :data:`LOG_INTERVAL`, saying how often it happened."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+        self._next = -math.inf
+        self._count = 0
+
+    def __call__(self, *args: object) -> None:
+        self._count += 1
+        now = trio.current_time()
+        if now >= self._next:
+            log.warning(self.message + " (%d in the last %g s)", *args, self._count, LOG_INTERVAL)
+            self._next = now + LOG_INTERVAL
+            self._count = 0
 
 
 class _Shared:
@@ -87,6 +145,12 @@ class _Shared:
         self.idle: dict[_HTTPConnection, float] = {}
         #: Hang-ups of clients with a request in flight (Linux; None elsewhere).
         self.hangups = hangups.HangupWatcher() if hangups.available() else None
+        self.max_connections = config.max_connections or default_max_connections()
+        #: Connections being served, and being turned away (see _turn_away).
+        self.active = 0
+        self.lingering = 0
+        self.log_refused = _Throttled("refusing connections: %d open (max_connections)")
+        self.log_accept = _Throttled("accept: %s; trying again shortly")
 
 
 class _Gone(Exception):
@@ -101,6 +165,9 @@ class _HTTPConnection:
         self.config = shared.config
         self.parser = http1.RequestParser(self.config.max_header_bytes)
         self.closed = False
+        #: Bytes of an answer to the current request have been written (a failure then
+        #: closes the connection instead of answering 500).
+        self.answering = False
         #: Called if the client hangs up or the connection closes (see watch_hangup).
         self._on_hangup: Callable[[], None] | None = None
         sock = stream.socket
@@ -120,6 +187,7 @@ class _HTTPConnection:
         """
         if self.closed:
             raise _Gone
+        self.answering = True
         view = memoryview(data)
         try:
             sent = os.write(self.fd, view)
@@ -237,8 +305,12 @@ class _HTTPConnection:
     # -- the connection's life -----------------------------------------------------------
 
     async def run(self) -> None:
+        """Serve the connection's requests until it closes. The exception barrier: what
+        goes wrong here ends this connection only (one traceback in the log; a 500 if no
+        answer began, else the connection closes), never the server."""
         try:
             while not self.closed:
+                self.answering = False
                 request = await self._wait_for_request()
                 if request is None:
                     return
@@ -251,6 +323,10 @@ class _HTTPConnection:
                     return
         except _Gone:
             pass
+        except Exception:
+            log.exception("unexpected error on the connection from %s; closing it", self.client)
+            if not self.answering:
+                await self.refuse(500, "internal server error", "internal_error")
         finally:
             self.shared.idle.pop(self, None)
             self.close()
@@ -291,38 +367,54 @@ class _HTTPConnection:
             return event
         return None  # CLOSED
 
-    async def refuse(self, status: int, reason: str) -> None:
-        """Answer an error of the client's own (no response may have begun) and close."""
-        error = {
-            "message": reason,
-            "type": "timeout_error" if status == 408 else "invalid_request_error",
-            "code": "bad_request",
-            "param": None,
-        }
-        body = json.dumps({"error": error}).encode()
+    async def _linger(self) -> None:
+        """Close our side, then read off (a bounded amount, for a bounded time) what the
+        client is still sending, so that it reads our answer: a socket closed with
+        unread bytes in it sends a reset, and the client may lose the answer."""
         try:
-            await self.write(http1.simple_response(status, body, b"application/json"))
+            self.stream.socket.shutdown(trio.socket.SHUT_WR)
+        except OSError:
+            return
+        discarded = 0
+        with trio.move_on_after(LINGER_SECONDS):
+            while discarded <= LINGER_BYTES:
+                data = await self.read()
+                if not data:
+                    return
+                discarded += len(data)
+
+    async def refuse(
+        self,
+        status: int,
+        reason: str,
+        code: str = "bad_request",
+        headers: tuple[tuple[bytes, bytes], ...] = (),
+    ) -> None:
+        """Answer with an error of the server's own (no response may have begun) and
+        close: the error body of every route, ``code`` its machine-readable reason."""
+        try:
+            await self.write(_error_response(status, reason, code, headers))
         except _Gone:
             pass
         self.close()
 
     async def _next_cycle(self, exchange: _HTTPExchange) -> bool:
-        """After a response: read off what is left of the request body."""
+        """After a response: whether the connection serves another request."""
+        parser = self.parser
+        if not (exchange.body_done or parser.body_complete or self.closed):
+            # The app answered without reading a body that is still to come (a 404, a
+            # 413): the connection closes (its response said so) rather than wait for
+            # bytes nobody wants.
+            await self._linger()
+            return False
         if not (exchange.response_done and exchange.keep_alive) or self.shared.terminating:
             return False
-        # The app may not have read the whole body (e.g. a 404): discard a bounded amount.
-        discarded = 0
-        while not exchange.body_done:
+        if not exchange.body_done:
+            # The rest of the body has arrived: dropped.
             try:
-                event = await self.next_event()
+                while parser.next_event() is not END:
+                    pass
             except ProtocolError:
-                return False
-            if event is END:
-                break
-            if event is CLOSED:
-                return False
-            discarded += len(event)  # type: ignore[arg-type]
-            if discarded > PIPELINE_BUFFER:
                 return False
         return not self.closed
 
@@ -350,6 +442,9 @@ class _HTTPExchange:
         self._pending = b""
         #: (start message, its head, shared.terminating then): see prepare_start_body.
         self._prepared: tuple[dict[str, Any], http1.ResponseHead, bool] | None = None
+        deadline = connection.config.body_deadline
+        #: When the body must have arrived whole (trio time).
+        self.body_deadline_at = trio.current_time() + deadline if deadline > 0 else math.inf
 
     def scope(self) -> dict[str, Any]:
         extensions: dict[str, dict[str, Any]] = {
@@ -392,8 +487,51 @@ class _HTTPExchange:
         connection.watch_hangup(gone)
         return connection.unwatch_hangup
 
+    async def _preread(self) -> bool:
+        """Read a small body whole before the app sees the request (see
+        ``H11Config.body_preread_bytes``): the app, which takes its admission slot when
+        it is called, then finds the body at hand. False if the request was answered
+        here (408: the body took too long) and the app is not to be called.
+        """
+        connection = self.connection
+        parser = connection.parser
+        config = connection.config
+        limit = config.body_preread_bytes
+        if parser.body_complete or limit <= 0:
+            return True
+        for name, value in self.request.headers:
+            if name == b"content-length" and (not value.isdigit() or int(value) > limit):
+                return True  # the app's to refuse (413) or to stream
+            if name == b"content-type" and value[:10].lower() == b"multipart/":
+                return True  # uploads: the app streams them to disk as they come
+        gap = config.body_timeout if config.body_timeout > 0 else math.inf
+        with trio.move_on_at(self.body_deadline_at) as total:
+            while not (parser.body_complete or parser.stopped) and parser.buffered_body <= limit:
+                with trio.move_on_after(gap) as stalled:
+                    await connection.fill()
+                if stalled.cancelled_caught:
+                    await self._body_too_slow(f"the request body stopped arriving for {gap:g} s")
+                    return False
+        if total.cancelled_caught:
+            await self._body_too_slow(self._deadline_reason())
+            return False
+        return True
+
+    def _deadline_reason(self) -> str:
+        deadline = self.connection.config.body_deadline
+        return f"the request body did not arrive whole within {deadline:g} s"
+
+    async def _body_too_slow(self, reason: str) -> None:
+        self.disconnected = True
+        if self.response_started:
+            self.connection.close()
+        else:
+            await self.connection.refuse(408, reason, "body_timeout")
+
     async def run(self) -> None:
         connection = self.connection
+        if not await self._preread():
+            return
         try:
             await self.connection.app(self.scope(), self.receive, self.send)
         except _Gone:
@@ -497,11 +635,15 @@ class _HTTPExchange:
         return True
 
     def _response_head(self, start: dict[str, Any]) -> http1.ResponseHead:
+        connection = self.connection
         return http1.response_head(
             start["status"],
             start.get("headers", ()),
             self.request,
-            closing=self.connection.shared.terminating,
+            # A body not read to its end (an early answer: 404, 413, 408) ends the
+            # connection after this response: see _next_cycle.
+            closing=connection.shared.terminating
+            or not (self.body_done or connection.parser.body_complete),
         )
 
     def _started(self, head: http1.ResponseHead) -> None:
@@ -552,8 +694,12 @@ class _HTTPExchange:
             try:
                 if self._fault is not None:
                     raise self._fault
-                while (message := self._body_received()) is None:
-                    await connection.fill()
+                with trio.move_on_at(self.body_deadline_at) as total:
+                    while (message := self._body_received()) is None:
+                        await connection.fill()
+                if total.cancelled_caught:
+                    await self._body_too_slow(self._deadline_reason())
+                    return {"type": "http.disconnect"}
             except ProtocolError as exc:
                 # A body that cannot be parsed (chunk framing, a size that is not hex,
                 # ...): the client gets a 400 of its own unless a response has started,
@@ -651,12 +797,26 @@ class _WebSocketConnection:
 
     async def run(self) -> None:
         request = self.request
+        connection = self.connection
+        # Checked here first: wsproto raises on a handshake it cannot accept.
+        refused = http1.websocket_handshake_error(request)
+        if refused is not None:
+            status, code, reason = refused
+            version = ((b"sec-websocket-version", http1.WEBSOCKET_VERSION),)
+            await connection.refuse(status, reason, code, version if status == 426 else ())
+            return
         head = b"%s %s HTTP/1.1\r\n" % (request.method, request.target)
         head += b"".join(b"%s: %s\r\n" % (k, v) for k, v in request.headers) + b"\r\n"
-        self.ws.receive_data(head)
-        trailing = self.connection.parser.trailing
-        if trailing:
-            self.ws.receive_data(trailing)
+        try:
+            self.ws.receive_data(head)
+            trailing = connection.parser.trailing
+            if trailing:
+                self.ws.receive_data(trailing)
+        except (WSRemoteProtocolError, UnicodeError) as exc:
+            # What wsproto's own parse (h11) refuses and the check above let through.
+            reason = f"invalid WebSocket handshake: {exc}"
+            await connection.refuse(400, reason, "invalid_websocket_handshake")
+            return
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -798,6 +958,55 @@ def _scope(kind: str, request: Request, connection: _HTTPConnection) -> dict[str
     }
 
 
+def _error_response(
+    status: int, reason: str, code: str, headers: tuple[tuple[bytes, bytes], ...] = ()
+) -> bytes:
+    """A whole error response of the server's own, in the error shape of every route."""
+    kind = {408: "timeout_error", 500: "server_error", 503: "server_error"}
+    error = {
+        "message": reason,
+        "type": kind.get(status, "invalid_request_error"),
+        "code": code,
+        "param": None,
+    }
+    body = json.dumps({"error": error}).encode()
+    return http1.simple_response(status, body, b"application/json", headers)
+
+
+async def _turn_away(stream: trio.SocketStream, shared: _Shared) -> None:
+    """Refuse a connection past ``max_connections``: a 503 written if the socket takes it
+    at once, then close. Up to :data:`TURN_AWAY_LINGERING` of them wait (a bounded
+    moment) for the client to read it and close first, so it gets the 503 rather than a
+    reset; past that they are closed at once."""
+    sock = stream.socket
+    shared.log_refused(shared.active)
+    response = _error_response(
+        503,
+        f"the server has its limit of {shared.max_connections} connections open; retry later",
+        "too_many_connections",
+        ((b"retry-after", b"1"),),
+    )
+    try:
+        os.write(sock.fileno(), response)  # a new socket's buffer has room for it
+    except OSError:
+        sock.close()
+        return
+    if shared.lingering >= TURN_AWAY_LINGERING:
+        sock.close()
+        return
+    shared.lingering += 1
+    try:
+        sock.shutdown(trio.socket.SHUT_WR)
+        with trio.move_on_after(TURN_AWAY_LINGER):
+            while await sock.recv(RECEIVE_SIZE):
+                pass
+    except OSError:
+        pass
+    finally:
+        shared.lingering -= 1
+        sock.close()
+
+
 #: accept(2) errors that mean "out of resources for now", not "the listener is broken".
 _ACCEPT_CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 
@@ -806,6 +1015,7 @@ async def _accept(
     listener: trio.SocketListener,
     connections: trio.Nursery,
     handle: Callable[[trio.SocketStream], Awaitable[None]],
+    shared: _Shared,
 ) -> None:
     """Accept connections until cancelled, then close the listener.
 
@@ -821,8 +1031,9 @@ async def _accept(
             except OSError as exc:
                 if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
                     raise
-                log.error("accept: %s; trying again in 100 ms", exc)
-                await trio.sleep(0.1)
+                # Out of descriptors (or memory): one log line per interval, not per try.
+                shared.log_accept(exc)
+                await trio.sleep(ACCEPT_BACKOFF)
                 continue
             connections.start_soon(handle, stream)
 
@@ -873,14 +1084,25 @@ async def serve_h11(
         log.info("Running on http://%s:%d (CTRL + C to quit)", name[0], name[1])
 
     async def handle(stream: trio.SocketStream) -> None:
-        try:
-            connection = _HTTPConnection(stream, app, shared)
-        except OSError:
-            # The client reset before we looked at it (getpeername: ENOTCONN). One
-            # connection's trouble must never reach the nursery that serves them all.
-            stream.socket.close()
+        if shared.active >= shared.max_connections:
+            await _turn_away(stream, shared)
             return
-        await connection.run()
+        shared.active += 1
+        try:
+            try:
+                connection = _HTTPConnection(stream, app, shared)
+            except OSError:
+                # The client reset before we looked at it (getpeername: ENOTCONN). One
+                # connection's trouble must never reach the nursery that serves them all.
+                stream.socket.close()
+                return
+            await connection.run()
+        except Exception:
+            # run() is the barrier; this is the barrier's own guard.
+            log.exception("unexpected error on a connection; closing it")
+            stream.socket.close()
+        finally:
+            shared.active -= 1
 
     async with trio.open_nursery() as service:
         if shared.hangups is not None:
@@ -889,7 +1111,7 @@ async def serve_h11(
         async with trio.open_nursery() as connections:
             async with trio.open_nursery() as accepting:
                 for listener in listeners:
-                    accepting.start_soon(_accept, listener, connections, handle)
+                    accepting.start_soon(_accept, listener, connections, handle, shared)
                 task_status.started(urls)
                 await stop_accepting.wait()
                 accepting.cancel_scope.cancel()

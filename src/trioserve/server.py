@@ -11,7 +11,7 @@ from hypercorn.trio import serve as hypercorn_serve
 from .config import Settings
 from .drain import DrainController
 from .engine import HeartbeatConfig, open_engine_client
-from .h11_server import H11Config, serve_h11
+from .h11_server import BODY_PREREAD_BYTES, H11Config, serve_h11
 from .http import App
 from .http.lifecycle import ERROR_WRITE_TIMEOUT
 
@@ -46,6 +46,11 @@ def h11_config(settings: Settings) -> H11Config:
         write_timeout=settings.write_timeout,
         ws_max_message_bytes=settings.ws_max_message_bytes,
         ws_ping_interval=settings.ws_ping_interval,
+        body_deadline=settings.body_deadline,
+        body_timeout=settings.body_timeout,
+        max_connections=settings.max_connections,
+        # Never more than the app takes: past its limit, the app answers 413 at once.
+        body_preread_bytes=min(BODY_PREREAD_BYTES, settings.max_body_bytes),
     )
 
 
