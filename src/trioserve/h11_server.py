@@ -824,10 +824,11 @@ class _WebSocketConnection:
                     await self.connection.app(self.scope(), self.receive, self.send)
                 finally:
                     nursery.cancel_scope.cancel()
-        except _Gone:
-            pass
-        except Exception:
-            log.exception("error in ASGI websocket application")
+        except Exception as exc:
+            # The peer gone (a write timed out, say) is expected, also when the nursery
+            # wraps it in a group (the ping task's write).
+            if not _only_gone(exc):
+                log.exception("error in ASGI websocket application")
         if not self.closed:
             await self._close(1011 if self.accepted else None)
 
@@ -1049,6 +1050,13 @@ async def _close_idle(shared: _Shared) -> None:
         for connection, deadline in list(shared.idle.items()):
             if deadline <= now:
                 connection.close()
+
+
+def _only_gone(exc: BaseException) -> bool:
+    """``exc`` is :class:`_Gone`, or a group of nothing else."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(_Gone)[1] is None
+    return isinstance(exc, _Gone)
 
 
 def _no_op() -> None:
