@@ -19,6 +19,8 @@ from pathlib import Path
 SEED = 1234
 VOCAB_SIZE = 512
 SPECIAL_TOKENS = ["<s>", "</s>", "<unk>"]
+#: Context length: long enough for answers that run for seconds (abort tests).
+MAX_POSITIONS = 8192
 
 #: A few sentences for the tokenizer; non-ASCII text too, so that some characters are split
 #: across byte-level tokens (the detokenizer must join them back).
@@ -31,7 +33,7 @@ CORPUS = [
     "日本語のテキストも少しあります。",
     "Emoji: 🙂 🚀 ✨ and symbols like € £ ¥ ©.",
     "user assistant system: you are a helpful assistant.",
-    "1 2 3 4 5 6 7 8 9 10 100 1000 {\"key\": \"value\", \"list\": [1, 2, 3]}",
+    '1 2 3 4 5 6 7 8 9 10 100 1000 {"key": "value", "list": [1, 2, 3]}',
 ]
 
 CHAT_TEMPLATE = (
@@ -69,7 +71,7 @@ def build(directory: str | Path) -> Path:
         bos_token="<s>",
         eos_token="</s>",
         unk_token="<unk>",
-        model_max_length=512,
+        model_max_length=MAX_POSITIONS,
     )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(out)
@@ -82,7 +84,7 @@ def build(directory: str | Path) -> Path:
         num_attention_heads=2,
         num_key_value_heads=1,
         head_dim=64,
-        max_position_embeddings=512,
+        max_position_embeddings=MAX_POSITIONS,
         bos_token_id=fast.bos_token_id,
         eos_token_id=fast.eos_token_id,
         tie_word_embeddings=False,

@@ -27,14 +27,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import attrs
+
 from ..protocol import ModelCard, Submit, Usage
-from .core import EngineLoad, Output, RequestError
+from .asyncio_shell import AsyncioEngine, serve_engine_asyncio
+from .core import EngineLoad, Output, RequestError, Stats
 
 log = logging.getLogger("trioserve.engine.vllm")
 
@@ -142,7 +146,7 @@ class VllmBackend:
                     return
                 if completion.text:
                     yield Output(data=completion.text)
-        except (ValueError, TypeError) as exc:
+        except _client_errors() as exc:
             raise _client_error(exc) from exc
         except Exception as exc:
             raise _vllm_error(exc) from exc
@@ -168,9 +172,7 @@ class VllmBackend:
                 raise RequestError(400, f"task {request.task!r} is not served by vLLM")
         except pydantic.ValidationError as exc:
             raise RequestError(400, _validation_message(exc), "invalid_request_error") from exc
-        except RequestError:
-            raise
-        except Exception as exc:
+        except _client_errors() as exc:
             raise _client_error(exc) from exc
         error = getattr(rendered, "error", None)
         if error is not None:  # vLLM's ErrorResponse
@@ -201,7 +203,7 @@ class VllmBackend:
                 truncate_prompt_tokens=vllm_request.truncate_prompt_tokens,
             )
             return vllm_request.to_sampling_params(limit, self.default_sampling_params)
-        except (ValueError, TypeError) as exc:
+        except _client_errors() as exc:
             raise _client_error(exc) from exc
 
 
@@ -222,17 +224,23 @@ def _validation_message(exc: Any) -> str:
     return "; ".join(parts) or str(exc)
 
 
+def _client_errors() -> tuple[type[BaseException], ...]:
+    """What vLLM raises for a request's own fault (its server answers 400 to these)."""
+    from vllm.exceptions import VLLMClientError
+
+    return (ValueError, TypeError, VLLMClientError)
+
+
 def _client_error(exc: BaseException) -> RequestError:
     return RequestError(400, str(exc) or type(exc).__name__, "invalid_request_error")
 
 
 def _vllm_error(exc: BaseException) -> RequestError:
     """A failure of vLLM's, mapped to the status vLLM's own server would answer."""
-    from vllm.exceptions import VLLMClientError
     from vllm.v1.engine.exceptions import EngineDeadError
 
     cause = exc.__cause__ if exc.__cause__ is not None else exc
-    if isinstance(exc, VLLMClientError) or isinstance(cause, (VLLMClientError, ValueError)):
+    if isinstance(cause, _client_errors()):  # vLLM wraps some in EngineGenerateError
         return _client_error(cause)
     if isinstance(exc, EngineDeadError):
         return RequestError(503, "vLLM's engine is dead", "engine_unavailable")
@@ -291,8 +299,6 @@ async def _serve(args: argparse.Namespace) -> None:
     from vllm.renderers.online_renderer import OnlineRenderer
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    from .asyncio_shell import serve_engine_asyncio
-
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None
@@ -305,8 +311,6 @@ async def _serve(args: argparse.Namespace) -> None:
     engine = AsyncLLM.from_engine_args(engine_args, stat_loggers=[_figures_logger_factory(figures)])
     watcher = None
     try:
-        if args.metrics_port is not None:
-            _serve_vllm_metrics(args.metrics_port)
         renderer = OnlineRenderer(
             model_config=engine.model_config,
             renderer=engine.renderer,
@@ -323,10 +327,26 @@ async def _serve(args: argparse.Namespace) -> None:
             watcher = loop.create_task(
                 _exit_with_parent(args.exit_with_parent or os.getppid(), task)
             )
-        log.info("vLLM engine serving %s on %s", ", ".join(names), args.bind)
-        await serve_engine_asyncio(
-            backend, args.bind, frontend_timeout=args.frontend_timeout, log_aborts=args.log_aborts
+        started: asyncio.Future[AsyncioEngine] = loop.create_future()
+        serving = loop.create_task(
+            serve_engine_asyncio(
+                backend,
+                args.bind,
+                frontend_timeout=args.frontend_timeout,
+                log_aborts=args.log_aborts,
+                started=started,
+            )
         )
+        try:
+            served = await started
+            if args.metrics_port is not None:
+                _serve_metrics(args.metrics_port, served.stats)
+            log.info("vLLM engine serving %s on %s", ", ".join(names), args.bind)
+            await serving
+        finally:
+            serving.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await serving
     except asyncio.CancelledError:
         pass
     finally:
@@ -335,12 +355,22 @@ async def _serve(args: argparse.Namespace) -> None:
         engine.shutdown()
 
 
-def _serve_vllm_metrics(port: int) -> None:
-    """vLLM's Prometheus metrics (its scheduler's gauges and counters), on loopback."""
+def _serve_metrics(port: int, stats: Stats) -> None:
+    """vLLM's own Prometheus metrics (its scheduler's gauges, requests by finish reason,
+    tokens) and the SDK's account of the requests it served, on loopback."""
     import prometheus_client
+    from prometheus_client.core import CounterMetricFamily
 
+    class SdkStats:
+        def collect(self) -> Any:
+            for name, value in attrs.asdict(stats).items():
+                yield CounterMetricFamily(
+                    f"trioserve_engine_{name}", f"{name} (the engine SDK's Stats)", value=value
+                )
+
+    prometheus_client.REGISTRY.register(SdkStats())  # type: ignore[arg-type]
     server, _thread = prometheus_client.start_http_server(port, addr="127.0.0.1")
-    log.info("vLLM metrics on http://127.0.0.1:%d/metrics", server.server_port)
+    log.info("metrics on http://127.0.0.1:%d/metrics", server.server_port)
 
 
 async def _exit_with_parent(parent: int, task: asyncio.Task[Any]) -> None:

@@ -1,0 +1,62 @@
+"""What the vLLM tests share: a frontend on the session's engine, and reading answers."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import trio
+
+from tests.conftest import HANG_GUARD, start_frontend
+
+from .conftest import MODEL, Vllm
+
+
+async def frontend_on(nursery: trio.Nursery, vllm: Vllm, **settings: object):
+    """A trioserve frontend (in-process, built-in server) on the session's vLLM engine."""
+    return await start_frontend(nursery, None, engines=[vllm.address], **settings)
+
+
+def client(url: str) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=url, timeout=HANG_GUARD * 3)
+
+
+async def post_json(url: str, path: str, body: dict[str, Any]) -> httpx.Response:
+    async with client(url) as http:
+        return await http.post(path, json={"model": MODEL, **body})
+
+
+def text_of(answer: dict[str, Any]) -> str:
+    choice = answer["choices"][0]
+    return choice["message"]["content"] if "message" in choice else choice["text"]
+
+
+def essentials(answer: dict[str, Any]) -> dict[str, Any]:
+    """What a client of either server reads from a JSON answer."""
+    usage = answer["usage"]
+    return {
+        "text": text_of(answer),
+        "finish_reason": answer["choices"][0]["finish_reason"],
+        "usage": [usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]],
+    }
+
+
+async def stream_essentials(url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The same, read from an SSE stream (with the usage chunk asked for)."""
+    body = {"model": MODEL, **body, "stream": True, "stream_options": {"include_usage": True}}
+    text, finish, usage = [], None, None
+    async with client(url) as http, http.stream("POST", path, json=body) as response:
+        assert response.status_code == 200, await response.aread()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                u = chunk["usage"]
+                usage = [u["prompt_tokens"], u["completion_tokens"], u["total_tokens"]]
+            for choice in chunk["choices"]:
+                delta = choice.get("delta", {}).get("content") or choice.get("text") or ""
+                text.append(delta)
+                finish = choice.get("finish_reason") or finish
+    return {"text": "".join(text), "finish_reason": finish, "usage": usage}

@@ -1,0 +1,196 @@
+"""trioserve in front of vLLM answers exactly what vLLM's own server answers.
+
+The same tiny model and options on both sides (``conftest.py``); each case is sent to the
+session's vLLM API server and, through a trioserve frontend, to the session's vLLM engine,
+and what a client reads is compared: the text (decoded by vLLM: byte-level BPE tokens that
+split a character are joined), ``finish_reason`` and ``usage``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import trio
+import trio_websocket
+
+from tests.conftest import HANG_GUARD
+
+from .conftest import MODEL, Vllm
+from .helpers import essentials, frontend_on, post_json, stream_essentials
+
+pytestmark = pytest.mark.integration
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+
+def chat(content: str, **params: Any) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": content}], **params}
+
+
+def completion(prompt: str, **params: Any) -> dict[str, Any]:
+    return {"prompt": prompt, **params}
+
+
+#: Greedy and sampled requests, each parameter of the mapping exercised at least once.
+CASES = [
+    (CHAT, chat("Hello", max_tokens=24, temperature=0)),
+    (CHAT, chat("Tell me a story about a robot.", max_completion_tokens=40, temperature=0)),
+    (COMPLETIONS, completion("The quick brown fox", max_tokens=32, temperature=0)),
+    (COMPLETIONS, completion("Grüße aus Köln", max_tokens=48, temperature=0)),
+    (CHAT, chat("Sample", max_tokens=32, temperature=0.9, top_p=0.8, top_k=40, seed=7)),
+    (COMPLETIONS, completion("Seeded", max_tokens=32, temperature=1.2, min_p=0.05, seed=11)),
+    (
+        COMPLETIONS,
+        completion(
+            "Penalties",
+            max_tokens=40,
+            temperature=0,
+            presence_penalty=1.5,
+            frequency_penalty=0.5,
+            repetition_penalty=1.3,
+        ),
+    ),
+    (CHAT, chat("Ignore the end", max_tokens=64, temperature=0, ignore_eos=True)),
+    (CHAT, chat("Bounded", max_tokens=16, temperature=0, min_tokens=8)),
+]
+
+
+async def _both(vllm: Vllm, nursery: trio.Nursery, path: str, body: dict[str, Any]):
+    frontend = await frontend_on(nursery, vllm)
+    ours = await post_json(frontend.url, path, body)
+    theirs = await post_json(vllm.reference_url, path, body)
+    return ours, theirs
+
+
+@pytest.mark.parametrize(("path", "body"), CASES)
+async def test_json_answers_match_vllm_serve(vllm: Vllm, nursery, path, body) -> None:
+    ours, theirs = await _both(vllm, nursery, path, body)
+    assert theirs.status_code == 200, theirs.text
+    assert ours.status_code == 200, ours.text
+    assert essentials(ours.json()) == essentials(theirs.json())
+    assert ours.json()["model"] == MODEL
+
+
+@pytest.mark.parametrize(("path", "body"), [CASES[0], CASES[2], CASES[3], CASES[4]])
+async def test_streamed_answers_match_vllm_serve(vllm: Vllm, nursery, path, body) -> None:
+    frontend = await frontend_on(nursery, vllm)
+    ours = await stream_essentials(frontend.url, path, body)
+    theirs = await stream_essentials(vllm.reference_url, path, body)
+    assert ours == theirs
+    # ...and a stream says what the JSON answer says.
+    whole = essentials((await post_json(frontend.url, path, body)).json())
+    assert ours == whole
+
+
+async def test_a_character_split_across_tokens_arrives_whole(vllm: Vllm, nursery) -> None:
+    """The tokenizer is byte-level BPE: a long greedy answer of the tiny model holds
+    characters whose bytes came in separate tokens; vLLM's detokenizer joins them, and a
+    stream cut at token boundaries must carry the same characters."""
+    frontend = await frontend_on(nursery, vllm)
+    body = completion("日本語", max_tokens=400, temperature=0, ignore_eos=True)
+    streamed = await stream_essentials(frontend.url, COMPLETIONS, body)
+    theirs = essentials((await post_json(vllm.reference_url, COMPLETIONS, body)).json())
+    assert streamed == theirs
+    assert any(ord(c) > 0x7F and c != "\ufffd" for c in streamed["text"]), streamed["text"]
+
+
+async def test_stop_strings_and_stop_token_ids_end_with_stop(vllm: Vllm, nursery) -> None:
+    frontend = await frontend_on(nursery, vllm)
+    greedy = completion("Stop", max_tokens=40, temperature=0)
+    text = (await post_json(frontend.url, COMPLETIONS, greedy)).json()["choices"][0]["text"]
+    # A stop string and a stop token taken from the greedy answer, so that both occur.
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+    assert stop.strip(), text
+    tokens = (await post_json(vllm.reference_url, "/tokenize", {"prompt": text[5:]})).json()
+    for body in ({**greedy, "stop": [stop]}, {**greedy, "stop_token_ids": tokens["tokens"][:1]}):
+        ours, theirs = await _both(vllm, nursery, COMPLETIONS, body)
+        assert essentials(ours.json()) == essentials(theirs.json())
+        assert ours.json()["choices"][0]["finish_reason"] == "stop", body
+    ours, _ = await _both(vllm, nursery, COMPLETIONS, {**greedy, "stop": [stop]})
+    assert stop not in ours.json()["choices"][0]["text"]
+
+
+async def test_websocket_streams_the_same_text(vllm: Vllm, nursery) -> None:
+    frontend = await frontend_on(nursery, vllm)
+    body = chat("Hello over a socket", max_tokens=24, temperature=0)
+    theirs = essentials((await post_json(vllm.reference_url, CHAT, body)).json())
+    text, usage = [], None
+    with trio.fail_after(HANG_GUARD):
+        async with trio_websocket.open_websocket_url(
+            frontend.url.replace("http", "ws") + "/v1/ws"
+        ) as ws:
+            await ws.send_message(
+                json.dumps(
+                    {"type": "request", "id": "a", "endpoint": "chat.completions", "body": body}
+                )
+            )
+            while usage is None:
+                message = json.loads(await ws.get_message())
+                assert message["type"] in ("chunk", "done"), message
+                if message["type"] == "done":
+                    usage = message["usage"]
+                else:
+                    for choice in message["data"]["choices"]:
+                        text.append(choice["delta"].get("content") or "")
+    assert "".join(text) == theirs["text"]
+    assert [usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]] == theirs[
+        "usage"
+    ]
+
+
+@pytest.mark.parametrize(
+    "response_format",
+    [
+        {"type": "json_object"},
+        {
+            "type": "json_schema",
+            "json_schema": {
+                "name": "point",
+                "schema": {
+                    "type": "object",
+                    "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
+                    "required": ["x", "y"],
+                },
+            },
+        },
+    ],
+)
+async def test_structured_outputs_match_vllm_serve(vllm: Vllm, nursery, response_format) -> None:
+    body = chat("A point, as JSON", max_tokens=60, temperature=0, response_format=response_format)
+    ours, theirs = await _both(vllm, nursery, CHAT, body)
+    assert theirs.status_code == 200, theirs.text
+    assert ours.status_code == 200, ours.text
+    assert essentials(ours.json()) == essentials(theirs.json())
+
+
+# -- what vLLM refuses ------------------------------------------------------------------------
+
+
+async def test_a_prompt_longer_than_the_context_is_a_400_with_vllms_reason(vllm, nursery) -> None:
+    body = completion("fox " * 5000, max_tokens=4)
+    ours, theirs = await _both(vllm, nursery, COMPLETIONS, body)
+    assert theirs.status_code == 400
+    assert ours.status_code == 400, ours.text
+    message = ours.json()["error"]["message"]
+    assert "context length" in message or "maximum" in message, message
+    assert "4096" in message
+
+
+@pytest.mark.parametrize(
+    ("param", "value"),
+    [("top_k", -7), ("min_p", 3.0), ("repetition_penalty", -1.0), ("stop_token_ids", "x")],
+)
+async def test_a_parameter_vllm_rejects_is_a_400_naming_it(vllm, nursery, param, value) -> None:
+    body = completion("Hi", max_tokens=4, **{param: value})
+    ours, theirs = await _both(vllm, nursery, COMPLETIONS, body)
+    assert theirs.status_code == 400, theirs.text
+    assert ours.status_code == 400, ours.text
+    assert param in ours.json()["error"]["message"], ours.json()
+    # ...and the engine goes on serving.
+    ok = await post_json(
+        (await frontend_on(nursery, vllm)).url, COMPLETIONS, completion("Hi", max_tokens=2)
+    )
+    assert ok.status_code == 200
