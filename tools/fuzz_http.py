@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Fuzz the built-in HTTP/1.1 server for as long as asked: the properties of
+tests/test_http1_fuzz.py (the sans-io parser; a running server on 127.0.0.1 that must
+survive each connection and serve the next request), unseeded, round after round.
+
+    python tools/fuzz_http.py --seconds 600 [--target parser|server|both]
+
+Stops at the first failure, printing hypothesis's smallest example, and exits 1; exits 0
+when the time is up. Needs the test extras (hypothesis).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.test_http1_fuzz import check_parser, reads, run_server_check, traffic
+
+#: Examples per round: small enough that the time limit is kept to within a round.
+ROUND = {"parser": 2000, "server": 200}
+
+
+def property_for(target: str):
+    check = check_parser if target == "parser" else run_server_check
+
+    @settings(
+        max_examples=ROUND[target],
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(st.data())
+    def prop(data: st.DataObject) -> None:
+        check(data.draw(reads(data.draw(traffic))))
+
+    return prop
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=60.0, help="how long to fuzz")
+    parser.add_argument("--target", choices=["parser", "server", "both"], default="both")
+    args = parser.parse_args()
+    targets = ["parser", "server"] if args.target == "both" else [args.target]
+    end = time.monotonic() + args.seconds
+    rounds = dict.fromkeys(targets, 0)
+    while time.monotonic() < end:
+        for target in targets:
+            try:
+                property_for(target)()
+            except Exception as exc:
+                print(f"{target}: a failing example after {rounds[target]} rounds: {exc!r}")
+                return 1
+            rounds[target] += 1
+    summary = ", ".join(f"{t}: {n} rounds of {ROUND[t]} examples" for t, n in rounds.items())
+    print(f"no failure in {args.seconds:g} s ({summary})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
