@@ -389,11 +389,16 @@ class _HTTPConnection:
         reason: str,
         code: str = "bad_request",
         headers: tuple[tuple[bytes, bytes], ...] = (),
+        *,
+        linger: bool = False,
     ) -> None:
         """Answer with an error of the server's own (no response may have begun) and
-        close: the error body of every route, ``code`` its machine-readable reason."""
+        close: the error body of every route, ``code`` its machine-readable reason.
+        ``linger``: the client may still be sending (see :meth:`_linger`)."""
         try:
             await self.write(_error_response(status, reason, code, headers))
+            if linger:
+                await self._linger()
         except _Gone:
             pass
         self.close()
@@ -526,7 +531,7 @@ class _HTTPExchange:
         if self.response_started:
             self.connection.close()
         else:
-            await self.connection.refuse(408, reason, "body_timeout")
+            await self.connection.refuse(408, reason, "body_timeout", linger=True)
 
     async def run(self) -> None:
         connection = self.connection
@@ -630,6 +635,7 @@ class _HTTPExchange:
             self.disconnected = True
             connection.close()
             return True
+        connection.answering = True
         if sent < len(data):
             self._pending = data[sent:]
         return True
