@@ -862,7 +862,10 @@ class _WebSocketConnection:
                 self.connection.close()
                 return
             self._heard = False
-            await self._write(ws_events.Ping())
+            try:
+                await self._write(ws_events.Ping())
+            except (_Gone, WSLocalProtocolError):
+                return  # the peer is gone, or the socket closing: receive() reports it
 
     async def receive(self) -> dict[str, Any]:
         if not self.connected:
