@@ -138,6 +138,44 @@ traffic = mutated(st.lists(request(), min_size=1, max_size=3).map(b"".join))
 
 
 @st.composite
+def websocket_frame(draw: st.DrawFn) -> bytes:
+    """A WebSocket frame from a client, its bits and lengths sometimes wrong (RFC 6455
+    section 5.2): reserved bits, unknown opcodes, unmasked, a length that lies."""
+    fin = draw(often(st.just(0x80), st.just(0)))
+    rsv = draw(often(st.just(0), st.sampled_from([0x40, 0x20, 0x10])))
+    opcode = draw(often(st.sampled_from([0, 1, 2, 8, 9, 10]), st.sampled_from([3, 7, 11, 15])))
+    payload = draw(st.binary(max_size=40))
+    if opcode == 1 and draw(st.booleans()):
+        payload = draw(st.text(max_size=20)).encode()
+    length = len(payload) + draw(often(st.just(0), st.sampled_from([-1, 1, 1 << 20, 1 << 40])))
+    length = max(length, 0)
+    if length < 126:
+        header = bytes([fin | rsv | opcode, 0x80 | length])
+    elif length < 1 << 16:
+        header = bytes([fin | rsv | opcode, 0x80 | 126]) + length.to_bytes(2, "big")
+    else:
+        header = bytes([fin | rsv | opcode, 0x80 | 127]) + length.to_bytes(8, "big")
+    if not draw(often(st.just(True), st.just(False))):  # unmasked: a client must mask
+        return bytes([header[0], header[1] & 0x7F]) + header[2:] + payload
+    key = draw(st.binary(min_size=4, max_size=4))
+    return header + key + bytes(b ^ key[i % 4] for i, b in enumerate(payload))
+
+
+#: A whole WebSocket handshake, then frames, mutated.
+websocket_traffic = mutated(
+    st.lists(websocket_frame(), max_size=5).map(
+        lambda frames: (
+            (
+                b"GET /v1/ws HTTP/1.1\r\nhost: x\r\nupgrade: websocket\r\nconnection: Upgrade\r\n"
+                b"sec-websocket-key: %s\r\nsec-websocket-version: 13\r\n\r\n" % _KEY
+            )
+            + b"".join(frames)
+        )
+    )
+)
+
+
+@st.composite
 def reads(draw: st.DrawFn, data: bytes) -> list[bytes]:
     """``data`` cut into the reads a server could see."""
     cuts = sorted(draw(st.lists(st.integers(0, len(data)), max_size=4)))
@@ -230,7 +268,10 @@ async def check_server(port: int, pieces: list[bytes], faults: _Faults) -> None:
                 break
             received += chunk
     await stream.aclose()
-    for line in received.split(b"\r\n"):
+    head = received.partition(b"\r\n\r\n")[0]  # the first answer (a WebSocket: frames follow)
+    for line in (
+        head.split(b"\r\n") if received.startswith(b"HTTP/1.1 101") else received.split(b"\r\n")
+    ):
         if line.startswith(b"HTTP/1.1 5"):
             assert line[9:12] in (b"505",), received
     assert not faults.records, faults.records[0].getMessage()
@@ -301,3 +342,9 @@ def test_the_parser_on_arbitrary_bytes_raises_only_its_protocol_error(data):
 @given(st.data())
 def test_the_server_survives_mutated_traffic_and_serves_the_next_request(data):
     run_server_check(data.draw(reads(data.draw(traffic))))
+
+
+@settings(SEEDED, max_examples=100)
+@given(st.data())
+def test_the_server_survives_mutated_websocket_frames_and_serves_the_next_request(data):
+    run_server_check(data.draw(reads(data.draw(websocket_traffic))))

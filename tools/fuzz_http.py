@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Fuzz the built-in HTTP/1.1 server for as long as asked: the properties of
 tests/test_http1_fuzz.py (the sans-io parser; a running server on 127.0.0.1 that must
-survive each connection and serve the next request), unseeded, round after round.
+survive each connection, HTTP or WebSocket frames, and serve the next request),
+unseeded, round after round.
 
-    python tools/fuzz_http.py --seconds 600 [--target parser|server|both]
+    python tools/fuzz_http.py --seconds 600 [--target parser|server|websocket|all]
 
 Stops at the first failure, printing hypothesis's smallest example, and exits 1; exits 0
 when the time is up. Needs the test extras (hypothesis).
@@ -21,14 +22,21 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.test_http1_fuzz import check_parser, reads, run_server_check, traffic
+from tests.test_http1_fuzz import (
+    check_parser,
+    reads,
+    run_server_check,
+    traffic,
+    websocket_traffic,
+)
 
 #: Examples per round: small enough that the time limit is kept to within a round.
-ROUND = {"parser": 2000, "server": 200}
+ROUND = {"parser": 2000, "server": 200, "websocket": 200}
 
 
 def property_for(target: str):
     check = check_parser if target == "parser" else run_server_check
+    inputs = websocket_traffic if target == "websocket" else traffic
 
     @settings(
         max_examples=ROUND[target],
@@ -38,7 +46,7 @@ def property_for(target: str):
     )
     @given(st.data())
     def prop(data: st.DataObject) -> None:
-        check(data.draw(reads(data.draw(traffic))))
+        check(data.draw(reads(data.draw(inputs))))
 
     return prop
 
@@ -46,9 +54,9 @@ def property_for(target: str):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="how long to fuzz")
-    parser.add_argument("--target", choices=["parser", "server", "both"], default="both")
+    parser.add_argument("--target", choices=[*ROUND, "all"], default="all")
     args = parser.parse_args()
-    targets = ["parser", "server"] if args.target == "both" else [args.target]
+    targets = list(ROUND) if args.target == "all" else [args.target]
     end = time.monotonic() + args.seconds
     rounds = dict.fromkeys(targets, 0)
     while time.monotonic() < end:
