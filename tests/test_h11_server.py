@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import resource
 from functools import partial
 
 import trio
@@ -18,7 +19,10 @@ import wsproto.events as ws_events
 
 from tests.conftest import HANG_GUARD, start_engine, start_frontend, wait_until
 from trioserve import h11_server
+from trioserve.cli import build_parser
+from trioserve.config import Settings
 from trioserve.h11_server import H11Config, serve_h11
+from trioserve.server import h11_config
 
 
 async def echo_app(scope, receive, send):
@@ -564,3 +568,16 @@ async def test_accept_out_of_descriptors_logs_one_line_and_the_server_recovers(
     assert b'"/after-emfile"' in await read_responses(stream, 1)
     assert failures["left"] == 0
     assert len([r for r in caplog.records if r.getMessage().startswith("accept:")]) == 1
+
+
+def test_the_bounds_reach_the_server_from_the_settings_and_the_cli(monkeypatch):
+    args = build_parser().parse_args(["run", "--max-connections", "5", "--body-deadline", "7"])
+    assert (args.max_connections, args.body_deadline) == (5, 7)
+    config = h11_config(
+        Settings(max_connections=5, body_deadline=7, body_timeout=3, max_body_bytes=1000)
+    )
+    assert (config.max_connections, config.body_deadline, config.body_timeout) == (5, 7, 3)
+    assert config.body_preread_bytes == 1000  # never more than the app takes
+    # The default: three quarters of the descriptor limit, the rest kept for the others.
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (1024, 4096))
+    assert h11_server.default_max_connections() == 768
