@@ -26,8 +26,15 @@ What it does, per connection:
   connection closed (and is then reported disconnected), so no cleanup waits on a client;
 - ``Connection: close`` honoured, and after the drain signal every connection closes once
   its current response is done (idle ones at once);
-- WebSocket upgrade (ASGI websocket scope): message size limit (close 1009), pings every
-  ``ws_ping_interval`` and a peer that answers nothing for two intervals is gone (1006).
+- WebSocket upgrade (ASGI websocket scope): the handshake checked before wsproto sees
+  it (400, 426), message size limit (close 1009), pings every ``ws_ping_interval`` and a
+  peer that answers nothing for two intervals is gone (1006);
+- what one client can do to the others, bounded (docs/security.md): an exception barrier
+  around every connection (a fault: one traceback, a 500 or a close, the server goes
+  on); a total deadline for a request body, and small bodies read whole before the app
+  is called (a slow body holds no admission slot); an early answer closes the
+  connection; at most ``max_connections`` at once (503 past it), and a quiet accept
+  loop when descriptors run out.
 """
 
 from __future__ import annotations
@@ -972,10 +979,11 @@ def _error_response(
     status: int, reason: str, code: str, headers: tuple[tuple[bytes, bytes], ...] = ()
 ) -> bytes:
     """A whole error response of the server's own, in the error shape of every route."""
-    kind = {408: "timeout_error", 500: "server_error", 503: "server_error"}
+    # The types of docs/api.md's table (the application's, which this layer cannot import).
+    kind = {408: "timeout_error", 503: "overloaded_error"}
     error = {
         "message": reason,
-        "type": kind.get(status, "invalid_request_error"),
+        "type": kind.get(status, "server_error" if status >= 500 else "invalid_request_error"),
         "code": code,
         "param": None,
     }
