@@ -514,7 +514,10 @@ async def test_a_body_that_does_not_arrive_within_the_deadline_is_408(nursery):
         await assert_closed(stream)
 
 
-async def test_past_max_connections_a_new_connection_gets_503_and_is_closed(nursery, caplog):
+async def test_past_max_connections_a_new_connection_gets_503_and_is_closed(
+    nursery, monkeypatch, caplog
+):
+    monkeypatch.setattr(h11_server, "LOG_INTERVAL", 3600.0)  # the whole test in one interval
     port, _ = await serve(nursery, max_connections=2, keep_alive_timeout=3600)
     held = []
     for n in range(2):
@@ -551,6 +554,7 @@ async def test_accept_out_of_descriptors_logs_one_line_and_the_server_recovers(
     nursery, monkeypatch, caplog
 ):
     monkeypatch.setattr(h11_server, "ACCEPT_BACKOFF", 0.001)
+    monkeypatch.setattr(h11_server, "LOG_INTERVAL", 3600.0)  # the whole test in one interval
     real_accept = trio.SocketListener.accept
     failures = {"left": 50}
 
