@@ -31,13 +31,19 @@ class Proc:
 
     @classmethod
     async def start(
-        cls, nursery: trio.Nursery, *args: str, program: tuple[str, ...] = ("-m", "trioserve")
+        cls,
+        nursery: trio.Nursery,
+        *args: str,
+        program: tuple[str, ...] = ("-m", "trioserve"),
+        python: str = sys.executable,
+        env: dict[str, str] | None = None,
     ) -> Proc:
         process = await trio.lowlevel.open_process(
-            [sys.executable, *program, *args],
+            [python, *program, *args],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**(env or os.environ), "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,
         )
         proc = cls(process)
         nursery.start_soon(proc._read)
@@ -54,10 +60,10 @@ class Proc:
             await trio.sleep_forever()
         finally:
             if self.process.returncode is None:
-                self.process.kill()
+                os.killpg(self.process.pid, signal.SIGKILL)  # its children too
 
-    async def wait_for_output(self, pattern: str) -> re.Match[bytes]:
-        with trio.fail_after(HANG_GUARD):
+    async def wait_for_output(self, pattern: str, guard: float = HANG_GUARD) -> re.Match[bytes]:
+        with trio.fail_after(guard):
             while (match := re.search(pattern.encode(), self.output)) is None:
                 if self.process.returncode is not None:
                     raise AssertionError(f"process exited: {self.output.decode()[-2000:]}")

@@ -2,7 +2,8 @@
 
 - ``trioserve run``: the frontend (starts the mock engine as a child when no --engine);
 - ``trioserve client``: stream one answer to the terminal;
-- ``trioserve engine mock``: the mock engine alone.
+- ``trioserve engine mock``: the mock engine alone;
+- ``trioserve engine vllm MODEL``: a vLLM engine (``sdk/vllm_engine.py``; needs vllm).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import gc
 import logging
 import os
+import shlex
 import signal
 import sys
 import tempfile
@@ -261,7 +263,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds from SIGTERM until requests still running are ended (Kubernetes' "
         "terminationGracePeriodSeconds must exceed preStop + this + a margin)",
     )
-    mock = run.add_argument_group("built-in mock engine (only without --engine)")
+    vllm = run.add_argument_group("a vLLM engine started as a child (needs vllm installed)")
+    vllm.add_argument(
+        "--vllm",
+        metavar="MODEL",
+        default=None,
+        help="serve MODEL (a name or a path) with a vLLM engine started as a child "
+        "process; the server listens once the model is loaded",
+    )
+    vllm.add_argument(
+        "--vllm-args",
+        default="",
+        metavar="ARGS",
+        help="more options for the vLLM engine, as `vllm serve` spells them, in one "
+        "string, e.g. '--max-model-len 2048 --dtype bfloat16'",
+    )
+    vllm.add_argument(
+        "--vllm-load-timeout",
+        type=_positive(float),
+        default=VLLM_LOAD_TIMEOUT,
+        help="seconds to wait for the model to load before giving up",
+    )
+    mock = run.add_argument_group("built-in mock engine (only without --engine or --vllm)")
     mock.add_argument("--mock-tokens-per-second", type=_positive(float), default=50.0)
     mock.add_argument("--mock-ttft-ms", type=_non_negative, default=20.0)
     mock.add_argument("--mock-model", default="mock")
@@ -323,6 +346,14 @@ def build_parser() -> argparse.ArgumentParser:
     mock_engine.add_argument(
         "--loop", choices=["trio", "asyncio"], default="trio", help="event loop to serve on"
     )
+    # Everything after `engine vllm` is the vLLM engine's: trioserve's own options and
+    # vLLM's (see sdk/vllm_engine.py, whose parser is vLLM's own).
+    kinds.add_parser(
+        "vllm",
+        help="a vLLM engine (needs vllm installed): trioserve engine vllm MODEL --bind "
+        "ADDRESS [vLLM's options]; `trioserve engine vllm --help` lists them",
+        add_help=False,
+    )
     mock_engine.add_argument(
         "--exit-with-parent",
         nargs="?",
@@ -337,7 +368,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "engine" and args.engine_kind == "vllm":
+        logging.basicConfig(
+            level=args.log_level.upper(),
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+            stream=sys.stderr,
+        )
+        return _engine_vllm(extra)
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -404,47 +445,47 @@ def _run(args: argparse.Namespace) -> int:
         drain_delay=args.drain_delay,
         graceful_timeout=args.graceful_timeout,
     )
+    status = 0
 
     async def main_task() -> None:
         if settings.engines:
             await serve_frontend(settings)
             return
         with tempfile.TemporaryDirectory(prefix="trioserve-") as tmp:
-            address = f"ipc://{Path(tmp) / 'mock-engine.sock'}"
+            address = f"ipc://{Path(tmp) / 'engine.sock'}"
             settings.engines = [address]
-            command = [
-                sys.executable,
-                "-m",
-                "trioserve",
-                "--log-level",
-                args.log_level,
-                "engine",
-                "mock",
-                "--bind",
-                address,
-                "--model",
-                args.mock_model,
-                "--tokens-per-second",
-                str(args.mock_tokens_per_second),
-                "--ttft-ms",
-                str(args.mock_ttft_ms),
-                *(["--allow-fault-injection"] if args.mock_fault_injection else []),
-                "--exit-with-parent",
-                str(os.getpid()),
-            ]
-            # A session of its own: a Ctrl-C at the terminal reaches the frontend only,
-            # which drains first and stops the engine last.
-            process = await trio.lowlevel.open_process(command, start_new_session=True)
-            log.info("started the mock engine (pid %d) at %s", process.pid, address)
-            try:
-                # Listen once the mock has answered (about 0.4 s to start), so that a
-                # request sent on "Running on" is served, not refused with a 503.
-                await serve_frontend(settings, engine_wait=MOCK_ENGINE_WAIT)
-            finally:
-                with trio.CancelScope(shield=True):
-                    await _stop_child(process)
+            common = [sys.executable, "-m", "trioserve", "--log-level", args.log_level]
+            common_tail = ["--bind", address, "--exit-with-parent", str(os.getpid())]
+            if args.vllm:
+                child = ChildEngine(
+                    f"the vLLM engine for {args.vllm}",
+                    [*common, "engine", "vllm", args.vllm, *common_tail]
+                    + shlex.split(args.vllm_args),
+                    wait=args.vllm_load_timeout,
+                    progress=True,
+                )
+            else:
+                child = ChildEngine(
+                    "the mock engine",
+                    [
+                        *common,
+                        "engine",
+                        "mock",
+                        *common_tail,
+                        "--model",
+                        args.mock_model,
+                        "--tokens-per-second",
+                        str(args.mock_tokens_per_second),
+                        "--ttft-ms",
+                        str(args.mock_ttft_ms),
+                        *(["--allow-fault-injection"] if args.mock_fault_injection else []),
+                    ],
+                    wait=MOCK_ENGINE_WAIT,
+                )
+            await child.serve(settings)
+            nonlocal status
+            status = child.status
 
-    status = 0
     _tune_gc()
     try:
         trio.run(main_task)
@@ -477,18 +518,99 @@ def _tune_gc() -> None:
 
 #: Seconds `trioserve run` waits for the mock engine it started before listening.
 MOCK_ENGINE_WAIT = 10.0
+#: Seconds `trioserve run --vllm` waits for vLLM to load the model (about a minute for a
+#: small model on two cores) before listening anyway, with 503s until it is ready.
+VLLM_LOAD_TIMEOUT = 600.0
+#: Seconds between the lines that say the engine is still loading.
+PROGRESS_INTERVAL = 15.0
+#: Seconds a child engine has to stop after SIGTERM before it is killed (vLLM shuts its
+#: EngineCore process down first).
+CHILD_STOP_TIMEOUT = 10.0
 
 
-async def _stop_child(process: trio.Process) -> None:
-    if process.returncode is None:
-        process.terminate()
-        with trio.move_on_after(5):
-            await process.wait()
+class ChildEngine:
+    """An engine that `trioserve run` starts, serves through, and stops last.
+
+    The server listens once the engine has answered (or after ``wait`` seconds), so that
+    "Running on" means ready; an engine that exits while the server runs stops the server
+    with status 1 and a line that says so, rather than leaving it answering 503s.
+    """
+
+    def __init__(self, what: str, command: list[str], *, wait: float, progress: bool = False):
+        self.what = what
+        self.command = command
+        self.wait = wait
+        self.progress = progress
+        self.status = 0
+
+    async def serve(self, settings: Settings) -> None:
+        from .server import serve_frontend
+
+        # A session of its own: a Ctrl-C at the terminal reaches the frontend only,
+        # which drains first and stops the engine last.
+        process = await trio.lowlevel.open_process(self.command, start_new_session=True)
+        log.info("started %s (pid %d)", self.what, process.pid)
+        try:
+            async with trio.open_nursery() as nursery:
+
+                async def frontend(task_status: trio.TaskStatus[object]) -> None:
+                    await serve_frontend(settings, engine_wait=self.wait, task_status=task_status)
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(self._watch, process, nursery.cancel_scope)
+                loading = trio.CancelScope()
+                if self.progress:
+                    nursery.start_soon(self._say_loading, loading)
+                await nursery.start(frontend)
+                loading.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._stop(process)
+
+    async def _say_loading(self, scope: trio.CancelScope) -> None:
+        with scope:
+            started = trio.current_time()
+            while True:
+                await trio.sleep(PROGRESS_INTERVAL)
+                waited = trio.current_time() - started
+                log.info(
+                    "%s is still loading (%.0f s); listening once it is ready", self.what, waited
+                )
+
+    async def _watch(self, process: trio.Process, scope: trio.CancelScope) -> None:
+        code = await process.wait()
+        log.error("%s exited with code %s; stopping", self.what, code)
+        self.status = 1
+        scope.cancel()
+
+    async def _stop(self, process: trio.Process) -> None:
         if process.returncode is None:
-            log.warning("the mock engine did not stop in 5 s; killing it")
-            process.kill()
-            await process.wait()
-    log.info("mock engine stopped (exit code %s)", process.returncode)
+            process.terminate()
+            with trio.move_on_after(CHILD_STOP_TIMEOUT):
+                await process.wait()
+            if process.returncode is None:
+                log.warning("%s did not stop in %g s; killing it", self.what, CHILD_STOP_TIMEOUT)
+                process.kill()
+                await process.wait()
+        log.info("%s stopped (exit code %s)", self.what, process.returncode)
+
+
+# -- trioserve engine vllm ---------------------------------------------------------------
+
+
+def _engine_vllm(argv: list[str]) -> int:
+    try:
+        from .sdk import vllm_engine
+
+        return vllm_engine.main(argv)
+    except ImportError as exc:
+        if exc.name is None or not exc.name.startswith("vllm"):
+            raise
+        log.error(
+            "the vLLM engine needs vllm installed beside trioserve (%s); see docs/engines.md",
+            exc,
+        )
+        return 2
 
 
 # -- trioserve engine mock ---------------------------------------------------------------

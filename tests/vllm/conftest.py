@@ -144,7 +144,9 @@ class Vllm:
             text = response.read().decode()
         figures: dict[str, float] = {}
         for line in text.splitlines():
-            match = re.match(r"^((?:vllm:|trioserve_engine_)[a-z_:]+)(\{[^}]*\})? ([0-9.eE+-]+|NaN)$", line)
+            match = re.match(
+                r"^((?:vllm:|trioserve_engine_)[a-z_:]+)(\{[^}]*\})? ([0-9.eE+-]+|NaN)$", line
+            )
             if match:
                 labels = re.sub(r',?engine="\d+"|,?model_name="[^"]*"', "", match[2] or "")
                 labels = "" if labels in ("{}", "") else "{" + labels.strip("{},") + "}"

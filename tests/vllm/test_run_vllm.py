@@ -1,0 +1,58 @@
+"""One command serves a real model: ``trioserve run --vllm MODEL``, used with the openai client."""
+
+from __future__ import annotations
+
+import shlex
+
+import openai
+import pytest
+import trio
+
+from tests.processes import Proc
+
+from .conftest import MODEL, START_GUARD, VLLM_OPTIONS, Vllm, vllm_env
+
+pytestmark = pytest.mark.integration
+
+
+async def test_run_vllm_serves_the_model_to_the_openai_client(vllm: Vllm, nursery) -> None:
+    frontend = await Proc.start(
+        nursery,
+        "run",
+        "--port",
+        "0",
+        "--vllm",
+        str(vllm.model_dir),
+        "--vllm-args",
+        shlex.join(VLLM_OPTIONS),
+        python=vllm.python,
+        env=vllm_env(),
+    )
+    # It listens once the model is loaded, and says so while it loads.
+    running = r"Running on (http://127\.0\.0\.1:\d+)"
+    match = await frontend.wait_for_output(running, guard=START_GUARD)
+    url = match[1].decode()
+    assert b"vLLM engine serving tiny" in frontend.output
+
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    models = await client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    answer = await client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hello"}], max_tokens=8, temperature=0
+    )
+    assert answer.usage is not None and answer.usage.completion_tokens == 8
+    chunks = await client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Hello"}],
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+    )
+    streamed = "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
+    assert streamed == answer.choices[0].message.content
+
+    # SIGTERM drains the frontend, then stops the engine; the run exits 0.
+    frontend.signal(15)
+    with trio.fail_after(START_GUARD):
+        assert await frontend.process.wait() == 0
+    assert b"stopped (exit code 0)" in frontend.output
