@@ -1139,6 +1139,16 @@ def main() -> int:
         help=f"replace the text between {BEGIN} and {END} (a capacity-only run: "
         f"{CAPACITY_BEGIN} and {CAPACITY_END}) in this file (appended if absent)",
     )
+    parser.add_argument(
+        "--vllm",
+        action="store_true",
+        help="trioserve in front of vLLM against vLLM's own API server instead: runs "
+        "tools/bench_vllm.py with the other arguments (see its --help)",
+    )
+    if parser.parse_known_args()[0].vllm:
+        import bench_vllm
+
+        return bench_vllm.main([arg for arg in sys.argv[1:] if arg != "--vllm"])
     args = parser.parse_args()
     plan = build_plan(args)
     command = "python tools/bench.py" + (" " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "")
