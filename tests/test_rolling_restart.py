@@ -11,119 +11,20 @@ instance: see docs/deployment.md for the configuration this mirrors.
 
 from __future__ import annotations
 
-import signal
-
-import httpx
 import pytest
-import trio
 
-from tests.conftest import HANG_GUARD
-from tests.nginx import open_nginx
-from tests.processes import Proc, free_port, start_engine_process
+from tests.processes import free_port, start_engine_process
+from tests.rolling import roll_under_load
 
 pytestmark = pytest.mark.integration
 
-#: What the test's nginx adds to its proxied location (docs/deployment.md shows the same).
-LOCATION = """
-            proxy_buffering off;
-            proxy_read_timeout 60s;
-            proxy_next_upstream error timeout http_503 non_idempotent;
-"""
-
-
-async def start_instance(nursery: trio.Nursery, engine: str, port: int) -> Proc:
-    proc = await Proc.start(
-        nursery,
-        "run",
-        "--engine",
-        engine,
-        "--port",
-        str(port),
-        "--drain-delay",
-        "1",
-        "--graceful-timeout",
-        "20",
-    )
-    await proc.wait_for_output(rf"Running on http://127\.0\.0\.1:{port}")
-    return proc
-
-
-async def wait_healthy(port: int) -> None:
-    async with httpx.AsyncClient(timeout=HANG_GUARD) as client:
-        with trio.fail_after(HANG_GUARD):
-            while (await client.get(f"http://127.0.0.1:{port}/health")).status_code != 200:
-                await trio.sleep(0.05)
-
 
 async def test_rolling_restart_through_nginx_drops_nothing(nursery, tmp_path):
-    engine_port, port_a, port_b, port_lb = (free_port() for _ in range(4))
-    engine = f"tcp://127.0.0.1:{engine_port}"
+    engine_port = free_port()
     await start_engine_process(nursery, engine_port)
-    instances = {port_a: await start_instance(nursery, engine, port_a)}
-    instances[port_b] = await start_instance(nursery, engine, port_b)
-    await wait_healthy(port_a)
-    await wait_healthy(port_b)
-
-    async with (
-        open_nginx(tmp_path, port_lb, [port_a, port_b], LOCATION),
-        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port_lb}", timeout=60) as client,
-    ):
-        with trio.fail_after(HANG_GUARD):
-            while True:
-                try:
-                    if (await client.get("/health")).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                await trio.sleep(0.05)
-        stats = {"ok": 0, "streams_started": 0, "streams_completed": 0}
-        failures: list[str] = []
-        stop = trio.Event()
-
-        async def load(worker: int) -> None:
-            i = 0
-            while not stop.is_set():
-                i += 1
-                stream = (worker + i) % 2 == 0
-                body = {"prompt": f"w{worker}-{i}", "max_tokens": 20, "stream": stream}
-                try:
-                    if stream:
-                        async with client.stream("POST", "/v1/completions", json=body) as r:
-                            if r.status_code != 200:
-                                failures.append(f"stream status {r.status_code}")
-                                continue
-                            stats["streams_started"] += 1
-                            text = "".join([chunk async for chunk in r.aiter_text()])
-                        if text.endswith("data: [DONE]\n\n"):
-                            stats["streams_completed"] += 1
-                            stats["ok"] += 1
-                        else:
-                            failures.append(f"truncated stream: {text[-200:]!r}")
-                    else:
-                        r = await client.post("/v1/completions", json=body)
-                        if r.status_code == 200 and r.json()["choices"][0]["finish_reason"]:
-                            stats["ok"] += 1
-                        else:
-                            failures.append(f"status {r.status_code}: {r.text[:200]}")
-                except httpx.HTTPError as exc:
-                    failures.append(f"{type(exc).__name__}: {exc}")
-
-        async with trio.open_nursery() as clients:
-            for worker in range(8):
-                clients.start_soon(load, worker)
-            await trio.sleep(0.5)
-            for port in (port_a, port_b):
-                old = instances[port]
-                old.signal(signal.SIGTERM)
-                await old.wait_for_output("draining: listener closed")
-                instances[port] = await start_instance(nursery, engine, port)
-                await wait_healthy(port)
-                with trio.fail_after(40):
-                    assert await old.process.wait() == 0
-                await trio.sleep(0.5)
-            stop.set()
-    for proc in instances.values():
-        proc.signal(signal.SIGTERM)
-    assert not failures, failures[:10]
-    assert stats["streams_started"] == stats["streams_completed"] > 0
-    assert stats["ok"] > 50
+    outcome = await roll_under_load(
+        nursery, tmp_path, f"tcp://127.0.0.1:{engine_port}", {"max_tokens": 20}
+    )
+    assert not outcome.failures, outcome.failures[:10]
+    assert outcome.streams_started == outcome.streams_completed > 0
+    assert outcome.ok > 50

@@ -12,6 +12,38 @@ from tests.conftest import HANG_GUARD, start_frontend
 
 from .conftest import MODEL, Vllm
 
+#: Ceiling on waiting for vLLM to settle (a hang guard, not a measurement).
+SETTLE_GUARD = 120.0
+
+
+async def figures(vllm: Vllm) -> dict[str, float]:
+    return await trio.to_thread.run_sync(vllm.metrics)
+
+
+def _idle(f: dict[str, float]) -> bool:
+    ended = f["trioserve_engine_finished_total"] + f["trioserve_engine_aborted_total"]
+    ended += f["trioserve_engine_orphaned_total"]
+    return (
+        f["vllm:num_requests_running"] == 0
+        and f["vllm:num_requests_waiting"] == 0
+        and f["vllm:kv_cache_usage_perc"] == 0
+        and ended == f["trioserve_engine_submitted_total"]
+    )
+
+
+async def settled(vllm: Vllm) -> dict[str, float]:
+    """vLLM's figures once it runs nothing and every submitted request has ended."""
+    with trio.fail_after(SETTLE_GUARD):
+        while not _idle(f := await figures(vllm)):
+            await trio.sleep(0.1)
+    return f
+
+
+async def running_in_vllm(vllm: Vllm, count: int = 1) -> None:
+    with trio.fail_after(SETTLE_GUARD):
+        while (await figures(vllm))["vllm:num_requests_running"] < count:
+            await trio.sleep(0.05)
+
 
 async def frontend_on(nursery: trio.Nursery, vllm: Vllm, **settings: object):
     """A trioserve frontend (in-process, built-in server) on the session's vLLM engine."""
