@@ -60,7 +60,7 @@ START_GUARD = 600.0
 def vllm_python() -> str | None:
     named = os.environ.get(PYTHON_ENV)
     if named:
-        return named
+        return os.path.abspath(named)
     if importlib.util.find_spec("vllm") is not None:
         return sys.executable
     return None

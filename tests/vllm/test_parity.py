@@ -194,3 +194,25 @@ async def test_a_parameter_vllm_rejects_is_a_400_naming_it(vllm, nursery, param,
         (await frontend_on(nursery, vllm)).url, COMPLETIONS, completion("Hi", max_tokens=2)
     )
     assert ok.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("path", "param", "value"),
+    [
+        (CHAT, "logprobs", True),
+        (CHAT, "top_logprobs", 2),
+        (COMPLETIONS, "logprobs", 2),
+        (COMPLETIONS, "echo", True),
+        (COMPLETIONS, "prompt_logprobs", 1),
+    ],
+)
+async def test_what_trioserve_cannot_relay_yet_is_a_400_naming_it(
+    vllm: Vllm, nursery, path, param, value
+) -> None:
+    """vLLM answers these with more than text; a frontend that dropped it silently would
+    answer something else than vllm serve does."""
+    frontend = await frontend_on(nursery, vllm)
+    base = chat("Hi", max_tokens=4) if path == CHAT else completion("Hi", max_tokens=4)
+    answer = await post_json(frontend.url, path, {**base, param: value})
+    assert answer.status_code == 400, answer.text
+    assert repr(param) in answer.json()["error"]["message"]

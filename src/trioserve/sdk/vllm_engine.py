@@ -47,6 +47,11 @@ log = logging.getLogger("trioserve.engine.vllm")
 _SUFFIX_BYTES = 6
 
 
+#: Request fields vLLM would act on but whose results trioserve's protocol cannot carry
+#: to the client yet: refused with a 400 naming them, rather than silently dropped.
+UNRELAYED = ("logprobs", "top_logprobs", "prompt_logprobs", "echo", "return_token_ids")
+
+
 class SchedulerFigures:
     """vLLM's own figures of its scheduler, as its last engine step reported them.
 
@@ -153,6 +158,14 @@ class VllmBackend:
 
     async def _render(self, request: Submit) -> tuple[Any, Any]:
         """vLLM's request object for ``request``, and its rendered engine input."""
+        for name in UNRELAYED:
+            if request.params.get(name) not in (None, False, 0):
+                raise RequestError(
+                    400,
+                    f"{name!r} is not relayed by trioserve yet (its answer would lose what "
+                    "vLLM computes for it); see docs/engines.md",
+                    "invalid_request_error",
+                )
         import pydantic
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
         from vllm.entrypoints.openai.completion.protocol import CompletionRequest
