@@ -38,7 +38,7 @@ async def part_media(part: dict[str, Any], loc: str, fetcher: MediaFetcher) -> M
             return await fetcher.resolve(data, "audio", f"{loc}.input_audio.data")
         fmt = audio.get("format")
         mime = AUDIO_FORMATS.get(fmt.lower(), "audio/wav") if isinstance(fmt, str) else "audio/wav"
-        return Media("audio", mime, data=decode_base64(data, f"{loc}.input_audio.data"))
+        return Media("audio", mime, data=await decode_base64(data, f"{loc}.input_audio.data"))
     value = part.get(kind)
     url = value.get("url") if isinstance(value, dict) else value
     if not isinstance(url, str):

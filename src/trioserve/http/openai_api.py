@@ -15,11 +15,29 @@ from typing import Any, TypeVar
 import attrs
 
 from ..protocol import Submit, Usage
-from .validation import invalid, structure
+from .errors import HTTPError
+from .validation import INT_MAX, INT_MIN, TOO_LARGE, Errors, _json_type, invalid, structure
 
 T = TypeVar("T")
 
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer", "function"})
+
+# Bounds of a request's shape, checked before anything is built from it (docs/api.md,
+# docs/security.md "Validation bounds"): what a request may make the event loop do
+# before its answer is bounded by them, not by the body size alone.
+#: Messages in one chat request.
+MAX_MESSAGES = 2048
+#: Content parts in one message, and in all messages of a request together.
+MAX_CONTENT_PARTS = 256
+MAX_CONTENT_PARTS_TOTAL = 4096
+#: The largest ``max_tokens`` (and ``max_completion_tokens``): what an engine counts in
+#: a 32-bit integer.
+MAX_TOKENS = 2**31 - 1
+#: Part types the frontend writes for the engine (``{"type": "image", "media": record}``,
+#: docs/protocol.md): a client's part of one of these types, or any part with a
+#: ``media`` field, could pass for an upload record the frontend built (whose ``path`` an
+#: engine opens), so it is refused.
+RESERVED_PART_TYPES = frozenset({"image", "audio", "video", "file"})
 
 
 @attrs.define
@@ -133,10 +151,18 @@ def _plain(body: dict[str, Any], cls: type[T]) -> T | None:
 
 
 def _check_common(req: _Common, errors: list[dict[str, str]]) -> None:
-    if req.max_tokens is not None and req.max_tokens < 1:
-        errors.append({"loc": "$.max_tokens", "msg": "must be at least 1"})
-    if req.max_completion_tokens is not None and req.max_completion_tokens < 1:
-        errors.append({"loc": "$.max_completion_tokens", "msg": "must be at least 1"})
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = getattr(req, name)
+        if value is None:
+            continue
+        if value < 1:
+            errors.append({"loc": f"$.{name}", "msg": "must be at least 1"})
+        elif value > INT_MAX:
+            errors.append({"loc": f"$.{name}", "msg": TOO_LARGE})
+        elif value > MAX_TOKENS:
+            errors.append({"loc": f"$.{name}", "msg": f"must be at most {MAX_TOKENS}"})
+    if req.seed is not None and not INT_MIN <= req.seed <= INT_MAX:
+        errors.append({"loc": "$.seed", "msg": TOO_LARGE})
     if req.temperature is not None and not 0 <= req.temperature <= 2:
         errors.append({"loc": "$.temperature", "msg": "must be between 0 and 2"})
     if req.top_p is not None and not 0 < req.top_p <= 1:
@@ -152,31 +178,94 @@ def _check_common(req: _Common, errors: list[dict[str, str]]) -> None:
         errors.append({"loc": "$.stop", "msg": "expected a string or a list of strings"})
 
 
-def _check_content(content: Any, loc: str, errors: list[dict[str, str]]) -> None:
-    if content is None or isinstance(content, str):
-        return
-    if not isinstance(content, list):
-        errors.append({"loc": loc, "msg": "expected a string, a list of content parts or null"})
-        return
-    for i, part in enumerate(content):
-        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-            errors.append({"loc": f"{loc}[{i}]", "msg": "expected an object with a 'type'"})
-        elif part["type"] == "text" and not isinstance(part.get("text"), str):
-            errors.append({"loc": f"{loc}[{i}].text", "msg": "expected a string"})
+def _check_messages(body: dict[str, Any], errors: Errors) -> None:
+    """Check ``body["messages"]`` whole, before anything is built from it: its size
+    first (a 422 at once past :data:`MAX_MESSAGES` or a content part bound), then every
+    message and part, at a few hundred nanoseconds each, whatever they hold. What passes
+    here, the converter structures without an error of its own."""
+    messages = body.get("messages")
+    if type(messages) is not list:
+        return  # missing, or not a list: the converter says which
+    if len(messages) > MAX_MESSAGES:
+        raise invalid([{"loc": "$.messages", "msg": f"at most {MAX_MESSAGES} messages"}])
+    if not messages:
+        errors.add("at least one message is required", "$.messages")
+    parts_total = 0
+    for i, message in enumerate(messages):
+        if type(message) is not dict:
+            errors.add(f"expected an object, got {_json_type(message)}", "$.messages[%d]", i)
+            continue
+        role = message.get("role")
+        if role is None:
+            errors.add("field required", "$.messages[%d].role", i)
+        elif type(role) is not str:
+            errors.add(f"expected a string, got {type(role).__name__}", "$.messages[%d].role", i)
+        elif role not in ROLES:
+            errors.add(f"unknown role {role[:40]!r}", "$.messages[%d].role", i)
+        name = message.get("name")
+        if name is not None and type(name) is not str:
+            errors.add(f"expected a string, got {type(name).__name__}", "$.messages[%d].name", i)
+        content = message.get("content")
+        if content is None or type(content) is str:
+            continue
+        if type(content) is not list:
+            errors.add(
+                "expected a string, a list of content parts or null", "$.messages[%d].content", i
+            )
+            continue
+        parts_total += len(content)
+        if len(content) > MAX_CONTENT_PARTS or parts_total > MAX_CONTENT_PARTS_TOTAL:
+            raise invalid(
+                [
+                    {
+                        "loc": f"$.messages[{i}].content",
+                        "msg": f"at most {MAX_CONTENT_PARTS} content parts per message and "
+                        f"{MAX_CONTENT_PARTS_TOTAL} per request",
+                    }
+                ]
+            )
+        for j, part in enumerate(content):
+            _check_part(part, i, j, errors)
+
+
+def _check_part(part: Any, i: int, j: int, errors: Errors) -> None:
+    if type(part) is not dict or type(kind := part.get("type")) is not str:
+        errors.add("expected an object with a 'type'", "$.messages[%d].content[%d]", i, j)
+    elif kind == "text":
+        if type(part.get("text")) is not str:
+            errors.add("expected a string", "$.messages[%d].content[%d].text", i, j)
+    elif kind in RESERVED_PART_TYPES:
+        errors.add(
+            f"{kind!r} parts are what the server builds for the engine; send media as "
+            "image_url, input_audio, audio_url or video_url",
+            "$.messages[%d].content[%d].type",
+            i,
+            j,
+        )
+    if type(part) is dict and "media" in part:
+        errors.add(
+            "'media' is reserved for the records the server builds for the engine",
+            "$.messages[%d].content[%d].media",
+            i,
+            j,
+        )
 
 
 def parse_chat(body: dict[str, Any]) -> ChatCompletionRequest:
-    req = _plain(body, ChatCompletionRequest) or structure(body, ChatCompletionRequest)
-    errors: list[dict[str, str]] = []
-    if not req.messages:
-        errors.append({"loc": "$.messages", "msg": "at least one message is required"})
-    for i, message in enumerate(req.messages):
-        if message.role not in ROLES:
-            errors.append({"loc": f"$.messages[{i}].role", "msg": f"unknown role {message.role!r}"})
-        _check_content(message.content, f"$.messages[{i}].content", errors)
-    _check_common(req, errors)
+    errors = Errors()
+    _check_messages(body, errors)
     if errors:
-        raise invalid(errors)
+        # Nothing is built from faulty messages; the other fields are still checked.
+        try:
+            structure({**body, "messages": []}, ChatCompletionRequest)
+        except HTTPError as error:
+            errors.extend(error.details or [])
+        raise errors.error()
+    req = _plain(body, ChatCompletionRequest) or structure(body, ChatCompletionRequest)
+    details: list[dict[str, str]] = []
+    _check_common(req, details)
+    if details:
+        raise invalid(details)
     return req
 
 

@@ -3,7 +3,12 @@
 cattrs does the structuring; the hooks here decide how forgiving a field is. Numbers and
 booleans sent as strings (``"max_tokens": "16"``, ``"stream": "true"``) are accepted, as the
 Python servers clients are used to accept them; anything that is not clearly a number or
-a boolean is rejected. Errors come back as ``[{"loc": "$.messages[0].role", "msg": ...}]``.
+a boolean is rejected. Errors come back as ``[{"loc": "$.messages[0].role", "msg": ...}]``,
+at most :data:`MAX_ERRORS` of them (the rest counted in a last entry).
+
+Integers are bounded to what the engine protocol carries and an engine holds: a signed
+64-bit integer (msgpack has nothing past 64 bits, and a uint64 beyond int64 breaks any
+engine that reads it as a length or a seed).
 """
 
 from __future__ import annotations
@@ -21,11 +26,34 @@ from .errors import HTTPError
 
 T = TypeVar("T")
 
+#: The integers a request field may hold (int64).
+INT_MIN, INT_MAX = -(2**63), 2**63 - 1
+#: What an integer out of that range is told.
+TOO_LARGE = "the engine protocol cannot carry integers beyond 64 bits (-2^63 to 2^63-1)"
+#: Commas a JSON body may hold: a bound on the values it holds, checked with one C scan
+#: before it is parsed. Parsing builds one Python object per value, on the event loop: a
+#: 128 MiB body of ``{},{},…`` (44 million objects) took 3.7 s to parse and 0.9 s to free.
+#: Legitimate bodies are long strings (prompts, base64), not millions of values; a comma
+#: inside a string counts too, so the bound is set far above what a request's shape
+#: allows (messages, parts: see openai_api), and above what prose holds in any context
+#: window (a comma every 15 bytes or so: 4 MB of text). Measured in docs/security.md.
+MAX_JSON_COMMAS = 2**18
+#: Errors listed in a 422's ``details``: building and sending 300,000 of them took
+#: seconds; past this many, one last entry counts the rest.
+MAX_ERRORS = 20
+
 TRUE = frozenset({"true", "t", "yes", "y", "on", "1"})
 FALSE = frozenset({"false", "f", "no", "n", "off", "0"})
 
 
 def _int(value: Any, _: type) -> int:
+    number = _parse_int(value)
+    if not INT_MIN <= number <= INT_MAX:
+        raise ValueError(TOO_LARGE)
+    return number
+
+
+def _parse_int(value: Any) -> int:
     if type(value) is int:
         return value
     if isinstance(value, float) and value.is_integer():
@@ -140,7 +168,15 @@ def errors_of(exc: BaseException) -> list[dict[str, str]]:
     return details
 
 
-def invalid(details: list[dict[str, str]]) -> HTTPError:
+def invalid(details: list[dict[str, str]], more: int = 0) -> HTTPError:
+    """The 422 for ``details`` (and ``more`` errors not listed), of which at most
+    :data:`MAX_ERRORS` are listed."""
+    more += max(len(details) - MAX_ERRORS, 0)
+    if more:
+        details = [
+            *details[:MAX_ERRORS],
+            {"loc": "$", "msg": f"{more} more error(s) not listed"},
+        ]
     first = details[0]
     param = first["loc"].removeprefix("$.").removeprefix("$") or None
     return HTTPError(
@@ -152,10 +188,44 @@ def invalid(details: list[dict[str, str]]) -> HTTPError:
     )
 
 
+class Errors:
+    """A 422's details as checks find them: the first :data:`MAX_ERRORS` are kept, the
+    rest only counted, so a body with a million faults costs a counter, not a million
+    error objects. ``add`` takes the location as a format string and its arguments, built
+    only for what is kept."""
+
+    __slots__ = ("details", "more")
+
+    def __init__(self) -> None:
+        self.details: list[dict[str, str]] = []
+        self.more = 0
+
+    def add(self, msg: str, loc: str, *args: object) -> None:
+        if len(self.details) < MAX_ERRORS:
+            self.details.append({"loc": loc % args if args else loc, "msg": msg})
+        else:
+            self.more += 1
+
+    def extend(self, details: list[dict[str, str]]) -> None:
+        for detail in details:
+            self.add(detail["msg"], detail["loc"])
+
+    def __bool__(self) -> bool:
+        return bool(self.details)
+
+    def error(self) -> HTTPError:
+        return invalid(self.details, self.more)
+
+
 def parse_json(body: bytes | str) -> Any:
     """A request body as JSON, strictly (RFC 8259: UTF-8, no NaN or Infinity); a 422
     naming the fault when it is not. orjson: a sixth of the json module's time, on
     every request's way to the engine."""
+    commas = body.count(b"," if isinstance(body, bytes) else ",")
+    if commas > MAX_JSON_COMMAS:
+        raise invalid(
+            [{"loc": "$", "msg": f"the body holds more than {MAX_JSON_COMMAS} JSON values"}]
+        )
     try:
         return orjson.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
