@@ -161,6 +161,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="let browsers send cookies/authorization to the --cors-origin origins (not with '*')",
     )
     run.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="require 'Authorization: Bearer KEY' on every route but /health, /live and "
+        "/metrics (repeatable: any listed key passes; on the command line a key is "
+        "visible to other local users: prefer --api-key-file or TRIOSERVE_API_KEY, "
+        "which adds one more key)",
+    )
+    run.add_argument(
+        "--api-key-file",
+        metavar="PATH",
+        help="read API keys from PATH, one a line (blank lines and # comments ignored)",
+    )
+    run.add_argument(
+        "--metrics-require-key",
+        action="store_true",
+        help="/metrics requires an API key too (when keys are set)",
+    )
+    run.add_argument(
         "--sse-keepalive",
         type=_non_negative,
         default=DEFAULTS.sse_keepalive,
@@ -412,6 +432,22 @@ def _run(args: argparse.Namespace) -> int:
     if args.cors_allow_credentials and "*" in args.cors_origin:
         log.error("--cors-allow-credentials needs explicit --cors-origin values, not '*'")
         return 2
+    from .http import auth
+
+    try:
+        api_keys = auth.load_keys(args.api_key, args.api_key_file, os.environ)
+    except ValueError as exc:
+        log.error("%s", exc)
+        return 2
+    if api_keys:
+        log.info("API keys required: %d configured", len(api_keys))
+        for index, key in enumerate(api_keys):
+            if not auth.subprotocol_safe(key):
+                log.warning(
+                    "API key #%d has characters a browser cannot send in a WebSocket "
+                    "subprotocol (trioserve.bearer.<KEY>); it works in headers only",
+                    index,
+                )
     from .server import serve_frontend
 
     settings = Settings(
@@ -444,6 +480,8 @@ def _run(args: argparse.Namespace) -> int:
         engine_max_message_bytes=int(args.engine_max_frame_mb * 2**20),
         drain_delay=args.drain_delay,
         graceful_timeout=args.graceful_timeout,
+        api_keys=api_keys,
+        metrics_require_key=args.metrics_require_key,
     )
     status = 0
 

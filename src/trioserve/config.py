@@ -63,3 +63,8 @@ class Settings:
     drain_delay: float = 5.0
     #: Seconds from SIGTERM until what is still running is ended.
     graceful_timeout: float = 30.0
+    #: API keys (``Authorization: Bearer``) every route but /health, /live and /metrics
+    #: requires; empty: none required (``http/auth.py``).
+    api_keys: list[str] = attrs.field(factory=list, repr=False)  # never in a log line
+    #: /metrics requires a key too (when there are keys).
+    metrics_require_key: bool = False

@@ -15,11 +15,12 @@ from ..engine import EngineClient
 from ..protocol import Submit
 from . import generate, images, speech, videos
 from .admission import Admission
+from .auth import ApiKeys, header_values, select_subprotocol
 from .cors import CorsPolicy
 from .errors import HTTPError
-from .exchange import ClientGone, Exchange, Receive, Send, ServerState
+from .exchange import JSON_HEADERS, ClientGone, Exchange, Receive, Send, ServerState
 from .forms import JSON, MULTIPART, URLENCODED, Body, read_body
-from .lifecycle import Registry, run_generation
+from .lifecycle import Registry, RequestHandle, run_generation
 from .media import MediaFetcher
 from .multimodal import resolve_chat_media
 from .openai_api import parse_generation
@@ -64,6 +65,12 @@ class App:
         self.websockets: set[WebSocketConnection] = set()
         self.admission = Admission(self.settings.max_concurrent_requests)
         self.cors = CorsPolicy(self.settings.cors_origins, self.settings.cors_allow_credentials)
+        self.api_keys = ApiKeys(self.settings.api_keys)
+        #: What a request without a key may reach when there are keys: every other path
+        #: (unknown ones too, so they cannot be probed) answers 401 first.
+        self.open_paths = {"/health", "/live"}
+        if not self.settings.metrics_require_key:
+            self.open_paths.add("/metrics")
         self._routes: dict[tuple[str, str], Route] = {
             ("POST", "/v1/chat/completions"): Route(self.chat_completions, "chat"),
             ("POST", "/v1/completions"): Route(self.completions, "completion"),
@@ -93,9 +100,24 @@ class App:
             await _lifespan(receive, send)
         elif kind == "websocket":
             if scope["path"] == "/v1/ws":
-                await WebSocketConnection(self, receive, send).serve()
+                await self._websocket(scope, receive, send)
             else:
                 await send({"type": "websocket.close", "code": POLICY_VIOLATION})
+
+    async def _websocket(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        headers = scope["headers"]
+        protocols = header_values(headers, b"sec-websocket-protocol")
+        try:
+            key_index = self.api_keys.authenticate_websocket(
+                header_values(headers, b"authorization"), protocols
+            )
+        except HTTPError as error:
+            await _refuse_websocket(scope, receive, send, error)
+            return
+        connection = WebSocketConnection(
+            self, receive, send, key_index=key_index, subprotocol=select_subprotocol(protocols)
+        )
+        await connection.serve()
 
     async def _http(self, exchange: Exchange) -> None:
         try:
@@ -107,6 +129,10 @@ class App:
                 ):
                     await self._preflight(exchange, origin)
                     return
+            if self.api_keys.enabled and exchange.path not in self.open_paths:
+                exchange.key_index = self.api_keys.authenticate(
+                    header_values(exchange.scope["headers"], b"authorization")
+                )
             route = self._routes.get((exchange.method, exchange.path))
             if route is None:
                 await self._fallback(exchange)(exchange)
@@ -273,6 +299,7 @@ class App:
             buffer=self.settings.stream_buffer,
             wait_disconnect=exchange.wait_disconnect,
             watch_disconnect=exchange.watch_disconnect,
+            handle=RequestHandle(submit.request_id, owner=exchange.key_index),
             keepalive=keepalive,
         )
 
@@ -301,7 +328,8 @@ class App:
 
     async def cancel_request(self, exchange: Exchange) -> None:
         request_id = exchange.path.removeprefix("/v1/requests/")
-        handle = self.registry.get(request_id)
+        # Another key's request answers as an unknown one: its existence is not revealed.
+        handle = self.registry.owned(request_id, exchange.key_index)
         if handle is None:
             raise HTTPError(404, f"no request {request_id!r} is in flight", "request_not_found")
         handle.end("cancel")
@@ -331,6 +359,27 @@ class App:
     async def metrics(self, exchange: Exchange) -> None:
         body, content_type = metrics.render()
         await exchange.respond(200, body, [(b"content-type", content_type.encode())])
+
+
+async def _refuse_websocket(
+    scope: dict[str, Any], receive: Receive, send: Send, error: HTTPError
+) -> None:
+    """Refuse a WebSocket handshake with ``error`` as a whole HTTP response, where the
+    server can send one (ASGI's ``websocket.http.response`` extension: hypercorn); else
+    by closing before accepting, which servers answer with a 403 and no body."""
+    if (await receive())["type"] != "websocket.connect":
+        return
+    # Shielded, as Exchange._send: a cancelled send can leave hypercorn's state broken.
+    with trio.CancelScope(shield=True):
+        if "websocket.http.response" not in (scope.get("extensions") or {}):
+            await send({"type": "websocket.close", "code": POLICY_VIOLATION})
+            return
+        body = error.body()
+        headers = [*JSON_HEADERS, *error.headers, (b"content-length", b"%d" % len(body))]
+        await send(
+            {"type": "websocket.http.response.start", "status": error.status, "headers": headers}
+        )
+        await send({"type": "websocket.http.response.body", "body": body})
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:

@@ -66,6 +66,7 @@ class Exchange:
         "detail_errors",
         "extra_headers",
         "headers",
+        "key_index",
         "method",
         "path",
         "receive",
@@ -119,6 +120,9 @@ class Exchange:
         self.extra_headers: list[tuple[bytes, bytes]] = []
         #: Errors in the native ``{"detail": ...}`` shape instead of OpenAI's.
         self.detail_errors = False
+        #: The index of the API key the request came with (``http/auth.py``; None: no
+        #: keys configured, or a route open to all).
+        self.key_index: int | None = None
 
     def _request_id(self) -> str:
         supplied = self.headers.get(b"x-request-id")

@@ -37,6 +37,8 @@ class GroupHandle:
     members: list[RequestHandle] = attrs.Factory(list)
     end_reason: str | None = None
     completed: bool = False
+    #: The index of the API key that started it (see ``RequestHandle.owner``).
+    owner: int | None = None
 
     def end(self, reason: str) -> None:
         if self.end_reason is None:
@@ -82,8 +84,9 @@ async def run_group(
 ) -> None:
     """Run ``submits`` at once; ``answer`` gets every member's output if all succeed,
     else the client gets the first failure (unless it has gone)."""
-    group = GroupHandle(exchange.request_id)
-    group.members = [RequestHandle(submit.request_id) for submit in submits]
+    owner = exchange.key_index
+    group = GroupHandle(exchange.request_id, owner=owner)
+    group.members = [RequestHandle(submit.request_id, owner=owner) for submit in submits]
     result = GroupResult([None] * len(submits))
     app.registry.add(group)  # type: ignore[arg-type]
     try:

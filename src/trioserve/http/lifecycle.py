@@ -64,6 +64,9 @@ class RequestHandle:
     completed: bool = False
     #: Wakes the relay if it is waiting for the engine (``Subscription.interrupt``).
     interrupt: Callable[[], None] | None = None
+    #: The index of the API key that started it (``http/auth.py``; None: no keys):
+    #: only that key may cancel it.
+    owner: int | None = None
 
     def end(self, reason: str) -> None:
         """End the request early (first reason wins). Synchronous and idempotent.
@@ -94,6 +97,14 @@ class Registry:
 
     def get(self, request_id: str) -> RequestHandle | None:
         return self._handles.get(request_id)
+
+    def owned(self, request_id: str, owner: int | None) -> RequestHandle | None:
+        """Request ``request_id`` if the key ``owner`` started it: to any other key,
+        someone else's request does not exist (``DELETE /v1/requests/{id}``)."""
+        handle = self._handles.get(request_id)
+        if handle is None or handle.owner != owner:
+            return None
+        return handle
 
     def add(self, handle: RequestHandle) -> None:
         if handle.id in self._handles:

@@ -21,7 +21,7 @@ import trio
 
 from ..protocol import OutputItem
 from .errors import HTTPError
-from .exchange import Receive, Send
+from .exchange import Receive, Send, new_request_id
 from .lifecycle import RequestHandle, run_generation
 from .multimodal import resolve_chat_media
 from .openai_api import ENDPOINTS, StreamFormat, parse_generation, usage_dict
@@ -47,13 +47,24 @@ def _dumps(obj: Any) -> str:
 class WebSocketConnection:
     """One accepted WebSocket and the requests running on it."""
 
-    def __init__(self, app: App, receive: Receive, send: Send) -> None:
+    def __init__(
+        self,
+        app: App,
+        receive: Receive,
+        send: Send,
+        *,
+        key_index: int | None = None,
+        subprotocol: str | None = None,
+    ) -> None:
         self.app = app
+        #: The API key the connection was opened with (``http/auth.py``): its requests'
+        #: owner. ``subprotocol``: what the accept selects (never a key-bearing token).
+        self.key_index = key_index
+        self.subprotocol = subprotocol
         self.receive = receive
         self._send = send
         self.number = next(_connection_numbers)
         self.requests: dict[str, RequestHandle] = {}
-        self._request_numbers = itertools.count(1)
         self._send_lock = trio.Lock()
         self._reader_scope = trio.CancelScope()
         self.close_code: int | None = None
@@ -91,7 +102,10 @@ class WebSocketConnection:
         if app.state.finished:
             await self._send({"type": "websocket.close", "code": GOING_AWAY})
             return
-        await self._send({"type": "websocket.accept"})
+        accept: dict[str, Any] = {"type": "websocket.accept"}
+        if self.subprotocol is not None:
+            accept["subprotocol"] = self.subprotocol
+        await self._send(accept)
         app.websockets.add(self)
         try:
             async with trio.open_nursery() as nursery:
@@ -176,7 +190,7 @@ class WebSocketConnection:
         except HTTPError as error:
             await self.send_error(client_id, error)
             return
-        handle = RequestHandle(generation.submit.request_id)
+        handle = RequestHandle(generation.submit.request_id, owner=self.key_index)
         self.requests[client_id] = handle
         nursery.start_soon(self._run, client_id, handle, generation, timeout)
 
@@ -203,8 +217,10 @@ class WebSocketConnection:
         if not isinstance(body, dict):
             raise HTTPError(422, "body must be an object", "invalid_request")
         timeout = app.timeout(message.get("timeout"), "timeout")
-        # Unique per request, even when a client reuses an id right after a cancel.
-        request_id = f"ws{self.number}-{next(self._request_numbers)}.{client_id}"
+        # Unique per request, even when a client reuses an id right after a cancel, and
+        # unguessable: a sequential id let anyone cancel strangers' requests by scanning
+        # DELETE /v1/requests/{id}.
+        request_id = f"ws-{new_request_id()}.{client_id}"
         return parse_generation(capability, body, request_id, app.resolve_model), timeout
 
     async def _run(
