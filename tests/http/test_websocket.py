@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import trio
@@ -256,3 +257,25 @@ async def test_drain_deadline_closes_with_1001_and_aborts(nursery, engine):
         lambda: engine_ids(frontend, "d1") and engine_ids(frontend, "d2"), "both aborts"
     )
     assert engine_ids(frontend, "d1") == engine_ids(frontend, "d2") == ["aborted"]
+
+
+async def test_request_ids_are_unguessable_so_strangers_cannot_cancel_by_scanning(frontend):
+    # They were ws<connection>-<n>.<client id>: a few DELETEs found a stranger's request.
+    async with open_websocket_url(ws_url(frontend)) as ws:
+        await ws.send_message(request("a", "p", max_tokens=100_000, stream=True))
+        first = await receive(ws)
+        assert first["type"] == "chunk"
+        server_id = first["data"]["id"].removeprefix("cmpl-")
+        assert re.fullmatch(r"ws-[0-9a-f]{32}\.a", server_id), server_id
+        async with frontend.client() as client:
+            for guess in [f"ws{n}-{m}.a" for n in range(1, 20) for m in range(1, 4)]:
+                assert (await client.delete(f"/v1/requests/{guess}")).status_code == 404
+            assert (await client.delete(f"/v1/requests/{server_id}")).status_code == 200
+        assert (await receive_until_end(ws, "a"))["error"]["code"] == "request_cancelled"
+
+
+async def receive_until_end(ws, client_id: str) -> dict:
+    while True:
+        message = await receive(ws)
+        if message["id"] == client_id and message["type"] in ("done", "error"):
+            return message
