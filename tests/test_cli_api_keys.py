@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
 import httpx
 import pytest
+import trio
 
-from tests.conftest import HANG_GUARD
+from tests.conftest import HANG_GUARD, start_engine, start_frontend
 from tests.processes import Proc
 from trioserve.cli import build_parser
+from trioserve.sdk.mock import expected_text
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -98,3 +101,32 @@ async def test_keys_from_the_command_line_a_file_and_the_environment_all_work(nu
     await frontend.wait_for_output("API keys required: 3 configured")
     await frontend.stop()
     assert b"sk-from" not in frontend.output  # never a key in the log
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("transport", [[], ["--sse"]], ids=["websocket", "sse"])
+async def test_trioserve_client_sends_its_api_key(nursery, transport):
+    engine = await start_engine(nursery)
+    frontend = await start_frontend(nursery, engine, api_keys=["sk-client"])
+    args = ["client", "hi", "--url", frontend.url, "--max-tokens", "3", *transport]
+    env = {k: v for k, v in os.environ.items() if k != "TRIOSERVE_API_KEY"}
+    ok = await trio.run_process(
+        [sys.executable, "-m", "trioserve", *args, "--api-key", "sk-client"],
+        capture_stdout=True, capture_stderr=True, check=False, env=env,
+    )  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.decode() == expected_text("hi", 3) + "\n"
+    from_env = await trio.run_process(
+        [sys.executable, "-m", "trioserve", *args],
+        capture_stdout=True, capture_stderr=True, check=False,
+        env={**env, "TRIOSERVE_API_KEY": "sk-client"},
+    )  # fmt: skip
+    assert from_env.returncode == 0, from_env.stderr
+    refused = await trio.run_process(
+        [sys.executable, "-m", "trioserve", *args, "--api-key", "sk-wrong"],
+        capture_stdout=True, capture_stderr=True, check=False, env=env,
+    )  # fmt: skip
+    assert refused.returncode == 1
+    assert b"Traceback" not in refused.stderr
+    # The built-in server refuses a WebSocket with a bare 403 (docs/api.md#api-keys).
+    assert re.search(rb"error (401|403)", refused.stderr), refused.stderr

@@ -330,6 +330,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     client.add_argument("--max-tokens", type=_positive(int), default=None)
     client.add_argument("--model", default=None, help="model name (default: the server's first)")
+    client.add_argument(
+        "--api-key",
+        default=os.environ.get("TRIOSERVE_API_KEY") or None,
+        metavar="KEY",
+        help="send 'Authorization: Bearer KEY' (default: $TRIOSERVE_API_KEY)",
+    )
 
     engine = commands.add_parser("engine", help="run an engine")
     kinds = engine.add_subparsers(dest="engine_kind", required=True, metavar="KIND")
@@ -418,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
                 endpoint="completion" if args.completion else "chat",
                 max_tokens=args.max_tokens,
                 model=args.model,
+                api_key=args.api_key,
             )
         )
     return _engine_mock(args)

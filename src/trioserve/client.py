@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import h11
 import trio
-from trio_websocket import ConnectionClosed, open_websocket_url
+from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket_url
 
 #: Exit status after Ctrl-C, as shells report a SIGINT.
 INTERRUPTED = 130
@@ -54,11 +54,14 @@ async def run_client(
     endpoint: str = "chat",
     max_tokens: int | None = None,
     model: str | None = None,
+    api_key: str | None = None,
     out: TextIO = sys.stdout,
     err: TextIO = sys.stderr,
 ) -> int:
-    """Stream one completion to ``out``; returns a process exit status."""
+    """Stream one completion to ``out``; returns a process exit status. ``api_key`` goes
+    in an ``Authorization: Bearer`` header."""
     body = _body(prompt, endpoint, max_tokens, model)
+    auth = [(b"authorization", b"Bearer " + api_key.encode())] if api_key else []
     async with trio.open_nursery() as nursery:
         interrupted = trio.Event()
 
@@ -70,20 +73,33 @@ async def run_client(
 
         nursery.start_soon(watch_signals)
         if sse:
-            status = await _sse(url, body, endpoint, interrupted, out, err)
+            status = await _sse(url, body, endpoint, interrupted, out, err, auth)
         else:
-            status = await _websocket(url, body, endpoint, interrupted, out, err)
+            try:
+                status = await _websocket(url, body, endpoint, interrupted, out, err, auth)
+            except ConnectionRejected as exc:  # a 401 (API keys), say: no traceback
+                status = _refused(exc, err)
         nursery.cancel_scope.cancel()
     return status
 
 
-async def _websocket(url, body, endpoint, interrupted, out, err) -> int:
+def _refused(exc: ConnectionRejected, err: TextIO) -> int:
+    try:
+        error = json.loads(exc.body or b"")["error"]
+        reason = f": {error.get('message')} ({error.get('code')})"
+    except (ValueError, KeyError, TypeError):
+        reason = ""
+    err.write(f"error {exc.status_code}: the server refused the WebSocket{reason}\n")
+    return 1
+
+
+async def _websocket(url, body, endpoint, interrupted, out, err, auth) -> int:
     parts = urlsplit(url)
     scheme = "wss" if parts.scheme == "https" else "ws"
     ws_url = f"{scheme}://{parts.netloc}/v1/ws"
     name = "chat.completions" if endpoint == "chat" else "completions"
     request = {"type": "request", "id": "1", "endpoint": name, "body": body}
-    async with open_websocket_url(ws_url) as ws:
+    async with open_websocket_url(ws_url, extra_headers=auth) as ws:
         await ws.send_message(json.dumps(request))
         result: dict[str, int] = {}
         finished = trio.Event()
@@ -128,7 +144,7 @@ async def _websocket(url, body, endpoint, interrupted, out, err) -> int:
         return result["status"]
 
 
-async def _sse(url, body, endpoint, interrupted, out, err) -> int:
+async def _sse(url, body, endpoint, interrupted, out, err, auth) -> int:
     parts = urlsplit(url)
     if parts.scheme != "http":
         err.write("--sse supports http:// URLs only\n")
@@ -143,6 +159,7 @@ async def _sse(url, body, endpoint, interrupted, out, err) -> int:
         ("content-type", "application/json"),
         ("accept", "text/event-stream"),
         ("content-length", str(len(payload))),
+        *auth,
     ]
     await stream.send_all(
         conn.send(h11.Request(method="POST", target=path, headers=headers))
