@@ -33,8 +33,9 @@ Figures (each the median over rounds with its range, and A/B per round):
   next answer on the same connection): ``tools/loadgen.py``'s ``json`` and ``stream``
   modes, every request with ``ignore_eos`` and ``temperature`` 0 so that each answer has
   its full length and both sides generate the same tokens;
-- TTFT at c=1: one streaming request at a time, the sides taking turns request by request;
-  time to the first ``data:`` event. vLLM's own view of the same requests (its
+- TTFT at c=1: one streaming request at a time, each side alone (the sides' Workers share
+  the model's core: in turns, one Worker still spinning after its request delayed the
+  other's); time to the first ``data:`` event. vLLM's own view of the same requests (its
   ``vllm:time_to_first_token_seconds`` histogram: from ``AsyncLLM`` taking the request to
   its output processor holding the first token) gives the mean TTFT of the engine alone,
   and what each side adds to it;
@@ -192,9 +193,13 @@ def pin_threads(pid: int, core: int) -> None:
 
 
 def scrape(url: str) -> dict[str, float]:
-    """vLLM's Prometheus figures, each summed over its label sets."""
-    with urllib.request.urlopen(url, timeout=10) as reply:
-        text = reply.read().decode()
+    """vLLM's Prometheus figures, each summed over its label sets (one retry)."""
+    try:
+        with urllib.request.urlopen(url, timeout=30) as reply:
+            text = reply.read().decode()
+    except OSError:
+        with urllib.request.urlopen(url, timeout=30) as reply:
+            text = reply.read().decode()
     out: dict[str, float] = {}
     for name, value in METRIC_RE.findall(text):
         out[name] = out.get(name, 0.0) + float(value)
@@ -391,8 +396,8 @@ def _stream_body(model: str, max_tokens: int) -> dict:
 
 
 def run_ttft(spec: dict) -> dict:
-    """The sides take turns request by request (in alternating order), one request at a
-    time on a keep-alive connection each; vLLM's TTFT histogram read before and after."""
+    """One request at a time on a keep-alive connection to each target in turn (the bench
+    gives one target a run); vLLM's TTFT histogram read before and after."""
     targets = spec["targets"]
     socks, requests = [], []
     via: list[list[float]] = [[] for _ in targets]
@@ -616,19 +621,24 @@ def measure_round(
             timeout = 180 + 3 * (spec["duration"] + spec["warmup"])
             result = run_child(spec, pin, progress, status, timeout)
             record(side, f"{kind}:{level}", result, summarize(kind, result))
-    # TTFT: both sides in one run, taking turns.
-    live = [side for side in order if side.alive()]
-    spec = {
-        "mode": "ttft",
-        "model": model,
-        "tokens": plan.ttft_tokens,
-        "count": plan.ttft_count,
-        "warmup": plan.ttft_warmup,
-        "targets": [{"label": s.label, "url": s.url, "metrics_url": s.metrics_url} for s in live],
-    }
-    timeout = 120 + (plan.ttft_count + plan.ttft_warmup) * len(live) * 2.0
-    result = run_child(spec, pin, progress, f"round {r + 1}/{plan.rounds}: ttft", timeout)
-    for side in sides:
+    # TTFT: one side after the other, each alone. Not in turns request by request: both
+    # sides' Workers share the model's core, and a Worker spins on it for a while after its
+    # request, so a request to the other side right after waits for that.
+    for side in order:
+        if not side.alive():
+            record(side, "ttft", {"error": "a process exited"}, "")
+            continue
+        spec = {
+            "mode": "ttft",
+            "model": model,
+            "tokens": plan.ttft_tokens,
+            "count": plan.ttft_count,
+            "warmup": plan.ttft_warmup,
+            "targets": [{"label": side.label, "url": side.url, "metrics_url": side.metrics_url}],
+        }
+        timeout = 120 + (plan.ttft_count + plan.ttft_warmup) * 2.0
+        status = f"round {r + 1}/{plan.rounds}: ttft · {side.label}"
+        result = run_child(spec, pin, progress, status, timeout)
         one = result.get(side.label, {"error": result.get("error", "not measured")})
         record(side, "ttft", one, summarize("ttft", one))
     for side in order:
@@ -791,6 +801,18 @@ def rows(plan: Plan) -> list[Row]:
                 _get(step, "model_cpu_pct"),
             ),
         ]
+    load_steps = [f"{kind}:{level}" for kind, level in plan.load_steps()]
+    out.append(
+        Row(
+            "load_others",
+            "other processes' CPU (not these sides: the shared machine), load windows' mean",
+            "% of a core",
+            0,
+            lambda results: statistics.fmean(
+                [_get(step, "other_cpu_pct")(results) for step in load_steps] or [math.nan]
+            ),
+        )
+    )
     out += [
         Row(
             "ttft_p50",
@@ -905,8 +927,10 @@ def report(plan: Plan, meta: dict, figures: dict[str, dict], goals: dict[str, di
         f"after {plan.json_warmup:g} s (non-streaming, {plan.json_tokens} tokens an answer), "
         f"{plan.stream_duration:g} s after {plan.stream_warmup:g} s (streaming, "
         f"{plan.stream_tokens} tokens an answer, the next on the same connection); every "
-        "request greedy with `ignore_eos`. TTFT: the sides taking turns request by request, "
-        f"{plan.ttft_count} each a round; vLLM's own TTFT is its "
+        "request greedy with `ignore_eos`. TTFT: one streaming request at a time, "
+        f"{plan.ttft_count} a side and round, each side alone (not in turns: both sides' "
+        "Workers share core 1, and one still spinning after its request delays the other's); "
+        "vLLM's own TTFT is its "
         "`vllm:time_to_first_token_seconds` histogram (from AsyncLLM taking the request to its "
         "output processor holding the first token), mean only (the buckets are too coarse "
         f"for a p50). Abort: {plan.abort_count} SSE and {plan.abort_count} non-streaming "
