@@ -19,7 +19,9 @@ cancelled half-way or hang. After the scope, the client is told why (unless it i
 
 from __future__ import annotations
 
+import collections
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from functools import partial
 
@@ -85,37 +87,59 @@ class RequestHandle:
 
 
 class Registry:
-    """In-flight requests by id (for explicit cancel and the drain deadline, and the
-    in-flight gauge, which reads every registry when scraped)."""
+    """In-flight requests by owner (the API key that started them) and id, for explicit
+    cancel and the drain deadline, and the in-flight gauge, which reads every registry
+    when scraped.
+
+    Ids are per owner: a client-chosen id (``X-Request-Id``) in flight under another key
+    is not refused, since a 409 would tell that client the id is in use; only the same
+    key reusing its own id in flight gets one. (Without API keys every client is the same
+    owner, and may cancel any request anyway.) Requests of two owners with one id reach
+    the engine under distinct ids (see :meth:`add`)."""
 
     def __init__(self) -> None:
-        self._handles: dict[str, RequestHandle] = {}
+        self._handles: dict[tuple[int | None, str], RequestHandle] = {}
+        #: How many owners have a request of each id in flight.
+        self._holders: collections.Counter[str] = collections.Counter()
         metrics.count_in_flight(self)
 
     def __len__(self) -> int:
         return len(self._handles)
 
     def get(self, request_id: str) -> RequestHandle | None:
-        return self._handles.get(request_id)
+        """A request of id ``request_id``, whichever key started it (for tests and
+        operators: what a client may see is :meth:`owned`)."""
+        for (_, held), handle in self._handles.items():
+            if held == request_id:
+                return handle
+        return None
 
     def owned(self, request_id: str, owner: int | None) -> RequestHandle | None:
         """Request ``request_id`` if the key ``owner`` started it: to any other key,
         someone else's request does not exist (``DELETE /v1/requests/{id}``)."""
-        handle = self._handles.get(request_id)
-        if handle is None or handle.owner != owner:
-            return None
-        return handle
+        return self._handles.get((owner, request_id))
 
-    def add(self, handle: RequestHandle) -> None:
-        if handle.id in self._handles:
+    def add(self, handle: RequestHandle) -> bool:
+        """Register ``handle``; a 409 if its owner already has a request of that id in
+        flight. True when another owner has one: the engine must then be given an id of
+        its own for this request."""
+        key = (handle.owner, handle.id)
+        if key in self._handles:
             raise HTTPError(
                 409, f"request id {handle.id!r} is already in flight", "duplicate_request_id"
             )
-        self._handles[handle.id] = handle
+        self._handles[key] = handle
+        self._holders[handle.id] += 1
+        return self._holders[handle.id] > 1
 
     def remove(self, handle: RequestHandle) -> None:
-        if self._handles.get(handle.id) is handle:
-            del self._handles[handle.id]
+        key = (handle.owner, handle.id)
+        if self._handles.get(key) is handle:
+            del self._handles[key]
+            if self._holders[handle.id] > 1:
+                self._holders[handle.id] -= 1
+            else:
+                del self._holders[handle.id]
 
     def end_all(self, reason: str) -> int:
         handles = list(self._handles.values())
@@ -149,7 +173,10 @@ async def run_generation(
     first output (SSE comment lines, so proxies keep a prefilling stream open).
     """
     handle = handle or RequestHandle(submit.request_id)
-    registry.add(handle)  # counted in flight from here (metrics.REQUESTS_IN_FLIGHT)
+    # Counted in flight from here (metrics.REQUESTS_IN_FLIGHT).
+    if registry.add(handle):
+        # Another key's request has this id in flight: the engine tells them apart.
+        submit = attrs.evolve(submit, request_id=f"{submit.request_id}.{os.urandom(6).hex()}")
     outcome = "error"
     try:
         if timeout > 0:  # from when the scope is entered, after the submit has left
