@@ -11,7 +11,7 @@ from trio_websocket import ConnectionRejected, open_websocket_url
 
 from tests.conftest import HANG_GUARD, start_engine, start_frontend, wait_until
 from tests.http.test_cancellation import LONG, running
-from tests.http.test_websocket import collect, request, ws_url
+from tests.http.test_websocket import collect, receive, request, ws_url
 from trioserve.sdk.mock import expected_text
 
 KEY, OTHER = "sk-test-alice", "sk-test-bob"
@@ -275,14 +275,11 @@ async def test_websocket_requests_are_cancelled_only_by_their_key(nursery):
     headers = [(b"authorization", f"Bearer {KEY}".encode())]
     async with open_websocket_url(ws_url(frontend), extra_headers=headers) as ws:
         await ws.send_message(request("long", "go on", max_tokens=100_000))
-        await wait_until(lambda: len(frontend.app.registry) == 1, "the request to run")
-        (request_id,) = list(frontend.app.registry._handles)
+        first = await receive(ws)
+        request_id = first["data"]["id"].removeprefix("cmpl-")  # the id to DELETE
+        path = f"/v1/requests/{request_id}"
         async with frontend.client() as client:
-            assert (
-                await client.delete(f"/v1/requests/{request_id}", headers=BOB)
-            ).status_code == 404
-            assert (
-                await client.delete(f"/v1/requests/{request_id}", headers=ALICE)
-            ).status_code == 200
+            assert (await client.delete(path, headers=BOB)).status_code == 404
+            assert (await client.delete(path, headers=ALICE)).status_code == 200
         seen = await collect(ws, {"long"})
     assert seen["long"][-1]["error"]["code"] == "request_cancelled"
