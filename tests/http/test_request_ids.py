@@ -6,6 +6,7 @@ import json
 
 import trio
 
+from tests.conftest import wait_until
 from tests.http.test_api_keys import ALICE, BOB, keyed_frontend
 from tests.http.test_cancellation import LONG, running
 
@@ -42,6 +43,7 @@ async def test_an_id_in_flight_under_another_key_is_neither_refused_nor_revealed
     assert cancel.status_code == 200
     events = [e for e in results["alice"].text.split("\n\n") if e]
     assert json.loads(events[-1].removeprefix("data: "))["error"]["code"] == "request_cancelled"
+    await wait_until(lambda: frontend.ends("shared"), "the engine to see the abort")
     assert frontend.ends("shared") == ["aborted"]  # Bob's reached the engine as another id
     finished = [ends for (_, rid), ends in frontend.engine.core.ends.items() if rid != "shared"]
     assert finished == [["finished"]]
