@@ -283,6 +283,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds from SIGTERM until requests still running are ended (Kubernetes' "
         "terminationGracePeriodSeconds must exceed preStop + this + a margin)",
     )
+    tls_options = run.add_argument_group("TLS (both servers; hypercorn adds HTTP/2 over it)")
+    tls_options.add_argument(
+        "--ssl-certfile",
+        metavar="PEM",
+        help="serve HTTPS with this certificate (chain); needs --ssl-keyfile",
+    )
+    tls_options.add_argument("--ssl-keyfile", metavar="PEM", help="the certificate's private key")
+    tls_options.add_argument(
+        "--ssl-ca-certs",
+        metavar="PEM",
+        help="mutual TLS: accept client certificates signed by these CAs",
+    )
+    tls_options.add_argument(
+        "--ssl-client-cert",
+        choices=["required", "optional"],
+        help="with --ssl-ca-certs: must clients present a certificate (default: required)",
+    )
     vllm = run.add_argument_group("a vLLM engine started as a child (needs vllm installed)")
     vllm.add_argument(
         "--vllm",
@@ -433,6 +450,40 @@ def main(argv: list[str] | None = None) -> int:
 # -- trioserve run --------------------------------------------------------------------------
 
 
+def _tls_usage_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with the TLS options together, if anything."""
+    if bool(args.ssl_certfile) != bool(args.ssl_keyfile):
+        return "--ssl-certfile and --ssl-keyfile go together: give both, or neither"
+    if args.ssl_ca_certs and not args.ssl_certfile:
+        return "--ssl-ca-certs (mutual TLS) needs --ssl-certfile and --ssl-keyfile"
+    if args.ssl_client_cert and not args.ssl_ca_certs:
+        return "--ssl-client-cert needs --ssl-ca-certs (the CAs client certificates come from)"
+    return None
+
+
+def _tls_files_error(args: argparse.Namespace, settings: Settings) -> str | None:
+    """What is wrong with the TLS files, if anything: checked before serving (each
+    server builds its own context from them)."""
+    if not settings.ssl_certfile:
+        return None
+    import ssl
+
+    from . import tls
+
+    for option in ("ssl_certfile", "ssl_keyfile", "ssl_ca_certs"):
+        path = getattr(args, option)
+        try:
+            if path:
+                open(path, "rb").close()  # only: can it be read?
+        except OSError as exc:
+            return f"--{option.replace('_', '-')} {path}: {exc.strerror or exc}"
+    try:
+        tls.server_context(settings)
+    except (OSError, ssl.SSLError) as exc:
+        return f"TLS: the certificate, key or CA file cannot be used: {exc}"
+    return None
+
+
 def _run(args: argparse.Namespace) -> int:
     from .errors import ProtocolVersionError
 
@@ -455,6 +506,10 @@ def _run(args: argparse.Namespace) -> int:
                     "subprotocol (trioserve.bearer.<KEY>); it works in headers only",
                     index,
                 )
+    tls_error = _tls_usage_error(args)
+    if tls_error:
+        log.error("%s", tls_error)
+        return 2
     from .server import serve_frontend
 
     settings = Settings(
@@ -489,7 +544,15 @@ def _run(args: argparse.Namespace) -> int:
         graceful_timeout=args.graceful_timeout,
         api_keys=api_keys,
         metrics_require_key=args.metrics_require_key,
+        ssl_certfile=args.ssl_certfile or "",
+        ssl_keyfile=args.ssl_keyfile or "",
+        ssl_ca_certs=args.ssl_ca_certs or "",
+        ssl_client_cert=args.ssl_client_cert or "required",
     )
+    tls_error = _tls_files_error(args, settings)
+    if tls_error:
+        log.error("%s", tls_error)
+        return 2
     status = 0
 
     async def main_task() -> None:

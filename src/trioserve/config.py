@@ -68,3 +68,12 @@ class Settings:
     api_keys: list[str] = attrs.field(factory=list, repr=False)  # never in a log line
     #: /metrics requires a key too (when there are keys).
     metrics_require_key: bool = False
+    #: TLS (``tls.py``): the server's certificate chain and its key, PEM files; no
+    #: certificate: plain HTTP.
+    ssl_certfile: str = ""
+    ssl_keyfile: str = ""
+    #: CAs whose client certificates are accepted (mutual TLS); none: no client
+    #: certificate is asked for.
+    ssl_ca_certs: str = ""
+    #: With ``ssl_ca_certs``: a client certificate is "required" or "optional".
+    ssl_client_cert: str = "required"

@@ -9,7 +9,7 @@ takes a lock and a shielded cancel scope around every socket write and makes thr
 per response; relaying tokens, that is most of the frontend's CPU. This server keeps one
 task per connection and writes once per ASGI body message (a whole non-streaming
 response, head and body, leaves in one write). Hypercorn stays available
-(``--server hypercorn``) for what this server does not do: HTTP/2 and TLS.
+(``--server hypercorn``) for what this server does not do: HTTP/2.
 
 What it does, per connection:
 
@@ -26,6 +26,11 @@ What it does, per connection:
   connection closed (and is then reported disconnected), so no cleanup waits on a client;
 - ``Connection: close`` honoured, and after the drain signal every connection closes once
   its current response is done (idle ones at once);
+- TLS (``ssl_context``): each connection wrapped in ``trio.SSLStream``, its reads and
+  writes through it, and the synchronous fast paths off (not offered to the app, and
+  False if called: the awaiting path writes); the handshake bounded by the header
+  timeout, and one that fails (plain HTTP, a client certificate refused) closes that
+  connection with one log line;
 - WebSocket upgrade (ASGI websocket scope): the handshake checked before wsproto sees
   it (400, 426), message size limit (close 1009), pings every ``ws_ping_interval`` and a
   peer that answers nothing for two intervals is gone (1006);
@@ -44,6 +49,7 @@ import json
 import logging
 import math
 import os
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import unquote
@@ -144,8 +150,9 @@ class _Throttled:
 class _Shared:
     """State shared by all connections of one server."""
 
-    def __init__(self, config: H11Config) -> None:
+    def __init__(self, config: H11Config, ssl_context: ssl.SSLContext | None = None) -> None:
         self.config = config
+        self.ssl_context = ssl_context
         self.terminating = False
         #: Connections waiting for their next request, with the time they are closed at
         #: (the keep-alive timeout; enforced by :func:`_close_idle`, not a timer each).
@@ -167,6 +174,12 @@ class _Gone(Exception):
 class _HTTPConnection:
     def __init__(self, stream: trio.SocketStream, app: ASGIApp, shared: _Shared) -> None:
         self.stream = stream
+        #: TLS: every read and write goes through it (``stream`` still owns the socket).
+        self.tls = (
+            None
+            if shared.ssl_context is None
+            else trio.SSLStream(stream, shared.ssl_context, server_side=True, https_compatible=True)
+        )
         self.app = app
         self.shared = shared
         self.config = shared.config
@@ -190,31 +203,36 @@ class _HTTPConnection:
         The common case, a socket with room in its buffer, is one ``send(2)`` and no
         scheduling: the per-event cost that matters when relaying tokens. Only a full
         buffer parks the task, under the write timeout. A write interrupted half-way
-        (cancelled, timed out) closes the connection: its framing is broken.
+        (cancelled, timed out) closes the connection: its framing is broken. TLS: all
+        of it through the ``SSLStream``, under the write timeout.
         """
         if self.closed:
             raise _Gone
         self.answering = True
         view = memoryview(data)
-        try:
-            sent = os.write(self.fd, view)
-            if sent == len(view):
-                return
-            view = view[sent:]
-        except BlockingIOError:
-            pass
-        except OSError:
-            self.close()
-            raise _Gone from None
+        if self.tls is None:
+            try:
+                sent = os.write(self.fd, view)
+                if sent == len(view):
+                    return
+                view = view[sent:]
+            except BlockingIOError:
+                pass
+            except OSError:
+                self.close()
+                raise _Gone from None
         completed = False
         try:
             with trio.move_on_after(self.config.write_timeout) as scope:
-                while view:
-                    await trio.lowlevel.wait_writable(self.fd)
-                    try:
-                        view = view[os.write(self.fd, view) :]
-                    except BlockingIOError:
-                        pass
+                if self.tls is not None:
+                    await self.tls.send_all(data)
+                else:
+                    while view:
+                        await trio.lowlevel.wait_writable(self.fd)
+                        try:
+                            view = view[os.write(self.fd, view) :]
+                        except BlockingIOError:
+                            pass
                 completed = True
             if scope.cancelled_caught:
                 log.info(
@@ -222,7 +240,7 @@ class _HTTPConnection:
                     self.client,
                     self.config.write_timeout,
                 )
-        except (OSError, trio.ClosedResourceError):
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the peer reset, or another task closed the connection under us
         finally:
             if not completed:
@@ -238,6 +256,8 @@ class _HTTPConnection:
         successful read). A read that finds data at once yields anyway, so that a client
         sending faster than it is answered cannot starve the other connections.
         """
+        if self.tls is not None:
+            return await self._read_tls()
         fd = self.fd
         parked = False
         while not self.closed:
@@ -256,6 +276,32 @@ class _HTTPConnection:
                 await trio.lowlevel.checkpoint()
             return data
         return b""
+
+    async def _read_tls(self) -> bytes:
+        if self.closed:
+            return b""
+        try:
+            assert self.tls is not None
+            return await self.tls.receive_some(RECEIVE_SIZE)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            # The peer reset, sent something that is not TLS, or another task closed
+            # the connection (drain, idle).
+            return b""
+
+    async def handshake(self) -> bool:
+        """TLS: the handshake, within the header timeout; False (with one log line, no
+        traceback) if it failed: plain HTTP, a client certificate refused, too slow."""
+        assert self.tls is not None
+        with trio.move_on_after(self.config.header_timeout):
+            try:
+                await self.tls.do_handshake()
+                return True
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                reason = exc.__cause__ or "the connection closed"
+                log.info("TLS handshake with %s failed: %s", self.client, reason)
+                return False
+        log.info("TLS handshake with %s not done within the header timeout", self.client)
+        return False
 
     def close(self) -> None:
         """Close the socket now (synchronously: nothing to flush, nothing to cancel).
@@ -316,6 +362,8 @@ class _HTTPConnection:
         goes wrong here ends this connection only (one traceback in the log; a 500 if no
         answer began, else the connection closes), never the server."""
         try:
+            if self.tls is not None and not await self.handshake():
+                return
             while not self.closed:
                 self.answering = False
                 request = await self._wait_for_request()
@@ -462,16 +510,18 @@ class _HTTPExchange:
         extensions: dict[str, dict[str, Any]] = {
             # send() either completes or closes the connection: no shield needed.
             "trioserve.cancel_safe_send": {},
-            # Synchronous sends for the per-token path (see try_send_body and
-            # try_start_body).
-            "trioserve.try_send_body": {"call": self.try_send_body},
-            "trioserve.try_start_body": {
-                "call": self.try_start_body,
-                "prepare": self.prepare_start_body,
-            },
             # The body already received, without awaiting (see receive_nowait).
             "trioserve.receive_nowait": {"call": self.receive_nowait},
         }
+        if self.connection.tls is None:
+            # Synchronous sends for the per-token path (see try_send_body and
+            # try_start_body). Not offered over TLS, where they could only answer False:
+            # the app would frame each event for them and then again for send().
+            extensions["trioserve.try_send_body"] = {"call": self.try_send_body}
+            extensions["trioserve.try_start_body"] = {
+                "call": self.try_start_body,
+                "prepare": self.prepare_start_body,
+            }
         if self.connection.shared.hangups is not None:
             # Disconnects without a task per request (see watch_disconnect).
             extensions["trioserve.watch_disconnect"] = {"call": self.watch_disconnect}
@@ -631,8 +681,11 @@ class _HTTPExchange:
 
     def _write_now(self, data: bytes) -> bool:
         """Write without waiting: False if the socket takes nothing now; True if it took
-        all or part (the rest goes first on the next send) or the peer is gone."""
+        all or part (the rest goes first on the next send) or the peer is gone. Always
+        False with TLS (never plaintext on a TLS socket): the awaiting path writes."""
         connection = self.connection
+        if connection.tls is not None:
+            return False
         try:
             sent = os.write(connection.fd, data)
         except BlockingIOError:
@@ -962,7 +1015,7 @@ def _scope(kind: str, request: Request, connection: _HTTPConnection) -> dict[str
         "type": kind,
         "asgi": {"version": "3.0", "spec_version": "2.3"},
         "http_version": request.http_version,
-        "scheme": "http" if kind == "http" else "ws",
+        "scheme": ("http" if kind == "http" else "ws") + ("s" if connection.tls else ""),
         "path": unquote(path.decode("latin-1")) if b"%" in path else path.decode("latin-1"),
         "raw_path": path,
         "query_string": query,
@@ -998,6 +1051,9 @@ async def _turn_away(stream: trio.SocketStream, shared: _Shared) -> None:
     reset; past that they are closed at once."""
     sock = stream.socket
     shared.log_refused(shared.active)
+    if shared.ssl_context is not None:
+        sock.close()  # a plain 503 would mean nothing to a TLS client; no handshake to spend
+        return
     response = _error_response(
         503,
         f"the server has its limit of {shared.max_connections} connections open; retry later",
@@ -1092,6 +1148,7 @@ async def serve_h11(
     port: int,
     *,
     config: H11Config | None = None,
+    ssl_context: ssl.SSLContext | None = None,
     stop_accepting: trio.Event,
     graceful_deadline: Callable[[], float] = lambda: math.inf,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
@@ -1099,14 +1156,16 @@ async def serve_h11(
     """Serve ``app`` on ``host:port`` until ``stop_accepting`` is set and every connection
     has finished (idle ones are closed at once). ``graceful_deadline()`` gives the time
     after which connections still open are cancelled. ``task_status`` gets the bound URLs.
+    With ``ssl_context``, every connection speaks TLS (``tls.server_context``).
     """
-    shared = _Shared(config or H11Config())
+    shared = _Shared(config or H11Config(), ssl_context)
     listeners = await trio.open_tcp_listeners(port, host=host)
+    scheme = "http" if ssl_context is None else "https"
     urls = []
     for listener in listeners:
         name = listener.socket.getsockname()
-        urls.append(f"http://{name[0]}:{name[1]}")
-        log.info("Running on http://%s:%d (CTRL + C to quit)", name[0], name[1])
+        urls.append(f"{scheme}://{name[0]}:{name[1]}")
+        log.info("Running on %s://%s:%d (CTRL + C to quit)", scheme, name[0], name[1])
 
     async def handle(stream: trio.SocketStream) -> None:
         if shared.active >= shared.max_connections:

@@ -8,6 +8,7 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
 
+from . import tls
 from .config import Settings
 from .drain import DrainController
 from .engine import HeartbeatConfig, open_engine_client
@@ -28,6 +29,13 @@ def hypercorn_config(settings: Settings) -> Config:
     config.websocket_max_message_size = settings.ws_max_message_bytes
     config.websocket_ping_interval = settings.ws_ping_interval or None
     config.graceful_timeout = hard_stop_after(settings)
+    if tls.enabled(settings):
+        # hypercorn builds its context from these (TLS 1.2+, ALPN h2 and http/1.1).
+        config.certfile = settings.ssl_certfile
+        config.keyfile = settings.ssl_keyfile
+        if settings.ssl_ca_certs:
+            config.ca_certs = settings.ssl_ca_certs
+            config.verify_mode = tls.CLIENT_CERT_MODES[settings.ssl_client_cert]
     return config
 
 
@@ -99,6 +107,7 @@ async def serve_frontend(
                         settings.host,
                         settings.port,
                         config=h11_config(settings),
+                        ssl_context=tls.server_context(settings) if tls.enabled(settings) else None,
                         stop_accepting=drain.stop_accepting,
                         graceful_deadline=lambda: trio.current_time() + hard_stop_after(settings),
                         task_status=task_status,
