@@ -67,6 +67,13 @@ ENGINE_QUEUED = Gauge(
     ["engine"],
     registry=REGISTRY,
 )
+ENGINE_KV_CACHE_USAGE = Gauge(
+    "trioserve_engine_kv_cache_usage",
+    "Fraction of its KV cache each engine reports in use in its last pong (engines that "
+    "have one, e.g. vLLM).",
+    ["engine"],
+    registry=REGISTRY,
+)
 ENGINE_CONNECTED = Gauge(
     "trioserve_engine_connected",
     "1 while the engine at this address has completed its handshake and answers pings.",

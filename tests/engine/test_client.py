@@ -446,3 +446,69 @@ async def test_a_silent_engine_is_declared_lost_and_its_requests_fail():
             assert client.ready
     finally:
         fake.close()
+
+
+async def answer_a_ping(fake: FakeEngine, ident: bytes, conn, *figures: object) -> None:
+    """Answer the next ping with a pong carrying ``figures`` (running, queued, kv) and wait
+    until the frontend has read them."""
+    _, ping = await receive_a(fake, Ping)
+    fake.send(ident, encode(Pong(ping.seq, "s1", *figures)))  # type: ignore[arg-type]
+    await wait_until(lambda: (conn.running, conn.queued) == figures[:2], "the pong read")
+
+
+async def test_routing_follows_the_engines_own_load_and_kv_cache(nursery):
+    """Several frontends share engines: each engine's own figures (every frontend's
+    requests), not this frontend's in-flight count alone, decide where a request goes;
+    the KV cache breaks ties. Figures reach /metrics."""
+    fakes = [FakeEngine(), FakeEngine()]
+    try:
+        heartbeat = HeartbeatConfig(interval=0.02, timeout=5.0)
+        addresses = [fake.address for fake in fakes]
+        async with open_engine_client(addresses, heartbeat=heartbeat) as client:
+            idents = []
+            for fake in fakes:
+                ident, _ = await receive_a(fake, Hello)
+                fake.send(ident, welcome())
+                idents.append(ident)
+            await client.wait_ready()
+            a, b = client.connections
+
+            def routed_to(request_id: str) -> int:
+                client.submit(completion(request_id), "completion")
+                return [request_id in conn._subs for conn in (a, b)].index(True)
+
+            await answer_a_ping(fakes[0], idents[0], a, 5, 2, 0.5)
+            await answer_a_ping(fakes[1], idents[1], b, 1, 0, 0.1)
+            assert routed_to("r1") == 1  # B: 1 + the one this frontend just sent
+            assert b.load == 2 and a.load == 7
+            await answer_a_ping(fakes[1], idents[1], b, 9, 0, 0.1)
+            assert routed_to("r2") == 0
+            # Equal load: the emptier KV cache wins.
+            await answer_a_ping(fakes[0], idents[0], a, 4, 0, 0.8)
+            await answer_a_ping(fakes[1], idents[1], b, 4, 0, 0.2)
+            assert routed_to("r3") == 1
+            kv = metrics.ENGINE_KV_CACHE_USAGE.labels(engine=fakes[0].address)
+            assert kv._value.get() == 0.8
+    finally:
+        for fake in fakes:
+            fake.close()
+
+
+@pytest.mark.parametrize("kv_cache_usage", [-0.1, 1.5, float("nan")])
+async def test_impossible_kv_cache_figures_are_ignored(caplog, kv_cache_usage):
+    fake = FakeEngine()
+    try:
+        heartbeat = HeartbeatConfig(interval=0.02, timeout=5.0)
+        async with open_engine_client([fake.address], heartbeat=heartbeat) as client:
+            ident, _ = await receive_a(fake, Hello)
+            fake.send(ident, welcome())
+            await client.wait_ready()
+            conn = client.connections[0]
+            await answer_a_ping(fake, ident, conn, 2, 0, 0.25)
+            _, ping = await receive_a(fake, Ping)
+            fake.send(ident, encode(Pong(ping.seq, "s1", 3, 0, kv_cache_usage)))
+            await wait_until(lambda: conn._bad_figures, "the bad pong")
+            assert (conn.running, conn.kv_cache_usage) == (2, 0.25)
+        assert caplog.text.count("ignoring pong figures") == 1
+    finally:
+        fake.close()

@@ -84,11 +84,13 @@ class EngineClient:
         connected engine serves the model.
         """
         engine = None
+        best = (0, 0.0)
         for conn in self.connections:  # the least loaded of those that serve it
-            if conn.serves(message.model, capability) and (
-                engine is None or conn.in_flight < engine.in_flight
-            ):
-                engine = conn
+            if conn.serves(message.model, capability):
+                # Fewest requests at the engine first, then the emptiest KV cache.
+                load = (conn.load, conn.kv_cache_usage or 0.0)
+                if engine is None or load < best:
+                    engine, best = conn, load
         if engine is None:
             if not self.ready:
                 raise NoEngineError("no engine is connected")

@@ -98,6 +98,10 @@ class EngineConnection:
         self._bad_figures = False
         self.running = 0
         self.queued = 0
+        #: The engine's KV-cache usage (0.0 to 1.0) in its last pong, where it reports one.
+        self.kv_cache_usage: float | None = None
+        #: :attr:`in_flight` when the last sound pong came (see :attr:`load`).
+        self._in_flight_at_pong = 0
         self._subs: dict[str, Subscription] = {}
         self._pending_aborts: list[str] = []
         self._ping_seq = 0
@@ -121,6 +125,7 @@ class EngineConnection:
         self._unanswered_since: float | None = None
         self._gauge_running = metrics.ENGINE_RUNNING.labels(engine=address)
         self._gauge_queued = metrics.ENGINE_QUEUED.labels(engine=address)
+        self._gauge_kv = metrics.ENGINE_KV_CACHE_USAGE.labels(engine=address)
         self._gauge_connected = metrics.ENGINE_CONNECTED.labels(engine=address)
         self._gauge_connected.set(0)
 
@@ -133,6 +138,14 @@ class EngineConnection:
     @property
     def in_flight(self) -> int:
         return len(self._subs)
+
+    @property
+    def load(self) -> int:
+        """Requests at the engine, for routing: its own figures (every frontend's
+        requests, running and queued) as of its last pong, plus what this frontend has
+        started since then less what has ended; never less than this frontend's own."""
+        since_pong = self.in_flight - self._in_flight_at_pong
+        return max(self.in_flight, self.running + self.queued + since_pong)
 
     def serves(self, model: str | None, capability: str) -> bool:
         welcome = self.welcome
@@ -246,7 +259,7 @@ class EngineConnection:
             if self.welcome is not None and message.session != self.welcome.session:
                 self._declare_lost("the engine restarted")
                 return
-            self._on_figures(message.running, message.queued)
+            self._on_figures(message.running, message.queued, message.kv_cache_usage)
         elif isinstance(message, Welcome):
             self._on_welcome(message)
         elif isinstance(message, Reject):
@@ -258,24 +271,34 @@ class EngineConnection:
         else:
             log.warning("engine %s: dropping unexpected %s", self.address, type(message).__name__)
 
-    def _on_figures(self, running: int, queued: int) -> None:
+    def _on_figures(self, running: int, queued: int, kv_cache_usage: float | None) -> None:
         """A pong's load figures, into the gauges if they are possible at all."""
-        if not (0 <= running <= MAX_LOAD_FIGURE and 0 <= queued <= MAX_LOAD_FIGURE):
+        if not (
+            0 <= running <= MAX_LOAD_FIGURE
+            and 0 <= queued <= MAX_LOAD_FIGURE
+            and (kv_cache_usage is None or 0.0 <= kv_cache_usage <= 1.0)  # NaN fails too
+        ):
             if not self._bad_figures:
                 self._bad_figures = True
                 log.warning(
-                    "engine %s: ignoring pong figures out of 0..%d (running=%.30s, "
-                    "queued=%.30s); warned once until they are sound again",
+                    "engine %s: ignoring pong figures out of bounds (running=%.30s, "
+                    "queued=%.30s out of 0..%d; kv_cache_usage=%.30s out of 0..1); warned "
+                    "once until they are sound again",
                     self.address,
-                    MAX_LOAD_FIGURE,
                     running,
                     queued,
+                    MAX_LOAD_FIGURE,
+                    kv_cache_usage,
                 )
             return
         self._bad_figures = False
         self.running, self.queued = running, queued
+        self.kv_cache_usage = kv_cache_usage
+        self._in_flight_at_pong = self.in_flight
         self._gauge_running.set(running)
         self._gauge_queued.set(queued)
+        if kv_cache_usage is not None:
+            self._gauge_kv.set(kv_cache_usage)
 
     def _on_welcome(self, welcome: Welcome) -> None:
         if welcome.protocol_version != PROTOCOL_VERSION:
@@ -336,20 +359,26 @@ class EngineConnection:
         self.welcome = None
         self._unanswered_since = None
         self._gauge_connected.set(0)
-        self._gauge_running.set(0)
-        self._gauge_queued.set(0)
+        self._forget_figures()
         error = error_type(f"engine {self.address} failed: {why}")
         for sub in list(self._subs.values()):
             sub.fail(error, "engine_failed")
         self._changed()
         return delay
 
+    def _forget_figures(self) -> None:
+        """An engine out of service has no load: routing and gauges start afresh."""
+        self.running = self.queued = self._in_flight_at_pong = 0
+        self.kv_cache_usage = None
+        self._gauge_running.set(0)
+        self._gauge_queued.set(0)
+        self._gauge_kv.set(0)
+
     def _declare_lost(self, why: str) -> None:
         log.warning("engine %s lost: %s; failing %d request(s)", self.address, why, len(self._subs))
         self.welcome = None
         self._gauge_connected.set(0)
-        self._gauge_running.set(0)
-        self._gauge_queued.set(0)
+        self._forget_figures()
         error = EngineLostError(f"engine {self.address} stopped responding ({why})")
         for sub in list(self._subs.values()):
             sub.fail(error, "engine_lost")
