@@ -234,8 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["h11", "hypercorn"],
         default=DEFAULTS.server,
         help="HTTP server: h11, trioserve's own lean HTTP/1.1 server (named for the parser it "
-        "began on; it parses with httptools now), or hypercorn's trio worker (for HTTP/2 "
-        "and TLS); see docs/benchmarks.md",
+        "began on; it parses with httptools now), or hypercorn's trio worker (adds HTTP/2 "
+        "over TLS); see docs/benchmarks.md",
     )
     run.add_argument(
         "--write-timeout",
