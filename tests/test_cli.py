@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -109,3 +110,20 @@ async def test_a_mock_engine_whose_parent_died_before_it_started_exits(loop):
         result = await trio.run_process(command, capture_stderr=True, check=False)
     assert result.returncode == 0
     assert f"parent process {gone.pid} is gone; stopping".encode() in result.stderr
+
+
+async def test_a_port_in_use_is_one_line_and_status_2_not_a_traceback():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = await trio.run_process(
+            [sys.executable, "-m", "trioserve", "run", "--port", str(port)],
+            capture_stderr=True,
+            check=False,
+        )
+    assert result.returncode == 2
+    assert f"cannot listen on 127.0.0.1 port {port}: Address already in use" in (
+        result.stderr.decode()
+    )
+    assert b"Traceback" not in result.stderr

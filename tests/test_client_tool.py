@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -55,3 +56,21 @@ async def test_ctrl_c_cancels_the_request_and_the_engine_gets_its_abort(frontend
     await wait_until(lambda: not frontend.engine.core.running, "the engine to hold nothing")
     [ends] = list(frontend.engine.core.ends.values())
     assert ends == ["aborted"]
+
+
+@pytest.mark.parametrize("transport", [[], ["--sse"]], ids=["websocket", "sse"])
+async def test_a_server_that_is_down_is_a_sentence_not_a_traceback(transport):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))  # a port nobody listens on while the test runs
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        result = await run_client("x", "--url", url, *transport)
+    assert result.returncode == 1
+    assert result.stderr.decode().startswith(f"cannot reach {url}: "), result.stderr
+    assert b"Traceback" not in result.stderr
+
+
+async def test_a_url_without_its_scheme_is_taken_as_http(frontend):
+    url = frontend.url.removeprefix("http://")
+    result = await run_client("Hello there", "--url", url, "--max-tokens", "3")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.decode() == expected_text("Hello there", 3) + "\n"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import gc
 import logging
 import os
@@ -19,6 +20,7 @@ import sys
 import tempfile
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -485,8 +487,6 @@ def _tls_files_error(args: argparse.Namespace, settings: Settings) -> str | None
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .errors import ProtocolVersionError
-
     if args.cors_allow_credentials and "*" in args.cors_origin:
         log.error("--cors-allow-credentials needs explicit --cors-origin values, not '*'")
         return 2
@@ -597,11 +597,29 @@ def _run(args: argparse.Namespace) -> int:
     _tune_gc()
     try:
         trio.run(main_task)
-    except* ProtocolVersionError as group:
-        for exc in group.exceptions:
-            log.error("stopping: %s", exc)
+    except* OSError as group:
+        # A port in use (or not ours to take) is the operator's to fix: one line, no
+        # traceback. Any other OSError is a bug worth its traceback.
+        cannot_listen, others = group.split(lambda e: getattr(e, "errno", None) in LISTEN_ERRORS)
+        if others is not None:
+            raise others from None
+        assert cannot_listen is not None
+        reasons = {str(exc.strerror) for exc in _leaves(cannot_listen)}
+        log.error("cannot listen on %s port %s: %s", args.host, args.port, "; ".join(reasons))
         status = 2
     return status
+
+
+def _leaves(group: BaseExceptionGroup) -> list[Any]:
+    """The exceptions of ``group`` and of the groups nested in it."""
+    leaves: list[Any] = []
+    for exc in group.exceptions:
+        leaves += _leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc]
+    return leaves
+
+
+#: Errors of binding the listening socket, answered with one line and exit status 2.
+LISTEN_ERRORS = frozenset({errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL})
 
 
 #: The young generation is collected after this many new container objects (CPython's

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import h11
 import trio
-from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket_url
+from trio_websocket import ConnectionClosed, ConnectionRejected, HandshakeError, open_websocket_url
 
 #: Exit status after Ctrl-C, as shells report a SIGINT.
 INTERRUPTED = 130
@@ -62,6 +62,8 @@ async def run_client(
     in an ``Authorization: Bearer`` header."""
     body = _body(prompt, endpoint, max_tokens, model)
     auth = [(b"authorization", b"Bearer " + api_key.encode())] if api_key else []
+    if "://" not in url:  # "127.0.0.1:8000", as one would type it
+        url = f"http://{url}"
     async with trio.open_nursery() as nursery:
         interrupted = trio.Event()
 
@@ -72,13 +74,17 @@ async def run_client(
                     return
 
         nursery.start_soon(watch_signals)
-        if sse:
-            status = await _sse(url, body, endpoint, interrupted, out, err, auth)
-        else:
-            try:
+        try:
+            if sse:
+                status = await _sse(url, body, endpoint, interrupted, out, err, auth)
+            else:
                 status = await _websocket(url, body, endpoint, interrupted, out, err, auth)
-            except ConnectionRejected as exc:  # a 401 (API keys), say: no traceback
-                status = _refused(exc, err)
+        except ConnectionRejected as exc:  # a 401 (API keys), say: no traceback
+            status = _refused(exc, err)
+        except (OSError, HandshakeError) as exc:  # nobody there: a sentence, not a traceback
+            cause = exc if isinstance(exc, OSError) else (exc.__cause__ or exc)
+            err.write(f"cannot reach {url}: {cause}\n")
+            status = 1
         nursery.cancel_scope.cancel()
     return status
 
