@@ -26,6 +26,9 @@ Modes (one JSON object on stdout; progress on stderr with ``--progress``):
 
     python tools/loadgen.py stream --url http://127.0.0.1:8000 --streams 256 --rate 20 \\
         --frontend-pid 1234 --engine-pid 1233
+
+An ``https://`` URL speaks TLS (json, stream, idle), checking the server's certificate
+against ``--ca-certs`` or, with ``--insecure-tls``, not at all.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import json
 import os
 import resource
 import socket
+import ssl
 import struct
 import sys
 import time
@@ -280,9 +284,13 @@ class Connection(asyncio.Protocol):
         transport.abort()
 
 
+#: The client's TLS context for an https:// URL (see main); None: plain HTTP.
+TLS: ssl.SSLContext | None = None
+
+
 async def connect(host: str, port: int) -> Connection:
     loop = asyncio.get_running_loop()
-    _, protocol = await loop.create_connection(Connection, host, port)
+    _, protocol = await loop.create_connection(Connection, host, port, ssl=TLS)
     return protocol
 
 
@@ -801,7 +809,21 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=100, help="idle: connections per step")
     parser.add_argument("--settle", type=float, default=1.0, help="idle: seconds before sampling")
     parser.add_argument("--progress", action="store_true")
+    parser.add_argument("--ca-certs", help="https: the CA that signed the server's certificate")
+    parser.add_argument(
+        "--insecure-tls", action="store_true", help="https: do not check the certificate"
+    )
     args = parser.parse_args()
+    if urlsplit(args.url).scheme == "https":
+        global TLS
+        if args.mode == "ttft":
+            parser.error("ttft speaks plain HTTP only")
+        if not (args.ca_certs or args.insecure_tls):
+            parser.error("an https URL needs --ca-certs or --insecure-tls")
+        TLS = ssl.create_default_context(cafile=args.ca_certs)
+        if args.insecure_tls:
+            TLS.check_hostname = False
+            TLS.verify_mode = ssl.CERT_NONE
     args.also = []
     for url in [args.url, *args.also_url]:
         split = urlsplit(url)
