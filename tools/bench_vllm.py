@@ -909,7 +909,8 @@ def report(plan: Plan, meta: dict, figures: dict[str, dict], goals: dict[str, di
         BEGIN,
         "## vLLM: trioserve against vLLM's own API server",
         "",
-        f"Measured {meta['date']} at commit {meta['commit']} on {m['cpu']}, {m['cores']} cores, "
+        f"Measured {meta['date']}, code {meta['commit']} (git HEAD + a hash of the package as "
+        f"the processes loaded it) on {m['cpu']}, {m['cores']} cores, "
         f"{m['memory']}, Linux {m['kernel']}, Python {m['python']}, vLLM {meta['vllm']}, "
         f"with `{meta['command']}` ({meta['duration_s'] / 60:.1f} minutes). Load average "
         f"(shared machine) {meta['loadavg_start']} at the start, {meta['loadavg_end']} at the "
@@ -1095,6 +1096,9 @@ def main(argv: list[str] | None = None) -> int:
     rounds: list[dict[str, dict[str, dict]]] = []
     failures: list[str] = []
     sources: list[str] = []
+    # The processes start once and run the code they loaded then: that is the code under
+    # test; the working tree per round only says whether someone edited it meanwhile.
+    code = bench.source_state()
     try:
         progress.show("starting both sides (vLLM takes about a minute)")
         sides = start_sides(args, pin, workdir)
@@ -1131,7 +1135,7 @@ def main(argv: list[str] | None = None) -> int:
     a, b = sides
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "commit": sources[0] if sources else bench.source_state(),
+        "commit": code,
         "source_per_round": sources,
         "command": command,
         "machine": bench.machine(),
