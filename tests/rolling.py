@@ -35,7 +35,7 @@ async def start_instance(nursery: trio.Nursery, engine: str, port: int) -> Proc:
         "--graceful-timeout",
         "20",
     )
-    await proc.wait_for_output(rf"Running on http://127\.0\.0\.1:{port}")
+    await proc.wait_for_output(rf"Running on http://127\.0\.0\.1:{port}", guard=3 * HANG_GUARD)
     return proc
 
 

@@ -12,6 +12,10 @@ from tests.conftest import HANG_GUARD, start_frontend
 
 from .conftest import MODEL, Vllm
 
+#: An answer that runs for seconds on the tiny model.
+MAX_TOKENS = 4000
+LONG = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": MAX_TOKENS, "ignore_eos": True}
+
 #: Ceiling on waiting for vLLM to settle (a hang guard, not a measurement).
 SETTLE_GUARD = 120.0
 

@@ -23,13 +23,10 @@ import trio_websocket
 from tests.conftest import HANG_GUARD, raw_request, read_until
 from tests.processes import Proc
 
-from .conftest import MODEL, Vllm
-from .helpers import client, frontend_on, running_in_vllm, settled
+from .conftest import Vllm
+from .helpers import LONG, MAX_TOKENS, client, frontend_on, running_in_vllm, settled
 
 pytestmark = pytest.mark.integration
-
-MAX_TOKENS = 4000
-LONG = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": MAX_TOKENS, "ignore_eos": True}
 
 
 def assert_ended_early(before: dict[str, float], after: dict[str, float], how: str) -> None:
@@ -122,6 +119,21 @@ async def test_drain_deadline_aborts_in_vllm(vllm: Vllm, nursery) -> None:
     with trio.fail_after(HANG_GUARD):
         await frontend.stopped.wait()
     assert_ended_early(before, await settled(vllm), "aborted")
+
+
+async def test_a_client_that_stops_reading_is_ended_and_aborted_in_vllm(vllm, nursery) -> None:
+    frontend = await frontend_on(nursery, vllm, stream_buffer=8)
+    before = await settled(vllm)
+    sock = trio.socket.socket()
+    sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 4096)
+    await sock.connect((frontend.host, frontend.port))
+    stream = trio.SocketStream(sock)
+    body = json.dumps({**LONG, "stream": True}).encode()
+    head = "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+    await stream.send_all(f"{head}content-length: {len(body)}\r\n\r\n".encode() + body)
+    # Never read: the frontend ends the request itself (slow_client) and aborts it.
+    assert_ended_early(before, await settled(vllm), "aborted")
+    await stream.aclose()
 
 
 async def test_a_killed_frontends_requests_are_reclaimed_in_vllm(vllm: Vllm, nursery) -> None:
