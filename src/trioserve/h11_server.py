@@ -857,9 +857,19 @@ class _WebSocketConnection:
         self._message: list[str | bytes] = []
         self._message_size = 0
         self._heard = True
+        #: An HTTP answer to the handshake the app is sending (websocket.http.response).
+        self._response: tuple[int, list[tuple[bytes, bytes]]] | None = None
+        self._response_body: list[bytes] = []
 
     def scope(self) -> dict[str, Any]:
-        return {**_scope("websocket", self.request, self.connection), "subprotocols": []}
+        offered = b",".join(v for k, v in self.request.headers if k == b"sec-websocket-protocol")
+        subprotocols = [p.strip().decode("latin-1") for p in offered.split(b",") if p.strip()]
+        return {
+            **_scope("websocket", self.request, self.connection),
+            "subprotocols": subprotocols,
+            # The app may answer the handshake with an HTTP response of its own (a 401).
+            "extensions": {"websocket.http.response": {}},
+        }
 
     async def run(self) -> None:
         request = self.request
@@ -979,7 +989,12 @@ class _WebSocketConnection:
                 if self.accepted:
                     return
                 self.accepted = True
-                await self._write(ws_events.AcceptConnection())
+                await self._write(
+                    ws_events.AcceptConnection(
+                        subprotocol=message.get("subprotocol"),
+                        extra_headers=list(message.get("headers") or ()),
+                    )
+                )
                 if self.connection.config.ws_ping_interval > 0:
                     self._nursery.start_soon(self._pings)
             elif kind == "websocket.send":
@@ -992,17 +1007,30 @@ class _WebSocketConnection:
                     await self._reject()
                 else:
                     await self._close(message.get("code", 1000))
+            elif kind == "websocket.http.response.start" and not self.accepted:
+                self._response = (message["status"], list(message.get("headers") or ()))
+                self._response_body = []
+            elif kind == "websocket.http.response.body" and self._response is not None:
+                self._response_body.append(message.get("body", b""))
+                if not message.get("more_body", False):
+                    await self._reject(*self._response, b"".join(self._response_body))
         except (WSLocalProtocolError, _Gone):
             self.closed = True
 
-    async def _reject(self) -> None:
+    async def _reject(
+        self, status: int = 403, headers: list[tuple[bytes, bytes]] | None = None, body: bytes = b""
+    ) -> None:
+        """Refuse the handshake with an HTTP response (the app's own, or a bare 403)."""
         self.closed = True
+        headers = [(k, v) for k, v in headers or () if k.lower() != b"content-length"]
+        headers.append((b"content-length", b"%d" % len(body)))
         try:
-            await self.connection.write(
-                self.ws.send(
-                    ws_events.RejectConnection(status_code=403, headers=[(b"content-length", b"0")])
-                )
+            data = self.ws.send(
+                ws_events.RejectConnection(status_code=status, headers=headers, has_body=bool(body))
             )
+            if body:
+                data += self.ws.send(ws_events.RejectData(data=body))
+            await self.connection.write(data)
         except (_Gone, WSLocalProtocolError):
             pass
         self.connection.close()

@@ -232,8 +232,6 @@ async def test_websocket_with_the_key_in_a_subprotocol_token(nursery, http_serve
             await converse(ws)
             selected = ws.subprotocol
     assert selected != f"trioserve.bearer.{KEY}"  # the key is never echoed
-    if http_server == "h11" and selected is None:
-        pytest.xfail("h11_server.py does not pass the accept's subprotocol on (issue 17)")
     assert selected == "trioserve.v1"  # browsers fail a handshake that selects none
 
 
@@ -260,10 +258,6 @@ async def test_websocket_without_a_valid_key_is_refused_before_the_upgrade(
     rejected = caught.value
     assert 400 <= rejected.status_code < 500
     assert frontend.engine.core.stats.submitted == 0
-    if http_server == "h11" and rejected.status_code == 403:
-        # Its handshake refusal is a 403 without a body: it lacks ASGI's
-        # websocket.http.response extension.
-        pytest.xfail("h11_server.py cannot send the app's 401 on a WebSocket (issue 17)")
     assert rejected.status_code == 401
     response_headers = {k.lower(): v for k, v in rejected.headers}
     assert response_headers[b"www-authenticate"].startswith(b'Bearer realm="trioserve"')
