@@ -94,7 +94,7 @@ def _figures_logger_factory(figures: SchedulerFigures) -> Any:
 class VllmBackend:
     """A trioserve backend over one started ``AsyncLLM``.
 
-    Owns nothing it must close: the caller owns the ``AsyncLLM`` (see :func:`serve_vllm`).
+    Owns nothing it must close: the caller owns the ``AsyncLLM`` (see :func:`_serve`).
     """
 
     capabilities = ["chat", "completion"]
