@@ -192,8 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--upload-dir",
         default=DEFAULTS.upload_dir,
-        help="directory for uploaded files while their request runs (default: "
-        "<system temp dir>/trioserve-uploads)",
+        help="directory for uploaded files while their request runs (default: a private "
+        "directory of this process, made fresh under the system temp dir, mode 0700)",
     )
     run.add_argument(
         "--allow-remote-media",
@@ -218,6 +218,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive(int),
         default=DEFAULTS.ws_max_requests,
         help="generation requests one WebSocket may run at once",
+    )
+    run.add_argument(
+        "--ws-allow-any-origin",
+        action="store_true",
+        help="let a browser page of any origin open /v1/ws; without it, only origins "
+        "--cors-origin allows and this server's own (clients that are not browsers send "
+        "no Origin and are not affected)",
     )
     run.add_argument(
         "--ws-max-message-kb",
@@ -535,6 +542,7 @@ def _run(args: argparse.Namespace) -> int:
         server=args.server,
         write_timeout=args.write_timeout,
         ws_max_requests=args.ws_max_requests,
+        ws_allow_any_origin=args.ws_allow_any_origin,
         ws_max_message_bytes=int(args.ws_max_message_kb * 1024),
         ws_ping_interval=args.ws_ping_interval,
         heartbeat_interval=args.heartbeat_interval,

@@ -33,8 +33,8 @@ class Settings:
     cors_allow_credentials: bool = False
     #: Seconds of silence after which an SSE stream gets a comment line (0: never).
     sse_keepalive: float = 15.0
-    #: Where uploaded files are written while their request runs ("": the system's
-    #: temporary directory, under ``trioserve-uploads``).
+    #: Where uploaded files are written while their request runs ("": a private directory
+    #: of this process, made fresh in the system's temporary directory).
     upload_dir: str = ""
     #: Fetch ``http(s)://`` media URLs in requests (off: the SSRF surface).
     allow_remote_media: bool = False
@@ -50,6 +50,8 @@ class Settings:
     keep_alive_timeout: float = 5.0
     #: Generation requests one WebSocket may run at once.
     ws_max_requests: int = 64
+    #: Let a browser page of any origin open /v1/ws (see App._websocket_origin_allowed).
+    ws_allow_any_origin: bool = False
     #: Largest WebSocket message accepted; a larger one closes the socket with 1009.
     ws_max_message_bytes: int = 1024 * 1024
     #: Seconds between WebSocket pings (0: none).

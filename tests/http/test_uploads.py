@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import stat
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ import trio
 
 from tests.conftest import raw_request, read_until, start_engine, start_frontend, wait_until
 from tests.http.helpers import capture_submits, multipart, upload_entries
+from trioserve.http import uploads
 from trioserve.http.uploads import safe_filename
 
 SAFE = re.compile(r"[0-9]+-[A-Za-z0-9._-]+")
@@ -244,3 +247,19 @@ async def test_json_over_the_limit_is_413_declared_or_chunked(setup):
         )
     assert declared.status_code == 413 and declared.json()["code"] == "body_too_large"
     assert chunked.status_code == 413 and chunked.json()["error"]["code"] == "body_too_large"
+
+
+def test_the_default_upload_root_is_private_to_the_process_and_made_fresh(tmp_path, monkeypatch):
+    # A shared, predictable path someone else could have made first (or linked elsewhere)
+    # is never used: the root is created anew, mode 0700, once per process.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    (tmp_path / "trioserve-uploads").symlink_to("/etc")
+    uploads.default_upload_root.cache_clear()
+    try:
+        root = uploads.default_upload_root()
+        assert root.parent == tmp_path and not root.is_symlink()
+        assert root != tmp_path / "trioserve-uploads"
+        assert stat.S_IMODE(root.stat().st_mode) == 0o700
+        assert uploads.default_upload_root() == root  # one per process
+    finally:
+        uploads.default_upload_root.cache_clear()

@@ -7,7 +7,12 @@ import re
 
 import pytest
 import trio
-from trio_websocket import ConnectionClosed, open_websocket_url, wrap_client_stream
+from trio_websocket import (
+    ConnectionClosed,
+    ConnectionRejected,
+    open_websocket_url,
+    wrap_client_stream,
+)
 
 from tests.conftest import HANG_GUARD, start_engine, start_frontend, wait_until
 from trioserve import metrics
@@ -279,3 +284,41 @@ async def receive_until_end(ws, client_id: str) -> dict:
         message = await receive(ws)
         if message["id"] == client_id and message["type"] in ("done", "error"):
             return message
+
+
+async def _handshake(frontend, origin: str | None) -> int:
+    """101 if the socket opened with ``Origin: origin``, else the refusal's status."""
+    headers = [(b"origin", origin.encode())] if origin is not None else []
+    try:
+        with trio.fail_after(HANG_GUARD):
+            async with open_websocket_url(ws_url(frontend), extra_headers=headers) as ws:
+                await ws.send_message(json.dumps({"type": "ping", "id": "p"}))
+                assert (await receive(ws))["type"] == "pong"
+                return 101
+    except ConnectionRejected as rejected:
+        if rejected.status_code == 403 and rejected.body:
+            assert json.loads(rejected.body)["error"]["code"] == "websocket_origin_not_allowed"
+        return rejected.status_code
+
+
+@pytest.mark.parametrize(
+    ("settings", "origin", "status"),
+    [
+        ({}, None, 101),  # not a browser
+        ({}, "https://evil.example", 403),  # cross-site WebSocket hijacking
+        ({}, "null", 403),
+        ({}, "SAME", 101),  # a page this server served
+        ({"cors_origins": ["https://app.example"]}, "https://app.example", 101),
+        ({"cors_origins": ["https://app.example"]}, "https://evil.example", 403),
+        ({"ws_allow_any_origin": True}, "https://evil.example", 101),
+    ],
+)
+async def test_a_browser_of_another_origin_cannot_open_the_socket(
+    nursery, http_server, settings, origin, status
+):
+    engine = await start_engine(nursery)
+    frontend = await start_frontend(nursery, engine, **settings)
+    if origin == "SAME":
+        origin = f"http://{frontend.host}:{frontend.port}"
+    assert await _handshake(frontend, origin) == status
+    assert engine.core.stats.submitted == 0

@@ -107,6 +107,17 @@ class App:
     async def _websocket(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         headers = scope["headers"]
         protocols = header_values(headers, b"sec-websocket-protocol")
+        if not self._websocket_origin_allowed(headers):
+            # A browser page of another site opening a socket with the user's network
+            # position and cookies (cross-site WebSocket hijacking).
+            error = HTTPError(
+                403,
+                "this origin may not open a WebSocket here (allow it with --cors-origin, or "
+                "any origin with --ws-allow-any-origin)",
+                "websocket_origin_not_allowed",
+            )
+            await _refuse_websocket(scope, receive, send, error)
+            return
         try:
             key_index = self.api_keys.authenticate_websocket(
                 header_values(headers, b"authorization"), protocols
@@ -118,6 +129,21 @@ class App:
             self, receive, send, key_index=key_index, subprotocol=select_subprotocol(protocols)
         )
         await connection.serve()
+
+    def _websocket_origin_allowed(self, headers: list[tuple[bytes, bytes]]) -> bool:
+        """Browsers say where a page came from (``Origin``); other clients send none. A
+        browser may open a socket from an origin ``--cors-origin`` allows, from this
+        server's own origin, or from any with ``--ws-allow-any-origin``."""
+        origins = header_values(headers, b"origin")
+        if not origins:
+            return True
+        if len(origins) > 1:
+            return False
+        origin = origins[0]
+        if self.settings.ws_allow_any_origin or self.cors.allows(origin):
+            return True
+        hosts = header_values(headers, b"host")
+        return len(hosts) == 1 and origin.partition(b"://")[2] == hosts[0].lower()
 
     async def _http(self, exchange: Exchange) -> None:
         try:

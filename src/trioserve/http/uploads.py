@@ -11,6 +11,8 @@ guessed from the part's media type). Whatever the client sends (``../../etc/pass
 
 from __future__ import annotations
 
+import atexit
+import functools
 import mimetypes
 import os
 import re
@@ -29,8 +31,14 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _NOT_ALNUM = re.compile(r"[^A-Za-z0-9]+")
 
 
+@functools.cache
 def default_upload_root() -> Path:
-    return Path(tempfile.gettempdir()) / "trioserve-uploads"
+    """This process's own upload root when no ``--upload-dir`` is given: created fresh
+    (never an existing path someone else could have made, or pointed elsewhere with a
+    symlink), mode 0700, removed when the process exits."""
+    root = Path(tempfile.mkdtemp(prefix="trioserve-uploads-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    return root
 
 
 def safe_filename(name: str | None, content_type: str | None, index: int) -> str:
