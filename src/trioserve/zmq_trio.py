@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import cast
 
 import trio
 import zmq
@@ -53,7 +54,8 @@ class ZmqPump(SocketOwner[list[bytes]]):
     ) -> None:
         super().__init__(on_message, before_flush, outbox_limit)
         self.sock = sock
-        self._fd = sock.getsockopt(zmq.FD)
+        # pyzmq's stubs type every option as int | bytes; ZMQ_FD and ZMQ_EVENTS are ints.
+        self._fd = cast(int, sock.getsockopt(zmq.FD))
 
     def send(self, frames: list[bytes]) -> bool:
         """Send a multipart message now, or queue it behind the ones already waiting (or
@@ -69,7 +71,7 @@ class ZmqPump(SocketOwner[list[bytes]]):
             else:
                 # The send may have consumed the descriptor's edge with a message waiting:
                 # then the owner, parked on the descriptor, would not hear of it.
-                if sock.getsockopt(_EVENTS) & _POLLIN:
+                if cast(int, sock.getsockopt(_EVENTS)) & _POLLIN:
                     self.wake()
                 return True
         elif len(outbox) >= self._outbox_limit:
@@ -84,7 +86,7 @@ class ZmqPump(SocketOwner[list[bytes]]):
 
     def _more_waiting(self) -> bool:
         # The edge may have been consumed with a message waiting (step 3 above).
-        return bool(self.sock.getsockopt(_EVENTS) & _POLLIN)
+        return bool(cast(int, self.sock.getsockopt(_EVENTS)) & _POLLIN)
 
     async def _wait(self) -> None:
         await trio.lowlevel.wait_readable(self._fd)

@@ -47,6 +47,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from typing import Any
 
 import trio
 
@@ -289,6 +290,8 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
             await trio.sleep(delay)
 
     async def _connect(self) -> None:
+        # (family, address): a path for AF_UNIX, a sockaddr tuple for the others.
+        targets: list[tuple[int, str | tuple[Any, ...]]]
         if self._family == socket.AF_UNIX:
             targets = [(socket.AF_UNIX, self._host)]
         else:

@@ -11,7 +11,8 @@ anything it cannot turn into a message; peers log and drop such frames.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal
 
 import cattrs
 import msgpack
@@ -102,15 +103,15 @@ def _make_converter() -> cattrs.Converter:
 
     # nil means "not given" for every field: an engine written in a language whose
     # encoder writes nil for empty maps and lists gets the field's default, not an error.
-    for cls in (Usage, ErrorInfo, ModelCard, Limits, OutputItem, *TAGS):
-        inner = make_dict_structure_fn(cls, conv)
+    for record in (Usage, ErrorInfo, ModelCard, Limits, OutputItem, *TAGS):
+        inner: Callable[[Any, Any], Any] = make_dict_structure_fn(record, conv)
 
         def hook(value: Any, type_: Any, inner: Any = inner) -> Any:
             if isinstance(value, dict) and None in value.values():
                 value = {k: v for k, v in value.items() if v is not None}
             return inner(value, type_)
 
-        conv.register_structure_hook(cls, hook)
+        conv.register_structure_hook(record, hook)
     return conv
 
 
@@ -141,7 +142,7 @@ _USAGE_KEYS = frozenset({"prompt_tokens", "completion_tokens"})
 _TOKEN_KEYS = frozenset({"request_id", "seq", "data"})
 
 
-def _fast_usage(raw: Any) -> Usage | bool | None:
+def _fast_usage(raw: Any) -> Usage | Literal[False] | None:
     """An item's usage checked by hand: None (absent), a Usage, or False (not plain)."""
     if raw is None:
         return None
@@ -165,7 +166,7 @@ def _fast_outputs(body: dict) -> Outputs | None:
     raw = body.get("items")
     if type(raw) is not list or len(body) != 1:
         return None
-    items = []
+    items: list[OutputItem] = []
     append = items.append
     for d in raw:
         if type(d) is not dict:

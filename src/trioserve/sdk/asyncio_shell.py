@@ -13,6 +13,8 @@ import asyncio
 import collections
 import contextlib
 import logging
+from collections.abc import Sequence
+from typing import cast
 
 import zmq
 
@@ -68,18 +70,19 @@ class AsyncioEngine:
             except zmq.Again:
                 break
             self._outbox.popleft()
-        if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        # pyzmq's stubs type every option as int | bytes; ZMQ_EVENTS and ZMQ_FD are ints.
+        if cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             self.wake()
 
-    def _apply(self, actions: list[Start | Cancel]) -> None:
+    def _apply(self, actions: Sequence[Start | Cancel]) -> None:
         for action in actions:
             if isinstance(action, Start):
                 task = self._loop.create_task(self._generate(action.key, action.request))
                 self._tasks[action.key] = task
             else:
-                task = self._tasks.pop(action.key, None)
-                if task is not None:
-                    task.cancel()
+                running = self._tasks.pop(action.key, None)
+                if running is not None:
+                    running.cancel()
 
     async def _generate(self, key: Key, request) -> None:
         core = self.core
@@ -106,7 +109,7 @@ class AsyncioEngine:
             self._apply(self.core.expire(self._loop.time()))
 
     async def serve(self, started: asyncio.Future[AsyncioEngine] | None = None) -> None:
-        fd = self.sock.getsockopt(zmq.FD)
+        fd = cast(int, self.sock.getsockopt(zmq.FD))
         self._loop.add_reader(fd, self._pump)
         sweep = self._loop.create_task(self._sweep())
         if started is not None:

@@ -198,13 +198,13 @@ class _LazyTokens(Sequence[Output]):
 
     def __init__(self, seed: int, count: int) -> None:
         self.seed = seed
-        self.count = count
+        self.length = count  # not ``count``: that is Sequence's method
 
     def __len__(self) -> int:
-        return self.count
+        return self.length
 
     def __getitem__(self, index: Any) -> Any:
-        if not 0 <= index < self.count:
+        if not 0 <= index < self.length:
             raise IndexError(index)
         return Output(data=" " + WORDS[(self.seed + index * 7) % len(WORDS)])
 
@@ -343,10 +343,9 @@ class MockBackend:
             if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
                 raise RequestError(400, "max_tokens must be a positive integer", "invalid_request")
             prompt = prompt_text(request)
-            seed = _prompt_seed(prompt)
             # Lazy: a long generation (10 million tokens in the slow-client tests) costs
             # nothing until it runs.
-            return _LazyTokens(seed, max_tokens), "length"
+            return _LazyTokens(_prompt_seed(prompt), max_tokens), "length"
         prompt = str(inputs.get("prompt", inputs.get("input", "")))
         seed = params.get("seed")
         if task == "speech":

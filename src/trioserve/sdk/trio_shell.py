@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import trio
 import zmq
@@ -62,7 +63,7 @@ class TrioEngine:
         self._apply(self.core.handle(frames[0], frames[1], trio.current_time()))
         self._pump.wake()
 
-    def _apply(self, actions: list[Start | Cancel]) -> None:
+    def _apply(self, actions: Sequence[Start | Cancel]) -> None:
         assert self._nursery is not None
         for action in actions:
             if isinstance(action, Start):
@@ -70,9 +71,9 @@ class TrioEngine:
                 self._scopes[action.key] = scope
                 self._nursery.start_soon(self._generate, action.key, action.request, scope)
             else:
-                scope = self._scopes.pop(action.key, None)
-                if scope is not None:
-                    scope.cancel()
+                running = self._scopes.pop(action.key, None)
+                if running is not None:
+                    running.cancel()
 
     async def _generate(self, key: Key, request, scope: trio.CancelScope) -> None:
         core = self.core
