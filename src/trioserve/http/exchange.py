@@ -149,9 +149,9 @@ class Exchange:
         """
         message = self.receive_nowait() if self.receive_nowait is not None else None
         if message is None:
-            with trio.move_on_after(timeout if timeout > 0 else math.inf) as scope:
+            with trio.move_on_after(timeout if timeout > 0 else math.inf):
                 message = await self.receive()
-            if scope.cancelled_caught:
+            if message is None:  # the deadline cancelled the receive
                 raise HTTPError(
                     408, f"the request body stopped arriving for {timeout:g} s", "body_timeout"
                 )

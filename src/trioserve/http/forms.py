@@ -11,7 +11,7 @@ arrive as strings; the route's schema converts them (``"16"``, ``"true"``, ``"of
 from __future__ import annotations
 
 import urllib.parse
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 from python_multipart.exceptions import FormParserError
@@ -22,6 +22,9 @@ from .exchange import Exchange, body_too_large
 from .media import Media
 from .uploads import Uploads, open_upload
 from .validation import invalid, parse_json, structure
+
+if TYPE_CHECKING:  # python-multipart defines its callback table for type checkers only
+    from python_multipart.multipart import MultipartCallbacks
 
 T = TypeVar("T")
 
@@ -109,7 +112,7 @@ class _PartEvents:
         self._value = bytearray()
         self._headers: dict[str, str] = {}
 
-    def callbacks(self) -> dict[str, Any]:
+    def callbacks(self) -> MultipartCallbacks:
         def on_header_field(data: bytes, start: int, end: int) -> None:
             self._field += data[start:end]
 

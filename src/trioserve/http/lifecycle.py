@@ -30,7 +30,7 @@ import trio
 
 from .. import metrics
 from ..engine import EngineClient, Subscription
-from ..errors import EngineError, EngineFailedError, TrioserveError
+from ..errors import EngineError, EngineFailedError, SlowClientError, TrioserveError
 from ..protocol import Submit
 from .errors import HTTPError
 from .writers import EngineItemError, Writer, WriterRefused
@@ -186,7 +186,7 @@ async def run_generation(
             if isinstance(error, EngineFailedError):
                 handle.end("engine_failed")
             else:
-                handle.end("slow_client" if error.code == "slow_client" else "engine_lost")
+                handle.end("slow_client" if isinstance(error, SlowClientError) else "engine_lost")
 
         try:
             sub = engines.submit(submit, capability, buffer=buffer, on_failure=on_failure)

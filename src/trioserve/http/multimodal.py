@@ -31,8 +31,7 @@ async def part_media(part: dict[str, Any], loc: str, fetcher: MediaFetcher) -> M
     kind = part["type"]
     if kind == "input_audio":
         audio = part.get("input_audio")
-        data = audio.get("data") if isinstance(audio, dict) else None
-        if not isinstance(data, str):
+        if not isinstance(audio, dict) or not isinstance(data := audio.get("data"), str):
             raise invalid([{"loc": f"{loc}.input_audio.data", "msg": "expected a base64 string"}])
         if data.lstrip().startswith("data:"):
             return await fetcher.resolve(data, "audio", f"{loc}.input_audio.data")

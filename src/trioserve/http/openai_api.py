@@ -18,7 +18,7 @@ from ..protocol import Submit, Usage
 from .errors import HTTPError
 from .validation import INT_MAX, INT_MIN, TOO_LARGE, Errors, _json_type, invalid, structure
 
-T = TypeVar("T")
+R = TypeVar("R", bound="_Common")
 
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer", "function"})
 
@@ -78,14 +78,16 @@ class CompletionRequest(_Common):
 
 
 #: Body fields of each request class; everything else is passed to the engine as a param.
-_KNOWN = {
+_KNOWN: dict[type[_Common], frozenset[str]] = {
     cls: frozenset(a.name for a in attrs.fields(cls))
     for cls in (ChatCompletionRequest, CompletionRequest)
 }
 #: Fields that are about the HTTP exchange, not generation.
 _NOT_PARAMS = frozenset({"model", "stream", "stream_options", "messages", "prompt", "user"})
 #: The validated fields of each request class that go to the engine as params.
-_PARAMS = {cls: tuple(sorted(known - _NOT_PARAMS)) for cls, known in _KNOWN.items()}
+_PARAMS: dict[type[_Common], tuple[str, ...]] = {
+    cls: tuple(sorted(known - _NOT_PARAMS)) for cls, known in _KNOWN.items()
+}
 
 
 # -- the common case without the converter --------------------------------------------------
@@ -105,14 +107,17 @@ _PLAIN_FIELDS: dict[str, tuple[type, ...] | None] = {
     "top_p": _NUMBER,
     "stop": None,
 }
-_PLAIN = {
+_PLAIN: dict[type[_Common], dict[str, tuple[type, ...] | None]] = {
     ChatCompletionRequest: {**_PLAIN_FIELDS, "messages": (list,)},
     CompletionRequest: {**_PLAIN_FIELDS, "prompt": None},
 }
-_REQUIRED = {ChatCompletionRequest: "messages", CompletionRequest: "prompt"}
+_REQUIRED: dict[type[_Common], str] = {
+    ChatCompletionRequest: "messages",
+    CompletionRequest: "prompt",
+}
 
 
-def _plain(body: dict[str, Any], cls: type[T]) -> T | None:
+def _plain(body: dict[str, Any], cls: type[R]) -> R | None:
     """``body`` as ``cls`` when every field in it has its plain JSON type: what the
     converter would build, without it (a third of its cost, and of the code a cold CPU
     must fetch on every request's way to the engine). ``None`` for anything else, which
