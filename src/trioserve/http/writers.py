@@ -202,7 +202,7 @@ class SSEWriter:
         fmt = self.fmt
         started = fmt.started  # (False after a keepalive: the first delta names the role)
         data, taken = self._deltas(items)
-        if data and not self.exchange.try_send_body(data):  # type: ignore[misc]
+        if data and not self.exchange.try_send_body(data):
             fmt.started = started
             return items
         return items[taken:]

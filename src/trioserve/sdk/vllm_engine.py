@@ -381,7 +381,7 @@ def _serve_metrics(port: int, stats: Stats) -> None:
                     f"trioserve_engine_{name}", f"{name} (the engine SDK's Stats)", value=value
                 )
 
-    prometheus_client.REGISTRY.register(SdkStats())  # type: ignore[arg-type]
+    prometheus_client.REGISTRY.register(SdkStats())
     server, _thread = prometheus_client.start_http_server(port, addr="127.0.0.1")
     log.info("metrics on http://127.0.0.1:%d/metrics", server.server_port)
 
