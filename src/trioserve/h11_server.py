@@ -282,7 +282,7 @@ class _HTTPConnection:
             return b""
         try:
             assert self.tls is not None
-            return await self.tls.receive_some(RECEIVE_SIZE)
+            return bytes(await self.tls.receive_some(RECEIVE_SIZE))  # it is bytes: no copy
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             # The peer reset, sent something that is not TLS, or another task closed
             # the connection (drain, idle).
