@@ -296,11 +296,11 @@ class RequestParser:
         event = self._events.popleft()
         kind = type(event)
         if kind is bytes:
-            self.buffered_body -= len(event)  # type: ignore[arg-type]
+            self.buffered_body -= len(event)  # type: ignore[arg-type]  # kind is bytes
         elif kind is Request:
             self._handed_out += 1
         elif kind is ProtocolError:
-            raise event  # type: ignore[misc]
+            raise event  # type: ignore[misc]  # kind is ProtocolError
         return event
 
     @property

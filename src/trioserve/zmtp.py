@@ -218,7 +218,7 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
         data: bytes | memoryview = message(frames)
         if not outbox and self._ready:
             try:
-                sent = self._sock.send(data)  # type: ignore[union-attr]
+                sent = self._sock.send(data)  # type: ignore[union-attr]  # _ready: connected
             except BlockingIOError:
                 sent = 0
             except OSError:

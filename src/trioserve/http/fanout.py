@@ -88,7 +88,7 @@ async def run_group(
     group = GroupHandle(exchange.request_id, owner=owner)
     group.members = [RequestHandle(submit.request_id, owner=owner) for submit in submits]
     result = GroupResult([None] * len(submits))
-    app.registry.add(group)  # type: ignore[arg-type]
+    app.registry.add(group)
     try:
         async with trio.open_nursery() as nursery:
 
@@ -104,7 +104,7 @@ async def run_group(
                     )
             nursery.cancel_scope.cancel()
     finally:
-        app.registry.remove(group)  # type: ignore[arg-type]
+        app.registry.remove(group)
     if group.end_reason == "disconnect":
         return
     if result.error is not None:

@@ -24,6 +24,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable
 from functools import partial
+from typing import Protocol
 
 import attrs
 import trio
@@ -86,6 +87,16 @@ class RequestHandle:
             self.scope.cancel()
 
 
+class Endable(Protocol):
+    """What the registry holds: a request (:class:`RequestHandle`) or a fan-out group of
+    them (``fanout.GroupHandle``), which its owner's cancel or the drain ends."""
+
+    id: str
+    owner: int | None
+
+    def end(self, reason: str) -> None: ...
+
+
 class Registry:
     """In-flight requests by owner (the API key that started them) and id, for explicit
     cancel and the drain deadline, and the in-flight gauge, which reads every registry
@@ -98,7 +109,7 @@ class Registry:
     the engine under distinct ids (see :meth:`add`)."""
 
     def __init__(self) -> None:
-        self._handles: dict[tuple[int | None, str], RequestHandle] = {}
+        self._handles: dict[tuple[int | None, str], Endable] = {}
         #: How many owners have a request of each id in flight.
         self._holders: collections.Counter[str] = collections.Counter()
         metrics.count_in_flight(self)
@@ -106,7 +117,7 @@ class Registry:
     def __len__(self) -> int:
         return len(self._handles)
 
-    def get(self, request_id: str) -> RequestHandle | None:
+    def get(self, request_id: str) -> Endable | None:
         """A request of id ``request_id``, whichever key started it (for tests and
         operators: what a client may see is :meth:`owned`)."""
         for (_, held), handle in self._handles.items():
@@ -114,12 +125,12 @@ class Registry:
                 return handle
         return None
 
-    def owned(self, request_id: str, owner: int | None) -> RequestHandle | None:
+    def owned(self, request_id: str, owner: int | None) -> Endable | None:
         """Request ``request_id`` if the key ``owner`` started it: to any other key,
         someone else's request does not exist (``DELETE /v1/requests/{id}``)."""
         return self._handles.get((owner, request_id))
 
-    def add(self, handle: RequestHandle) -> bool:
+    def add(self, handle: Endable) -> bool:
         """Register ``handle``; a 409 if its owner already has a request of that id in
         flight. True when another owner has one: the engine must then be given an id of
         its own for this request."""
@@ -132,7 +143,7 @@ class Registry:
         self._holders[handle.id] += 1
         return self._holders[handle.id] > 1
 
-    def remove(self, handle: RequestHandle) -> None:
+    def remove(self, handle: Endable) -> None:
         key = (handle.owner, handle.id)
         if self._handles.get(key) is handle:
             del self._handles[key]
@@ -292,7 +303,7 @@ async def _first_batch(sub: Subscription, writer: Writer, keepalive: float) -> l
         # first item, which a cancelled channel receive leaves queued.
         with trio.move_on_after(keepalive):
             return await sub.receive_batch()
-        await writer.keepalive()  # type: ignore[attr-defined]
+        await writer.keepalive()  # type: ignore[attr-defined]  # keepalive > 0: an SSEWriter
 
 
 async def _watch_disconnect(

@@ -206,7 +206,7 @@ class WebSocketConnection:
                 "connection",
                 "too_many_requests",
             )
-        capability = ENDPOINTS.get(message.get("endpoint"))  # type: ignore[arg-type]
+        capability = ENDPOINTS.get(message.get("endpoint", ""))
         if capability is None:
             raise HTTPError(
                 400,
