@@ -7,6 +7,7 @@ import datetime
 import json
 import logging
 import ssl
+from functools import partial
 
 import httpx
 import openai
@@ -16,7 +17,11 @@ import trustme
 from trio_websocket import open_websocket_url
 
 from tests.conftest import HANG_GUARD, start_engine, start_frontend, wait_until
+from tests.test_h11_server import echo_app, get
+from trioserve import tls
 from trioserve.cli import main
+from trioserve.config import Settings
+from trioserve.h11_server import H11Config, serve_h11
 from trioserve.sdk.mock import expected_text
 
 CHAT = {"model": "mock", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 5}
@@ -257,6 +262,75 @@ async def test_tls_client_is_turned_away_past_max_connections_without_a_plain_an
                         break
                 except httpx.TransportError:
                     await trio.sleep(0.01)
+
+
+# -- the built-in server's bounds over TLS ---------------------------------------------
+
+
+async def serve_tls(nursery, certs: Certificates, **config: object) -> tuple[int, trio.Event]:
+    """The built-in server alone (``echo_app``) over TLS."""
+    stop = trio.Event()
+    context = tls.server_context(Settings(**certs.server_options()))  # type: ignore[arg-type]
+    [url] = await nursery.start(
+        partial(
+            serve_h11,
+            echo_app,
+            "127.0.0.1",
+            0,
+            config=H11Config(**config),
+            ssl_context=context,
+            stop_accepting=stop,
+        )
+    )
+    assert url.startswith("https://")
+    return int(url.rsplit(":", 1)[1]), stop
+
+
+async def closed_by_server(stream: trio.abc.Stream) -> bool:
+    with trio.fail_after(HANG_GUARD):
+        try:
+            return await stream.receive_some() == b""
+        except trio.BrokenResourceError:
+            return True
+
+
+async def test_a_handshake_that_never_ends_is_dropped_at_the_header_timeout(nursery, certs, caplog):
+    port, _ = await serve_tls(nursery, certs, header_timeout=0.2)
+    caplog.set_level(logging.INFO)
+    silent = await trio.open_tcp_stream("127.0.0.1", port)  # and never says hello
+    assert await closed_by_server(silent)
+    assert any("within the header timeout" in r.getMessage() for r in caplog.records)
+    stream = await trio.open_ssl_over_tcp_stream(
+        "127.0.0.1", port, ssl_context=certs.client_context()
+    )
+    await stream.send_all(get("/after"))
+    assert b'"/after"' in await stream.receive_some()
+
+
+async def test_a_tls_client_that_stops_reading_is_dropped_and_reported_gone(nursery, certs):
+    port, _ = await serve_tls(nursery, certs, write_timeout=0.2)
+    before = echo_app.disconnects
+    sock = trio.socket.socket()
+    sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 4096)
+    await sock.connect(("127.0.0.1", port))
+    stream = trio.SSLStream(
+        trio.SocketStream(sock), certs.client_context(), server_hostname="127.0.0.1"
+    )
+    await stream.send_all(get("/stream"))
+    # Never read: the server's write times out, it closes, and the app hears of it.
+    await wait_until(lambda: echo_app.disconnects == before + 1, "the app to see the drop")
+    await stream.transport_stream.aclose()
+
+
+async def test_stop_accepting_closes_idle_tls_connections(nursery, certs):
+    port, stop = await serve_tls(nursery, certs)
+    idle = await trio.open_ssl_over_tcp_stream(
+        "127.0.0.1", port, ssl_context=certs.client_context()
+    )
+    await idle.send_all(get("/"))
+    assert b'"/"' in await idle.receive_some()
+    stop.set()
+    assert await closed_by_server(idle)
 
 
 # -- the command line -------------------------------------------------------------------
