@@ -26,6 +26,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
 import trio
 import zmq
@@ -66,7 +67,8 @@ def _echo_zmq(port: int) -> None:
 
 def round_trips(transport: str, gaps_ms: list[float], count: int, progress) -> dict:
     """Fork an echo, then time ``count`` round trips after each gap; p50/p99 in µs."""
-    listener = port = None
+    listener = None
+    port = 0  # the echo's, for ZeroMQ
     if transport == TCP:
         listener = socket.create_server(("127.0.0.1", 0))
     else:
@@ -103,7 +105,8 @@ def round_trips(transport: str, gaps_ms: list[float], count: int, progress) -> d
             dealer.setsockopt(zmq.RCVTIMEO, 10_000)
             dealer.connect(f"tcp://127.0.0.1:{port}")
             send = dealer.send
-            fd = dealer.getsockopt(zmq.FD)
+            # pyzmq's stubs type every option as int | bytes; ZMQ_FD and ZMQ_EVENTS are ints.
+            fd = cast(int, dealer.getsockopt(zmq.FD))
 
             async def receive() -> None:
                 if transport == ZMQ:
@@ -111,7 +114,7 @@ def round_trips(transport: str, gaps_ms: list[float], count: int, progress) -> d
                     return
                 # As ZmqPump waits: parked on the (edge-triggered) descriptor.
                 with trio.fail_after(10):
-                    while not dealer.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    while not cast(int, dealer.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                         await trio.lowlevel.wait_readable(fd)
                 dealer.recv(zmq.NOBLOCK)
 
