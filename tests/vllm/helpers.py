@@ -9,6 +9,7 @@ import httpx
 import trio
 
 from tests.conftest import HANG_GUARD, start_frontend
+from trioserve.http.openai_api import merge_logprobs
 
 from .conftest import MODEL, Vllm
 
@@ -96,3 +97,24 @@ async def stream_essentials(url: str, path: str, body: dict[str, Any]) -> dict[s
                 text.append(delta)
                 finish = choice.get("finish_reason") or finish
     return {"text": "".join(text), "finish_reason": finish, "usage": usage}
+
+
+async def stream_logprobs(url: str, path: str, body: dict[str, Any]) -> Any:
+    """The log probabilities of a streamed answer, merged across its chunks."""
+    merged: Any = None
+    async with (
+        client(url) as http,
+        http.stream("POST", path, json={"model": MODEL, **body, "stream": True}) as response,
+    ):
+        assert response.status_code == 200, await response.aread()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            for choice in json.loads(line[6:])["choices"]:
+                piece = choice.get("logprobs")
+                if piece is None:
+                    continue
+                if "content" in piece:
+                    piece = piece["content"] or []
+                merged = merge_logprobs(merged, piece)
+    return merged

@@ -325,9 +325,14 @@ class Generation:
     include_usage: bool
 
     def stream_format(self) -> StreamFormat:
-        return StreamFormat(
+        fmt = StreamFormat(
             self.capability, self.submit.request_id, self.submit.model, self.include_usage
         )
+        # chat: "logprobs": true; completions: "logprobs": N, where 0 asks for them too
+        # (and 0 == False: hence the identity tests).
+        asked = self.submit.params.get("logprobs")
+        fmt.with_logprobs = asked is not None and asked is not False
+        return fmt
 
 
 #: Endpoint names (as the WebSocket route spells them) and their capability.
@@ -370,6 +375,19 @@ def usage_dict(usage: Usage | None) -> dict[str, int] | None:
     }
 
 
+def merge_logprobs(merged: Any, piece: Any) -> Any:
+    """The log probabilities of a whole answer from its deltas': chat's are a list of
+    per-token entries, completions' a map of parallel lists (see docs/protocol.md)."""
+    if merged is None:
+        return piece
+    if isinstance(merged, list) and isinstance(piece, list):
+        return merged + piece
+    if isinstance(merged, dict) and isinstance(piece, dict):
+        keys = [*merged, *(key for key in piece if key not in merged)]
+        return {key: merged.get(key, []) + piece.get(key, []) for key in keys}
+    return merged  # an engine that mixed shapes: keep what was sound
+
+
 class StreamFormat:
     """Renders one request's chunks and final body. Pre-encodes everything but the text.
 
@@ -394,6 +412,9 @@ class StreamFormat:
         )
         #: Whether the first delta (the one that names the role) has been sent.
         self.started = False
+        #: Whether the request asked for log probabilities: its deltas carry them, and
+        #: take :meth:`delta_with_logprobs` (writers give such streams no fast path).
+        self.with_logprobs = False
 
     # The pre-encoded parts of a streamed chunk, each built on first use: a non-streaming
     # answer never needs them.
@@ -430,6 +451,23 @@ class StreamFormat:
         before, after = frame
         return b"".join((before, prefix, _json_string(text).encode(), self._suffix, after))
 
+    def delta_with_logprobs(
+        self, text: str, logprobs: Any, frame: tuple[bytes, bytes] = (b"", b"")
+    ) -> bytes:
+        """A delta chunk with the engine's log probabilities of its tokens (in the
+        OpenAI shape of the task: see docs/protocol.md), built whole."""
+        if self.kind == "chat":
+            delta: dict[str, Any] = {"content": text}
+            if not self.started:
+                delta = {"role": "assistant", **delta}
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": {"content": logprobs}}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": logprobs}
+        choice["finish_reason"] = None
+        self.started = True
+        before, after = frame
+        return b"".join((before, self._head, _dumps([choice]), b"}", after))
+
     def finish(self, reason: str) -> bytes:
         if self.kind == "chat":
             choice = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}
@@ -440,18 +478,26 @@ class StreamFormat:
     def usage(self, usage: Usage | None) -> bytes:
         return self._head + b'[],"usage":' + _dumps(usage_dict(usage)) + b"}"
 
-    def complete(self, text: str, finish_reason: str | None, usage: Usage | None) -> bytes:
-        """The whole non-streaming response body."""
+    def complete(
+        self, text: str, finish_reason: str | None, usage: Usage | None, logprobs: Any = None
+    ) -> bytes:
+        """The whole non-streaming response body (``logprobs``: every delta's, merged
+        with :func:`merge_logprobs`)."""
         if self.kind == "chat":
             choice: dict[str, Any] = {
                 "index": 0,
                 "message": {"role": "assistant", "content": text},
-                "logprobs": None,
+                "logprobs": None if logprobs is None else {"content": logprobs},
                 "finish_reason": finish_reason,
             }
             obj = "chat.completion"
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": logprobs,
+                "finish_reason": finish_reason,
+            }
             obj = "text_completion"
         return _dumps(
             {

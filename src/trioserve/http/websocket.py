@@ -265,7 +265,10 @@ class WebSocketWriter:
         for item in batch:
             if item.error is not None:
                 raise engine_error(item)
-            if item.data:
+            if item.logprobs is not None:
+                chunk = fmt.delta_with_logprobs(text_of(item.data or ""), item.logprobs)
+                await send(head + chunk.decode() + "}")
+            elif item.data:
                 await send(head + fmt.delta(text_of(item.data)).decode() + "}")
             if item.finish_reason is not None:
                 await send(head + fmt.finish(item.finish_reason).decode() + "}")

@@ -9,14 +9,14 @@ Transport framing lives here; the chunk objects come from
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 
 from ..protocol import OutputItem, Usage
 from .errors import HTTPError, from_engine
 from .exchange import JSON_HEADERS, Exchange
-from .openai_api import StreamFormat
+from .openai_api import StreamFormat, merge_logprobs
 
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -74,6 +74,7 @@ class JSONWriter:
         self.exchange = exchange
         self.fmt = fmt
         self._parts: list[str] = []
+        self._logprobs: Any = None
 
     async def write(self, batch: list[OutputItem]) -> bool:
         parts = self._parts
@@ -82,8 +83,11 @@ class JSONWriter:
                 raise engine_error(item)
             if item.data:
                 parts.append(text_of(item.data))
+            if item.logprobs is not None:
+                self._logprobs = merge_logprobs(self._logprobs, item.logprobs)
             if item.finish_reason is not None:
-                body = self.fmt.complete("".join(parts), item.finish_reason, item.usage)
+                text = "".join(parts)
+                body = self.fmt.complete(text, item.finish_reason, item.usage, self._logprobs)
                 await self.exchange.respond(200, body, JSON_HEADERS)
                 return True
         return False
@@ -143,7 +147,11 @@ class SSEWriter:
             if item.error is not None:
                 failure = engine_error(item)
                 break
-            if item.data:
+            if item.logprobs is not None:
+                out.append(
+                    fmt.delta_with_logprobs(text_of(item.data or ""), item.logprobs, SSE_EVENT)
+                )
+            elif item.data:
                 text = text_of(item.data)
                 out.append(fmt.delta(text, SSE_EVENT))
             if item.finish_reason is not None:
@@ -175,7 +183,7 @@ class SSEWriter:
         own status). (Bound methods, not closures: every open stream holds its sink.)
         """
         exchange = self.exchange
-        if exchange.try_send_body is None:
+        if exchange.try_send_body is None or self.fmt.with_logprobs:
             return None
         if exchange.started:
             return self._send_now

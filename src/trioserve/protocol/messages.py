@@ -134,6 +134,11 @@ class OutputItem:
     #: Media type of a binary ``data`` payload, e.g. ``"image/png"``, ``"video/mp4"`` or
     #: ``"audio/pcm;rate=24000"`` (signed 16-bit little-endian samples).
     mime_type: str | None = None
+    #: Log probabilities of this item's tokens, when the request asked for them, in the
+    #: OpenAI shape of its task (see docs/protocol.md): ``chat``, a list of
+    #: ``{token, logprob, bytes, top_logprobs}``; ``completion``, a map of the parallel
+    #: lists ``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset``.
+    logprobs: Any = None
 
     @property
     def final(self) -> bool:

@@ -55,6 +55,8 @@ class Output:
     usage: Usage | None = None
     finish_reason: str | None = None
     mime_type: str | None = None
+    #: This delta's log probabilities, in the OpenAI shape of the request's task.
+    logprobs: Any = None
 
 
 class RequestError(Exception):
@@ -288,6 +290,7 @@ class EngineCore:
             usage=out.usage,
             finish_reason=out.finish_reason,
             mime_type=out.mime_type,
+            logprobs=out.logprobs,
         )
         running.seq += 1
         self._pending.setdefault(key[0], []).append(item)

@@ -49,7 +49,7 @@ _SUFFIX_BYTES = 6
 
 #: Request fields vLLM would act on but whose results trioserve's protocol cannot carry
 #: to the client yet: refused with a 400 naming them, rather than silently dropped.
-UNRELAYED = ("logprobs", "top_logprobs", "prompt_logprobs", "echo", "return_token_ids")
+UNRELAYED = ("prompt_logprobs", "echo", "return_token_ids")
 
 
 class SchedulerFigures:
@@ -105,9 +105,13 @@ class VllmBackend:
         renderer: Any,
         served_names: Sequence[str],
         figures: SchedulerFigures,
+        servings: tuple[Any, Any] | None = None,
     ) -> None:
         self.engine = engine
         self.renderer = renderer
+        #: vLLM's own chat and completion serving objects, whose methods format log
+        #: probabilities exactly as vllm serve does (None: logprobs are refused).
+        self.servings = servings
         self.served_names = list(served_names)
         self.engine_id = f"vllm-{self.served_names[0]}"
         self.models = [ModelCard(name, owned_by="vllm") for name in self.served_names]
@@ -133,6 +137,7 @@ class VllmBackend:
         sampling_params = self._sampling_params(vllm_request, engine_input)
         sampling_params.output_kind = RequestOutputKind.DELTA
         request_id = f"{request.request_id}-{os.urandom(_SUFFIX_BYTES).hex()}"
+        logprobs = self._logprobs_formatter(request.task, vllm_request)
         prompt_tokens = 0
         completion_tokens = 0
         try:
@@ -142,19 +147,72 @@ class VllmBackend:
                     prompt_tokens = len(result.prompt_token_ids)
                 completion = result.outputs[0]
                 completion_tokens += len(completion.token_ids)
+                delta_logprobs = None
+                if logprobs is not None and completion.token_ids:
+                    delta_logprobs = logprobs(completion.token_ids, completion.logprobs)
                 if result.finished:
                     yield Output(
                         data=completion.text or None,
                         usage=Usage(prompt_tokens, completion_tokens),
                         finish_reason=completion.finish_reason or "stop",
+                        logprobs=delta_logprobs,
                     )
                     return
-                if completion.text:
-                    yield Output(data=completion.text)
+                if completion.text or delta_logprobs:
+                    yield Output(data=completion.text or None, logprobs=delta_logprobs)
         except _client_errors() as exc:
             raise _client_error(exc) from exc
         except Exception as exc:
             raise _vllm_error(exc) from exc
+
+    def _logprobs_formatter(self, task: str, vllm_request: Any) -> Any:
+        """A function of one delta's token ids and vLLM's logprobs for them that returns
+        them as vllm serve puts them in a chunk (its own formatting methods), or None
+        when the request asked for none. Completions' text offsets run on across deltas."""
+        # chat: a boolean; completions: how many alternatives, 0 being a request too.
+        wanted = vllm_request.logprobs if task == "chat" else vllm_request.logprobs is not None
+        if not wanted:
+            return None
+        if self.servings is None:
+            raise RequestError(
+                400, "logprobs are not served by this engine", "invalid_request_error"
+            )
+        chat, completions = self.servings
+        tokenizer = self.engine.renderer.tokenizer
+        as_ids = bool(getattr(vllm_request, "return_tokens_as_token_ids", False))
+        logprob_token_ids = getattr(vllm_request, "logprob_token_ids", None)
+        if task == "chat":
+
+            def chat_logprobs(token_ids: Any, step_logprobs: Any) -> Any:
+                formatted = chat._create_chat_logprobs(
+                    token_ids=token_ids,
+                    top_logprobs=step_logprobs,
+                    tokenizer=tokenizer,
+                    num_output_top_logprobs=vllm_request.top_logprobs,
+                    logprob_token_ids=logprob_token_ids,
+                    return_as_token_id=as_ids,
+                )
+                return formatted.model_dump(mode="json", exclude_unset=True)["content"]
+
+            return chat_logprobs
+        next_offset = 0
+
+        def completion_logprobs(token_ids: Any, step_logprobs: Any) -> Any:
+            nonlocal next_offset
+            formatted = completions._create_completion_logprobs(
+                token_ids=token_ids,
+                top_logprobs=step_logprobs,
+                num_output_top_logprobs=vllm_request.logprobs,
+                tokenizer=tokenizer,
+                logprob_token_ids=logprob_token_ids,
+                initial_text_offset=next_offset,
+                return_as_token_id=as_ids,
+            )
+            if formatted.tokens:  # as vllm serve advances it: by the tokens reported
+                next_offset = formatted.text_offset[-1] + len(formatted.tokens[-1])
+            return formatted.model_dump(mode="json", exclude_unset=True)
+
+        return completion_logprobs
 
     async def _render(self, request: Submit) -> tuple[Any, Any]:
         """vLLM's request object for ``request``, and its rendered engine input."""
@@ -335,7 +393,9 @@ async def _serve(args: argparse.Namespace) -> None:
         )
         renderer.warmup()
         names = args.served_model_name or [args.model]
-        backend = VllmBackend(engine, renderer, names, figures)
+        backend = VllmBackend(
+            engine, renderer, names, figures, _servings(engine, renderer, names, args)
+        )
         if args.exit_with_parent is not None:
             watcher = loop.create_task(
                 _exit_with_parent(args.exit_with_parent or os.getppid(), task)
@@ -366,6 +426,32 @@ async def _serve(args: argparse.Namespace) -> None:
         if watcher is not None:
             watcher.cancel()
         engine.shutdown()
+
+
+def _servings(engine: Any, renderer: Any, names: list[str], args: argparse.Namespace) -> Any:
+    """vLLM's own chat and completion serving objects, for their logprob formatting."""
+    from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
+    from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
+    from vllm.entrypoints.openai.models.protocol import BaseModelPath
+    from vllm.entrypoints.openai.models.serving import OpenAIServingModels
+
+    models = OpenAIServingModels(
+        engine_client=engine,
+        base_model_paths=[BaseModelPath(name=name, model_path=args.model) for name in names],
+    )
+    chat = OpenAIServingChat(
+        engine_client=engine,
+        models=models,
+        response_role="assistant",
+        online_renderer=renderer,
+        request_logger=None,
+        chat_template=None,
+        chat_template_content_format=args.chat_template_content_format,
+    )
+    completions = OpenAIServingCompletion(
+        engine_client=engine, models=models, online_renderer=renderer, request_logger=None
+    )
+    return chat, completions
 
 
 def _serve_metrics(port: int, stats: Stats) -> None:
