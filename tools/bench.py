@@ -537,6 +537,14 @@ def run_loadgen(
         "--engine-pid",
         str(engine.pid),
     ]
+    return run_json_tool(command, progress, status, timeout, "loadgen")
+
+
+def run_json_tool(
+    command: list[str], progress: Progress, status: str, timeout: float, name: str
+) -> dict:
+    """Run a measuring process that prints its figures as JSON on its last line, showing
+    ``status`` while it runs and killing it past ``timeout``; {"error": ...} if it fails."""
     with tempfile.TemporaryFile() as err:
         popen = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=err, preexec_fn=_raise_fd_limit
@@ -556,7 +564,7 @@ def run_loadgen(
         stderr = err.read().decode(errors="replace")
     if popen.returncode != 0:
         last = stderr.strip().splitlines()[-1:] or ["?"]
-        return {"error": f"loadgen exited {popen.returncode}: {last[0]}", "stderr": stderr[-3000:]}
+        return {"error": f"{name} exited {popen.returncode}: {last[0]}", "stderr": stderr[-3000:]}
     return json.loads(out.decode().strip().splitlines()[-1])
 
 

@@ -518,27 +518,7 @@ def run_child(spec: dict, pin: bool, progress: bench.Progress, status: str, time
         "_loadgen",
         json.dumps(spec),
     ]
-    with tempfile.TemporaryFile() as err:
-        popen = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=err, preexec_fn=bench._raise_fd_limit
-        )
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                out, _ = popen.communicate(timeout=0.5)
-                break
-            except subprocess.TimeoutExpired:
-                progress.show(status)
-                if time.monotonic() > deadline:
-                    popen.kill()
-                    popen.communicate()
-                    return {"error": f"timed out after {timeout:.0f} s"}
-        err.seek(0)
-        stderr = err.read().decode(errors="replace")
-    if popen.returncode != 0:
-        last = stderr.strip().splitlines()[-1:] or ["?"]
-        return {"error": f"exited {popen.returncode}: {last[0]}", "stderr": stderr[-3000:]}
-    return json.loads(out.decode().strip().splitlines()[-1])
+    return bench.run_json_tool(command, progress, status, timeout, "the load child")
 
 
 # -- the plan -------------------------------------------------------------------------------
