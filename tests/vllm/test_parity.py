@@ -238,3 +238,40 @@ async def test_logprobs_match_vllm_serve(vllm: Vllm, nursery, path, body) -> Non
     # Streamed, the chunks' log probabilities add up to the same.
     assert await stream_logprobs(frontend.url, path, body) == expected
     assert await stream_logprobs(vllm.reference_url, path, body) == expected
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (CHAT, chat("Sample twice", max_tokens=16, temperature=1.0, seed=7, n=2)),
+        (COMPLETIONS, completion("Three times", max_tokens=12, temperature=0.8, seed=3, n=3)),
+    ],
+)
+async def test_n_choices_match_vllm_serve(vllm: Vllm, nursery, path, body) -> None:
+    """n choices are n engine requests, choice i seeded with seed + i: vLLM's own
+    parallel sampling, so the same choices as vllm serve, and usage as it counts it."""
+    ours, theirs = await _both(vllm, nursery, path, body)
+    assert theirs.status_code == 200, theirs.text
+    assert ours.status_code == 200, ours.text
+
+    def choices(answer: dict[str, Any]) -> list[tuple[int, str, str]]:
+        return [
+            (
+                c["index"],
+                c["message"]["content"] if "message" in c else c["text"],
+                c["finish_reason"],
+            )
+            for c in answer["choices"]
+        ]
+
+    assert choices(ours.json()) == choices(theirs.json())
+    assert len(choices(ours.json())) == body["n"]
+    usage = ("prompt_tokens", "completion_tokens", "total_tokens")
+    assert [ours.json()["usage"][k] for k in usage] == [theirs.json()["usage"][k] for k in usage]
+
+
+async def test_greedy_n_choices_are_refused_as_vllm_serve_refuses_them(vllm: Vllm, nursery):
+    body = completion("Greedy", max_tokens=8, temperature=0, n=2)
+    ours, theirs = await _both(vllm, nursery, COMPLETIONS, body)
+    assert theirs.status_code == ours.status_code == 400, ours.text
+    assert "greedy" in ours.json()["error"]["message"]

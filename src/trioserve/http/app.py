@@ -19,6 +19,7 @@ from .auth import ApiKeys, header_values, select_subprotocol
 from .cors import CorsPolicy
 from .errors import HTTPError
 from .exchange import JSON_HEADERS, ClientGone, Exchange, Receive, Send, ServerState
+from .fanout import run_group
 from .forms import JSON, MULTIPART, URLENCODED, Body, read_body
 from .lifecycle import Registry, RequestHandle, run_generation
 from .media import MediaFetcher
@@ -27,7 +28,7 @@ from .openai_api import parse_generation
 from .uploads import Uploads
 from .validation import invalid, parse_json
 from .websocket import GOING_AWAY, POLICY_VIOLATION, WebSocketConnection
-from .writers import JSONWriter, SSEWriter, Writer
+from .writers import Collected, JSONWriter, SSEWriter, Writer
 
 log = logging.getLogger("trioserve.http")
 
@@ -335,6 +336,14 @@ class App:
         generation = parse_generation(capability, body, exchange.request_id, self.resolve_model)
         generation = await resolve_chat_media(generation, self.media_fetcher())
         fmt = generation.stream_format()
+        if generation.n > 1:
+
+            async def answer(collected: list[Collected]) -> None:
+                choices = [("".join(c.text), c.finish_reason, c.usage) for c in collected]
+                await exchange.respond(200, fmt.complete_choices(choices), JSON_HEADERS)
+
+            await run_group(self, exchange, generation.choices(), capability, timeout, answer)
+            return
         if generation.stream:
             writer: Writer = SSEWriter(exchange, fmt)
             keepalive = self.settings.sse_keepalive

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
+
 from ..protocol import Submit
 from .media import AUDIO_FORMATS, Media, MediaFetcher, decode_base64
 from .openai_api import Generation
@@ -85,4 +87,4 @@ async def resolve_chat_media(generation: Generation, fetcher: MediaFetcher) -> G
     inputs = {**submit.inputs, "messages": messages, "modalities": modalities}
     # Built directly: evolve() introspects the class on every call (per request).
     resolved = Submit(submit.request_id, submit.model, submit.task, inputs, submit.params)
-    return Generation(resolved, generation.capability, generation.stream, generation.include_usage)
+    return attrs.evolve(generation, submit=resolved)

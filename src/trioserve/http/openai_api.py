@@ -20,6 +20,9 @@ from .validation import INT_MAX, INT_MIN, TOO_LARGE, Errors, _json_type, invalid
 
 R = TypeVar("R", bound="_Common")
 
+#: Most choices one request may ask for (``n``): each is an engine request of its own.
+MAX_N = 16
+
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer", "function"})
 
 # Bounds of a request's shape, checked before anything is built from it (docs/api.md,
@@ -172,8 +175,8 @@ def _check_common(req: _Common, errors: list[dict[str, str]]) -> None:
         errors.append({"loc": "$.temperature", "msg": "must be between 0 and 2"})
     if req.top_p is not None and not 0 < req.top_p <= 1:
         errors.append({"loc": "$.top_p", "msg": "must be greater than 0 and at most 1"})
-    if req.n is not None and req.n != 1:
-        errors.append({"loc": "$.n", "msg": "only n=1 is supported"})
+    if req.n is not None and not 1 <= req.n <= MAX_N:
+        errors.append({"loc": "$.n", "msg": f"must be between 1 and {MAX_N}"})
     stop = req.stop
     if not (
         stop is None
@@ -323,6 +326,25 @@ class Generation:
     capability: str  # "chat" or "completion"
     stream: bool
     include_usage: bool
+    #: Choices asked for; more than one are as many engine requests (:meth:`choices`).
+    n: int = 1
+
+    def choices(self) -> list[Submit]:
+        """The engine requests of ``n`` > 1 choices: ids ``<id>.<i>``, and with a seed,
+        seed + i for choice i (as vLLM seeds its parallel samples, so that the choices
+        differ and each is reproducible). Each keeps ``n`` among its params, so that an
+        engine can judge the request as asked (vLLM refuses greedy n > 1); it generates
+        one sequence for each (docs/protocol.md)."""
+        params = self.submit.params
+        seed = params.get("seed")
+        return [
+            attrs.evolve(
+                self.submit,
+                request_id=f"{self.submit.request_id}.{i}",
+                params=params if seed is None else {**params, "seed": seed + i},
+            )
+            for i in range(self.n)
+        ]
 
     def stream_format(self) -> StreamFormat:
         fmt = StreamFormat(
@@ -340,11 +362,17 @@ ENDPOINTS = {"chat.completions": "chat", "completions": "completion"}
 
 
 def parse_generation(
-    capability: str, body: dict[str, Any], request_id: str, resolve_model: Any
+    capability: str,
+    body: dict[str, Any],
+    request_id: str,
+    resolve_model: Any,
+    *,
+    streamed: bool = False,
 ) -> Generation:
     """Validate ``body`` for ``capability`` and translate it (422 :class:`HTTPError` if bad).
 
-    ``resolve_model(requested: str | None) -> str`` picks the model to use.
+    ``resolve_model(requested: str | None) -> str`` picks the model to use; ``streamed``:
+    the transport streams whatever the body says (WebSocket).
     """
     req: _Common
     if capability == "chat":
@@ -354,7 +382,13 @@ def parse_generation(
         req = parse_completion(body)
         submit = completion_submit(request_id, resolve_model(req.model), req, body)
     options = req.stream_options
-    return Generation(submit, capability, bool(req.stream), bool(options and options.include_usage))
+    n = req.n or 1
+    if n > 1 and (req.stream or streamed):
+        raise invalid([{"loc": "$.n", "msg": "n > 1 is answered as JSON only, not streamed, yet"}])
+    if n > 1 and submit.params.get("logprobs") not in (None, False):
+        raise invalid([{"loc": "$.n", "msg": "n > 1 with logprobs is not served yet"}])
+    include_usage = bool(options and options.include_usage)
+    return Generation(submit, capability, bool(req.stream), include_usage, n)
 
 
 #: What ``json.dumps`` does with a str, without the two Python calls around it (per token).
@@ -477,6 +511,26 @@ class StreamFormat:
 
     def usage(self, usage: Usage | None) -> bytes:
         return self._head + b'[],"usage":' + _dumps(usage_dict(usage)) + b"}"
+
+    def complete_choices(self, choices: list[tuple[str, str | None, Usage | None]]) -> bytes:
+        """The whole non-streaming body of ``n`` choices, each (text, finish reason,
+        usage): the prompt counted once, as vLLM does, the completions summed."""
+        body = json.loads(self.complete(choices[0][0], choices[0][1], choices[0][2]))
+        template = body["choices"][0]
+        body["choices"] = []
+        completion_tokens = 0
+        for index, (text, finish_reason, usage) in enumerate(choices):
+            choice = {**template, "index": index, "finish_reason": finish_reason}
+            if self.kind == "chat":
+                choice["message"] = {"role": "assistant", "content": text}
+            else:
+                choice["text"] = text
+            body["choices"].append(choice)
+            completion_tokens += usage.completion_tokens if usage is not None else 0
+        first = choices[0][2]
+        if first is not None:
+            body["usage"] = usage_dict(Usage(first.prompt_tokens, completion_tokens))
+        return _dumps(body)
 
     def complete(
         self, text: str, finish_reason: str | None, usage: Usage | None, logprobs: Any = None

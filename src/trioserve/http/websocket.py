@@ -221,7 +221,10 @@ class WebSocketConnection:
         # unguessable: a sequential id let anyone cancel strangers' requests by scanning
         # DELETE /v1/requests/{id}.
         request_id = f"ws-{new_request_id()}.{client_id}"
-        return parse_generation(capability, body, request_id, app.resolve_model), timeout
+        generation = parse_generation(
+            capability, body, request_id, app.resolve_model, streamed=True
+        )
+        return generation, timeout
 
     async def _run(
         self, client_id: str, handle: RequestHandle, generation: Any, timeout: float

@@ -136,6 +136,9 @@ class VllmBackend:
         vllm_request, engine_input = await self._render(request)
         sampling_params = self._sampling_params(vllm_request, engine_input)
         sampling_params.output_kind = RequestOutputKind.DELTA
+        # n > 1 comes as n submits, each one sequence, seeded by the frontend (validated
+        # above with n as asked: vLLM refuses greedy n > 1, as vllm serve does).
+        sampling_params.n = 1
         request_id = f"{request.request_id}-{os.urandom(_SUFFIX_BYTES).hex()}"
         logprobs = self._logprobs_formatter(request.task, vllm_request)
         prompt_tokens = 0

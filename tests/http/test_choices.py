@@ -1,0 +1,80 @@
+"""``n`` > 1 choices on chat and completions: as many engine requests, one answer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import trio
+from trio_websocket import open_websocket_url
+
+from tests.conftest import raw_request, wait_until
+from trioserve.sdk.mock import expected_text
+
+CHAT = ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})
+COMPLETION = ("/v1/completions", {"prompt": "Hi"})
+
+
+def text(choice: dict) -> str:
+    return choice["message"]["content"] if "message" in choice else choice["text"]
+
+
+@pytest.mark.parametrize(("path", "body"), [CHAT, COMPLETION])
+async def test_n_choices_are_n_engine_requests_in_one_answer(frontend, path, body):
+    async with frontend.client() as client:
+        answer = await client.post(
+            path, json={**body, "n": 3, "max_tokens": 4, "seed": 10}, headers={"x-request-id": "c"}
+        )
+    assert answer.status_code == 200, answer.text
+    choices = answer.json()["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2]
+    assert all(text(c) == expected_text("Hi", 4) for c in choices)
+    assert all(c["finish_reason"] == "length" for c in choices)
+    assert answer.json()["usage"] == {
+        "prompt_tokens": 1,
+        "completion_tokens": 12,
+        "total_tokens": 13,
+    }
+    # Each choice one engine request, ended once; choice i seeded with seed + i.
+    assert [frontend.ends(f"c.{i}") for i in range(3)] == [["finished"]] * 3
+
+
+async def test_a_client_gone_while_waiting_for_n_choices_aborts_each_once(frontend):
+    body = json.dumps({**COMPLETION[1], "n": 2, "max_tokens": 100_000}).encode()
+    stream = await raw_request(frontend, "POST", COMPLETION[0], body, x_request_id="g")
+    await wait_until(lambda: len(frontend.engine.core.running) == 2, "both choices running")
+    await stream.aclose()
+    await wait_until(lambda: frontend.ends("g.0") and frontend.ends("g.1"), "both ended")
+    assert [frontend.ends(f"g.{i}") for i in range(2)] == [["aborted"]] * 2
+    await wait_until(lambda: len(frontend.app.registry) == 0, "nothing in flight")
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"n": 17}, "must be between 1 and 16"),
+        ({"n": 0}, "must be between 1 and 16"),
+        ({"n": 2, "stream": True}, "not streamed"),
+        ({"n": 2, "logprobs": 1}, "logprobs"),
+    ],
+)
+async def test_what_n_does_not_serve_is_a_422_at_n(frontend, extra, message):
+    async with frontend.client() as client:
+        answer = await client.post(COMPLETION[0], json={**COMPLETION[1], **extra})
+    assert answer.status_code == 422, answer.text
+    assert answer.text.count("$.n") >= 1 and message in answer.text
+    assert frontend.engine.core.stats.submitted == 0
+    await trio.lowlevel.checkpoint()
+
+
+async def test_n_choices_over_the_websocket_are_refused_at_n(frontend):
+    url = f"ws://{frontend.host}:{frontend.port}/v1/ws"
+    request = {"type": "request", "id": "a", "endpoint": "completions"}
+    request["body"] = {**COMPLETION[1], "n": 2}
+    with trio.fail_after(20):
+        async with open_websocket_url(url) as ws:
+            await ws.send_message(json.dumps(request))
+            message = json.loads(await ws.get_message())
+    assert message["type"] == "error" and message["id"] == "a"
+    assert any(d["loc"] == "$.n" for d in message["error"]["details"])
+    assert frontend.engine.core.stats.submitted == 0
