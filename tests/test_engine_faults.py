@@ -247,3 +247,16 @@ async def test_the_mock_that_run_starts_obeys_fault_knobs_only_when_asked(nurser
     else:
         assert response.status_code == 400
         assert response.json()["error"]["code"] == "fault_injection_disabled"
+
+
+async def test_the_engine_frame_bound_setting_reaches_the_link(nursery):
+    """--engine-max-frame-mb: an engine frame over it fails that engine (its request a
+    503 engine_failed), not the frontend. Here a speech chunk (2,400 bytes a word) is
+    over a 1 KiB bound."""
+    engine = await start_engine(nursery)
+    frontend = await start_frontend(nursery, engine, engine_max_message_bytes=1024)
+    async with frontend.client() as client:
+        answer = await client.post("/v1/audio/speech", json={"input": "hello there"})
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["error"]["code"] == "engine_failed"
+        assert (await client.get("/live")).status_code == 200

@@ -81,7 +81,9 @@ async def serve_frontend(
     not up yet.
     """
     heartbeat = HeartbeatConfig(settings.heartbeat_interval, settings.heartbeat_timeout)
-    async with open_engine_client(settings.engines, heartbeat=heartbeat) as engines:
+    async with open_engine_client(
+        settings.engines, heartbeat=heartbeat, max_message=settings.engine_max_message_bytes
+    ) as engines:
         app = App(engines, settings)
         drain = DrainController(
             app, drain_delay=settings.drain_delay, graceful_timeout=settings.graceful_timeout
@@ -89,9 +91,6 @@ async def serve_frontend(
         async with trio.open_nursery() as nursery:
             if handle_signals:
                 nursery.start_soon(drain.run)
-            # An engine that speaks another protocol version is a deployment error: stop
-            # with a clear message rather than serve 503s forever.
-            nursery.start_soon(engines.check_versions)
 
             async def serve_http(task_status: trio.TaskStatus[list[str]]) -> None:
                 if settings.server == "hypercorn":

@@ -108,12 +108,6 @@ class EngineClient:
         while not all(conn.ready or conn.failure is not None for conn in self.connections):
             await self._changed.wait()
 
-    async def check_versions(self) -> None:
-        """Wait forever. (This used to raise :class:`ProtocolVersionError` when an engine
-        refused our version, which stopped the whole frontend; such an engine is now
-        marked failed and tried again. Kept while server.py still starts it.)"""
-        await trio.sleep_forever()
-
 
 @contextlib.asynccontextmanager
 async def open_engine_client(
