@@ -54,7 +54,6 @@ async def test_a_client_gone_while_waiting_for_n_choices_aborts_each_once(fronte
     [
         ({"n": 17}, "must be between 1 and 16"),
         ({"n": 0}, "must be between 1 and 16"),
-        ({"n": 2, "stream": True}, "not streamed"),
         ({"n": 2, "logprobs": 1}, "logprobs"),
     ],
 )
@@ -65,6 +64,46 @@ async def test_what_n_does_not_serve_is_a_422_at_n(frontend, extra, message):
     assert answer.text.count("$.n") >= 1 and message in answer.text
     assert frontend.engine.core.stats.submitted == 0
     await trio.lowlevel.checkpoint()
+
+
+@pytest.mark.parametrize(("path", "body"), [CHAT, COMPLETION])
+async def test_n_streamed_choices_interleave_by_index_then_usage_and_done(frontend, path, body):
+    events = []
+    request = {**body, "n": 2, "max_tokens": 3, "stream": True}
+    request["stream_options"] = {"include_usage": True}
+    async with frontend.client() as client, client.stream("POST", path, json=request) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:])
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[-1]["choices"] == []
+    assert chunks[-1]["usage"] == {"prompt_tokens": 1, "completion_tokens": 6, "total_tokens": 7}
+    texts, finishes = {0: "", 1: ""}, {}
+    for chunk in chunks[:-1]:
+        (choice,) = chunk["choices"]
+        delta = choice.get("delta", {}).get("content") or choice.get("text") or ""
+        texts[choice["index"]] += delta
+        if choice["finish_reason"]:
+            finishes[choice["index"]] = choice["finish_reason"]
+    assert texts == {0: expected_text("Hi", 3), 1: expected_text("Hi", 3)}
+    assert finishes == {0: "length", 1: "length"}
+
+
+async def test_a_streamed_choice_that_fails_ends_the_others_with_one_error_event(frontend):
+    # Choice 1 (seed 11) fails after its first token: the stream ends with the error
+    # event and no [DONE], and choice 0 is aborted, once.
+    request = {**COMPLETION[1], "n": 2, "max_tokens": 100_000, "seed": 10, "stream": True}
+    request["mock_by_seed"] = {"11": {"mock_error_after": 1}}
+    async with (
+        frontend.client() as client,
+        client.stream("POST", COMPLETION[0], json=request, headers={"x-request-id": "f"}) as r,
+    ):
+        text = "".join([chunk async for chunk in r.aiter_text()])
+    assert '"error"' in text.rsplit("data: ", 1)[-1] and "[DONE]" not in text
+    await wait_until(lambda: frontend.ends("f.0") and frontend.ends("f.1"), "both ended")
+    assert frontend.ends("f.0") == ["aborted"] and frontend.ends("f.1") == ["finished"]
 
 
 async def test_n_choices_over_the_websocket_are_refused_at_n(frontend):

@@ -18,7 +18,14 @@ import trio_websocket
 from tests.conftest import HANG_GUARD
 
 from .conftest import MODEL, Vllm
-from .helpers import essentials, frontend_on, post_json, stream_essentials, stream_logprobs
+from .helpers import (
+    client,
+    essentials,
+    frontend_on,
+    post_json,
+    stream_essentials,
+    stream_logprobs,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -275,3 +282,28 @@ async def test_greedy_n_choices_are_refused_as_vllm_serve_refuses_them(vllm: Vll
     ours, theirs = await _both(vllm, nursery, COMPLETIONS, body)
     assert theirs.status_code == ours.status_code == 400, ours.text
     assert "greedy" in ours.json()["error"]["message"]
+
+
+async def test_streamed_n_choices_match_vllm_serve(vllm: Vllm, nursery) -> None:
+    body = completion("Stream three", max_tokens=12, temperature=0.9, seed=5, n=3, stream=True)
+
+    async def streamed(url: str) -> dict[int, tuple[str, str | None]]:
+        texts: dict[int, str] = {}
+        finishes: dict[int, str | None] = {}
+        async with (
+            client(url) as http,
+            http.stream("POST", COMPLETIONS, json={"model": MODEL, **body}) as response,
+        ):
+            assert response.status_code == 200
+            async for line in response.aiter_lines():
+                if line.startswith("data: {"):
+                    for choice in json.loads(line[6:])["choices"]:
+                        i = choice["index"]
+                        texts[i] = texts.get(i, "") + (choice.get("text") or "")
+                        finishes[i] = choice.get("finish_reason") or finishes.get(i)
+        return {i: (texts[i], finishes[i]) for i in texts}
+
+    frontend = await frontend_on(nursery, vllm)
+    ours = await streamed(frontend.url)
+    assert ours == await streamed(vllm.reference_url)
+    assert sorted(ours) == [0, 1, 2]

@@ -19,7 +19,7 @@ from .auth import ApiKeys, header_values, select_subprotocol
 from .cors import CorsPolicy
 from .errors import HTTPError
 from .exchange import JSON_HEADERS, ClientGone, Exchange, Receive, Send, ServerState
-from .fanout import run_group
+from .fanout import StreamingGroup, run_group
 from .forms import JSON, MULTIPART, URLENCODED, Body, read_body
 from .lifecycle import Registry, RequestHandle, run_generation
 from .media import MediaFetcher
@@ -337,12 +337,22 @@ class App:
         generation = await resolve_chat_media(generation, self.media_fetcher())
         fmt = generation.stream_format()
         if generation.n > 1:
+            submits = generation.choices()
+            stream = None
+            if generation.stream:
+                formats = [generation.stream_format() for _ in submits]
+                for index, choice_format in enumerate(formats):
+                    choice_format.index = index
+                stream = StreamingGroup(exchange, formats, generation.include_usage)
 
             async def answer(collected: list[Collected]) -> None:
+                if stream is not None:
+                    await stream.finish(collected)
+                    return
                 choices = [("".join(c.text), c.finish_reason, c.usage) for c in collected]
                 await exchange.respond(200, fmt.complete_choices(choices), JSON_HEADERS)
 
-            await run_group(self, exchange, generation.choices(), capability, timeout, answer)
+            await run_group(self, exchange, submits, capability, timeout, answer, stream=stream)
             return
         if generation.stream:
             writer: Writer = SSEWriter(exchange, fmt)

@@ -1,4 +1,4 @@
-"""One client request served by several engine requests (``n`` images).
+"""One client request served by several engine requests (``n`` images, ``n`` choices).
 
 Each engine request runs through :func:`~trioserve.http.lifecycle.run_generation` as usual
 (its own cancel scope, subscription and one abort); the group adds what they share:
@@ -19,11 +19,22 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 
-from ..protocol import Submit
+from ..protocol import OutputItem, Submit, Usage
 from .errors import HTTPError
 from .exchange import Exchange
 from .lifecycle import RequestHandle, run_generation
-from .writers import Collected, CollectingWriter
+from .openai_api import StreamFormat
+from .writers import (
+    SSE_DONE,
+    SSE_EVENT,
+    SSE_HEADERS,
+    Collected,
+    CollectingWriter,
+    Writer,
+    engine_error,
+    stream_body,
+    text_of,
+)
 
 if TYPE_CHECKING:
     from .app import App
@@ -67,11 +78,7 @@ class _MemberWriter(CollectingWriter):
         self.group = group
 
     async def fail(self, error: HTTPError) -> None:
-        if self.result.error is None:
-            self.result.error = error
-            for i, member in enumerate(self.group.members):
-                if i != self.index:
-                    member.end("abandoned")
+        _first_failure(self.result, error, self.group, self.index)
 
 
 async def run_group(
@@ -81,9 +88,13 @@ async def run_group(
     capability: str,
     timeout: float,
     answer: Callable[[list[Collected]], Awaitable[None]],
+    *,
+    stream: StreamingGroup | None = None,
 ) -> None:
     """Run ``submits`` at once; ``answer`` gets every member's output if all succeed,
-    else the client gets the first failure (unless it has gone)."""
+    else the client gets the first failure (unless it has gone). With ``stream``, the
+    members' chunks go to the client as they come (see :class:`StreamingGroup`), and the
+    failure, if the response has begun, is its last event."""
     owner = exchange.key_index
     group = GroupHandle(exchange.request_id, owner=owner)
     group.members = [RequestHandle(submit.request_id, owner=owner) for submit in submits]
@@ -99,8 +110,13 @@ async def run_group(
             nursery.start_soon(watch)
             async with trio.open_nursery() as members:
                 for index, submit in enumerate(submits):
+                    writer: Writer = (
+                        _MemberWriter(exchange, result, index, group)
+                        if stream is None
+                        else _StreamingMember(stream, result, index, group)
+                    )
                     members.start_soon(
-                        _member, app, submit, capability, timeout, group, result, index, exchange
+                        _member, app, submit, capability, timeout, group, result, index, writer
                     )
             nursery.cancel_scope.cancel()
     finally:
@@ -108,7 +124,10 @@ async def run_group(
     if group.end_reason == "disconnect":
         return
     if result.error is not None:
-        await exchange.respond_error(result.error)
+        if stream is not None:
+            await stream.fail(result.error)
+        else:
+            await exchange.respond_error(result.error)
         return
     collected = [c for c in result.collected if c is not None]
     if len(collected) == len(submits):
@@ -124,7 +143,7 @@ async def _member(
     group: GroupHandle,
     result: GroupResult,
     index: int,
-    exchange: Exchange,
+    writer: Writer,
 ) -> None:
     try:
         await run_generation(
@@ -132,7 +151,7 @@ async def _member(
             registry=app.registry,
             submit=submit,
             capability=capability,
-            writer=_MemberWriter(exchange, result, index, group),
+            writer=writer,
             timeout=timeout,
             buffer=app.settings.stream_buffer,
             handle=group.members[index],
@@ -141,3 +160,85 @@ async def _member(
         if result.error is None:
             result.error = error
         group.end("abandoned")
+
+
+@attrs.define(eq=False)
+class StreamingGroup:
+    """The response that ``n`` streamed choices share: one chunk format per choice
+    (its ``index``), one lock so that chunks leave whole, and the end: the usage chunk
+    if asked for (the prompt counted once, the completions summed), then ``[DONE]``."""
+
+    exchange: Exchange
+    formats: list[StreamFormat]
+    include_usage: bool
+    lock: trio.Lock = attrs.Factory(trio.Lock)
+
+    async def send(self, data: bytes) -> None:
+        async with self.lock:
+            await stream_body(self.exchange, SSE_HEADERS, data, more=True)
+
+    async def finish(self, collected: list[Collected]) -> None:
+        out = []
+        if self.include_usage and collected[0].usage is not None:
+            prompt = collected[0].usage.prompt_tokens
+            completion = sum(c.usage.completion_tokens for c in collected if c.usage)
+            out += (b"data: ", self.formats[0].usage(Usage(prompt, completion)), b"\n\n")
+        async with self.lock:
+            await stream_body(self.exchange, SSE_HEADERS, b"".join([*out, SSE_DONE]), more=False)
+
+    async def fail(self, error: HTTPError) -> None:
+        """The group's failure: its own status if nothing was sent, else the last event
+        (as ``SSEWriter.fail``)."""
+        async with self.lock:
+            if not self.exchange.started:
+                await self.exchange.respond_error(error)
+            else:
+                await self.exchange.body(b"data: " + error.body() + b"\n\n", more=False)
+
+
+class _StreamingMember:
+    """One choice of a streamed ``n`` > 1 answer: its deltas and finish go out as they
+    come, tagged with its index; what the group's end needs is kept in the result."""
+
+    def __init__(
+        self, stream: StreamingGroup, result: GroupResult, index: int, group: GroupHandle
+    ) -> None:
+        self.stream = stream
+        self.fmt = stream.formats[index]
+        self.result = result
+        self.index = index
+        self.group = group
+
+    async def write(self, batch: list[OutputItem]) -> bool:
+        fmt = self.fmt
+        out: list[bytes] = []
+        done = False
+        for item in batch:
+            if item.error is not None:
+                if out:
+                    await self.stream.send(b"".join(out))
+                raise engine_error(item)
+            if item.data:
+                out.append(fmt.delta(text_of(item.data), SSE_EVENT))
+            if item.finish_reason is not None:
+                out += (b"data: ", fmt.finish(item.finish_reason), b"\n\n")
+                self.result.collected[self.index] = Collected(
+                    finish_reason=item.finish_reason, usage=item.usage
+                )
+                done = True
+                break
+        if out:
+            await self.stream.send(b"".join(out))
+        return done
+
+    async def fail(self, error: HTTPError) -> None:
+        _first_failure(self.result, error, self.group, self.index)
+
+
+def _first_failure(result: GroupResult, error: HTTPError, group: GroupHandle, index: int) -> None:
+    """The first member to fail ends the others; its error is the group's answer."""
+    if result.error is None:
+        result.error = error
+        for i, member in enumerate(group.members):
+            if i != index:
+                member.end("abandoned")

@@ -383,8 +383,8 @@ def parse_generation(
         submit = completion_submit(request_id, resolve_model(req.model), req, body)
     options = req.stream_options
     n = req.n or 1
-    if n > 1 and (req.stream or streamed):
-        raise invalid([{"loc": "$.n", "msg": "n > 1 is answered as JSON only, not streamed, yet"}])
+    if n > 1 and streamed:
+        raise invalid([{"loc": "$.n", "msg": "n > 1 is not served over the WebSocket yet"}])
     if n > 1 and submit.params.get("logprobs") not in (None, False):
         raise invalid([{"loc": "$.n", "msg": "n > 1 with logprobs is not served yet"}])
     include_usage = bool(options and options.include_usage)
@@ -446,6 +446,8 @@ class StreamFormat:
         )
         #: Whether the first delta (the one that names the role) has been sent.
         self.started = False
+        #: The choice these chunks are of (``n`` > 1 streams one format per choice).
+        self.index = 0
         #: Whether the request asked for log probabilities: its deltas carry them, and
         #: take :meth:`delta_with_logprobs` (writers give such streams no fast path).
         self.with_logprobs = False
@@ -461,13 +463,13 @@ class StreamFormat:
     @functools.cached_property
     def _prefix(self) -> bytes:
         if self.kind == "chat":
-            return self._head + b'[{"index":0,"delta":{"content":'
-        return self._head + b'[{"index":0,"text":'
+            return self._head + b'[{"index":%d,"delta":{"content":' % self.index
+        return self._head + b'[{"index":%d,"text":' % self.index
 
     @functools.cached_property
     def _first_prefix(self) -> bytes:
         if self.kind == "chat":
-            return self._head + b'[{"index":0,"delta":{"role":"assistant","content":'
+            return self._head + b'[{"index":%d,"delta":{"role":"assistant","content":' % self.index
         return self._prefix
 
     def prepare(self) -> None:
@@ -494,9 +496,13 @@ class StreamFormat:
             delta: dict[str, Any] = {"content": text}
             if not self.started:
                 delta = {"role": "assistant", **delta}
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": {"content": logprobs}}
+            choice: dict[str, Any] = {
+                "index": self.index,
+                "delta": delta,
+                "logprobs": {"content": logprobs},
+            }
         else:
-            choice = {"index": 0, "text": text, "logprobs": logprobs}
+            choice = {"index": self.index, "text": text, "logprobs": logprobs}
         choice["finish_reason"] = None
         self.started = True
         before, after = frame
@@ -504,9 +510,9 @@ class StreamFormat:
 
     def finish(self, reason: str) -> bytes:
         if self.kind == "chat":
-            choice = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}
+            choice = {"index": self.index, "delta": {}, "logprobs": None, "finish_reason": reason}
         else:
-            choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": reason}
+            choice = {"index": self.index, "text": "", "logprobs": None, "finish_reason": reason}
         return self._head + _dumps([choice]) + b"}"
 
     def usage(self, usage: Usage | None) -> bytes:
