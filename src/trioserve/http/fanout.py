@@ -178,7 +178,7 @@ class StreamingGroup:
             await stream_body(self.exchange, SSE_HEADERS, data, more=True)
 
     async def finish(self, collected: list[Collected]) -> None:
-        out = []
+        out: list[bytes] = []
         if self.include_usage and collected[0].usage is not None:
             prompt = collected[0].usage.prompt_tokens
             completion = sum(c.usage.completion_tokens for c in collected if c.usage)
