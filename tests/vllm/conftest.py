@@ -53,6 +53,10 @@ VLLM_OPTIONS = [
     "--max-num-seqs",
     "64",
 ]
+#: Seconds of frontend silence before the session's engine reclaims its requests, and of
+#: engine silence before a test's frontend gives up on it: generous, since two cores
+#: running vLLM next to the tests can starve either side for seconds.
+FRONTEND_TIMEOUT = 10.0
 #: Seconds a vLLM process may take to start (a guard against hangs, not a measurement).
 START_GUARD = 600.0
 
@@ -174,7 +178,8 @@ def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vllm]:
     engine = start(
         python,
         ["-m", "trioserve", "engine", "vllm", str(model_dir), "--bind", address]
-        + ["--metrics-port", str(metrics_port), "--frontend-timeout", "3", *VLLM_OPTIONS],
+        + ["--metrics-port", str(metrics_port), "--frontend-timeout", str(FRONTEND_TIMEOUT)]
+        + VLLM_OPTIONS,
         where / "engine.log",
     )
     reference = start(
@@ -199,3 +204,35 @@ def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vllm]:
     finally:
         engine.stop()
         reference.stop()
+
+
+@attrs.define
+class SecondEngine:
+    address: str
+    metrics_url: str
+
+    def running(self) -> float:
+        """vLLM's own running count, from this engine's metrics."""
+        with urllib.request.urlopen(self.metrics_url, timeout=10) as response:
+            text = response.read().decode()
+        match = re.search(r"^vllm:num_requests_running\{[^}]*\} ([0-9.]+)$", text, re.M)
+        assert match, text[:500]
+        return float(match[1])
+
+
+@pytest.fixture(scope="session")
+def second_vllm_engine(vllm: Vllm, tmp_path_factory: pytest.TempPathFactory):
+    """Another `trioserve engine vllm` on the same model, for routing between engines."""
+    engine_port, metrics_port = free_port(), free_port()
+    address = f"tcp://127.0.0.1:{engine_port}"
+    engine = start(
+        vllm.python,
+        ["-m", "trioserve", "engine", "vllm", str(vllm.model_dir), "--bind", address]
+        + ["--metrics-port", str(metrics_port), *VLLM_OPTIONS],
+        tmp_path_factory.mktemp("vllm-second") / "engine.log",
+    )
+    try:
+        engine.wait_for(lambda: "vLLM engine serving" in engine.output(), "the second engine")
+        yield SecondEngine(address, f"http://127.0.0.1:{metrics_port}/metrics")
+    finally:
+        engine.stop()

@@ -11,7 +11,7 @@ import trio
 from tests.conftest import HANG_GUARD, start_frontend
 from trioserve.http.openai_api import merge_logprobs
 
-from .conftest import MODEL, Vllm
+from .conftest import FRONTEND_TIMEOUT, MODEL, Vllm
 
 #: An answer that runs for seconds on the tiny model.
 MAX_TOKENS = 4000
@@ -52,7 +52,9 @@ async def running_in_vllm(vllm: Vllm, count: int = 1) -> None:
 
 async def frontend_on(nursery: trio.Nursery, vllm: Vllm, **settings: object):
     """A trioserve frontend (in-process, built-in server) on the session's vLLM engine."""
-    return await start_frontend(nursery, None, engines=[vllm.address], **settings)
+    settings.setdefault("engines", [vllm.address])
+    settings.setdefault("heartbeat_timeout", FRONTEND_TIMEOUT)
+    return await start_frontend(nursery, None, **settings)
 
 
 def client(url: str) -> httpx.AsyncClient:
