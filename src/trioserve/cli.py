@@ -18,9 +18,10 @@ import shlex
 import signal
 import sys
 import tempfile
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
@@ -31,9 +32,11 @@ log = logging.getLogger("trioserve")
 
 DEFAULTS = Settings()
 
+_Number = TypeVar("_Number", int, float)
 
-def _positive(kind: type) -> object:
-    def parse(text: str) -> float:
+
+def _positive(kind: type[_Number]) -> Callable[[str], _Number]:
+    def parse(text: str) -> _Number:
         value = kind(text)
         if value <= 0:
             raise argparse.ArgumentTypeError(f"must be positive, got {text}")

@@ -760,10 +760,10 @@ class _HTTPExchange:
             try:
                 if self._fault is not None:
                     raise self._fault
-                with trio.move_on_at(self.body_deadline_at) as total:
+                with trio.move_on_at(self.body_deadline_at):
                     while (message := self._body_received()) is None:
                         await connection.fill()
-                if total.cancelled_caught:
+                if message is None:  # the body deadline passed
                     await self._body_too_slow(self._deadline_reason())
                     return {"type": "http.disconnect"}
             except ProtocolError as exc:
@@ -956,6 +956,7 @@ class _WebSocketConnection:
                         return {"type": "websocket.disconnect", "code": 1009}
                     if event.message_finished:
                         parts, self._message, self._message_size = self._message, [], 0
+                        # (A message's parts are all str, or all bytes, as wsproto gives.)
                         if isinstance(event, ws_events.TextMessage):
                             return {"type": "websocket.receive", "text": "".join(parts)}  # type: ignore[arg-type]
                         return {"type": "websocket.receive", "bytes": b"".join(parts)}  # type: ignore[arg-type]

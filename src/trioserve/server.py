@@ -94,8 +94,10 @@ async def serve_frontend(
 
             async def serve_http(task_status: trio.TaskStatus[list[str]]) -> None:
                 if settings.server == "hypercorn":
+                    # App speaks ASGI in plain dicts; hypercorn types each message as a
+                    # TypedDict, which no callable taking dict[str, Any] matches.
                     await hypercorn_serve(
-                        app,
+                        app,  # type: ignore[arg-type]
                         hypercorn_config(settings),
                         shutdown_trigger=drain.stop_accepting.wait,
                         task_status=task_status,
