@@ -195,3 +195,16 @@ async def read_until(stream: trio.SocketStream, marker: bytes) -> bytes:
                 break
             data += chunk
     return data
+
+
+async def read_to_end(stream: trio.SocketStream) -> bytes:
+    """Everything the peer sends until it closes (or resets) the connection."""
+    received = b""
+    while True:
+        try:
+            chunk = await stream.receive_some(65536)
+        except trio.BrokenResourceError:
+            return received
+        if not chunk:
+            return received
+        received += chunk

@@ -12,7 +12,7 @@ import json
 import pytest
 import trio
 
-from tests.conftest import HANG_GUARD, Frontend, start_engine, start_frontend
+from tests.conftest import HANG_GUARD, Frontend, read_to_end, start_engine, start_frontend
 
 KEY = b"AQIDBAUGBwgJCgsMDQ4PEA=="
 
@@ -24,16 +24,8 @@ async def exchange(frontend: Frontend, data: bytes) -> bytes:
         await stream.send_all(data)
     except trio.BrokenResourceError:
         pass  # the server answered and closed before taking all of it
-    received = b""
     with trio.fail_after(HANG_GUARD):
-        while True:
-            try:
-                chunk = await stream.receive_some(65536)
-            except trio.BrokenResourceError:
-                break
-            if not chunk:
-                break
-            received += chunk
+        received = await read_to_end(stream)
     await stream.aclose()
     return received
 

@@ -20,7 +20,7 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import HANG_GUARD
+from tests.conftest import HANG_GUARD, read_to_end
 from trioserve import http1
 from trioserve.h11_server import H11Config, serve_h11
 
@@ -250,7 +250,6 @@ async def check_server(port: int, pieces: list[bytes], faults: _Faults) -> None:
     """Send ``pieces`` on one connection and end our side; then a normal request on a new
     connection is answered 200. No 5xx on the first, no fault logged."""
     stream = await trio.open_tcp_stream("127.0.0.1", port)
-    received = b""
     with trio.fail_after(HANG_GUARD):
         try:
             for piece in pieces:
@@ -259,14 +258,7 @@ async def check_server(port: int, pieces: list[bytes], faults: _Faults) -> None:
             await stream.send_eof()
         except trio.BrokenResourceError:
             pass  # the server answered and closed first
-        while True:
-            try:
-                chunk = await stream.receive_some(65536)
-            except trio.BrokenResourceError:
-                break
-            if not chunk:
-                break
-            received += chunk
+        received = await read_to_end(stream)
     await stream.aclose()
     head = received.partition(b"\r\n\r\n")[0]  # the first answer (a WebSocket: frames follow)
     for line in (
