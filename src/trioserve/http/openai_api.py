@@ -521,51 +521,43 @@ class StreamFormat:
     def complete_choices(self, choices: list[tuple[str, str | None, Usage | None]]) -> bytes:
         """The whole non-streaming body of ``n`` choices, each (text, finish reason,
         usage): the prompt counted once, as vLLM does, the completions summed."""
-        body = json.loads(self.complete(choices[0][0], choices[0][1], choices[0][2]))
-        template = body["choices"][0]
-        body["choices"] = []
-        completion_tokens = 0
-        for index, (text, finish_reason, usage) in enumerate(choices):
-            choice = {**template, "index": index, "finish_reason": finish_reason}
-            if self.kind == "chat":
-                choice["message"] = {"role": "assistant", "content": text}
-            else:
-                choice["text"] = text
-            body["choices"].append(choice)
-            completion_tokens += usage.completion_tokens if usage is not None else 0
         first = choices[0][2]
+        usage = None
         if first is not None:
-            body["usage"] = usage_dict(Usage(first.prompt_tokens, completion_tokens))
-        return _dumps(body)
+            completion = sum(u.completion_tokens for _, _, u in choices if u is not None)
+            usage = Usage(first.prompt_tokens, completion)
+        return self._body(
+            [self._choice(i, text, finish, None) for i, (text, finish, _) in enumerate(choices)],
+            usage,
+        )
 
     def complete(
         self, text: str, finish_reason: str | None, usage: Usage | None, logprobs: Any = None
     ) -> bytes:
         """The whole non-streaming response body (``logprobs``: every delta's, merged
         with :func:`merge_logprobs`)."""
+        return self._body([self._choice(0, text, finish_reason, logprobs)], usage)
+
+    def _choice(
+        self, index: int, text: str, finish_reason: str | None, logprobs: Any
+    ) -> dict[str, Any]:
         if self.kind == "chat":
-            choice: dict[str, Any] = {
-                "index": 0,
+            return {
+                "index": index,
                 "message": {"role": "assistant", "content": text},
                 "logprobs": None if logprobs is None else {"content": logprobs},
                 "finish_reason": finish_reason,
             }
-            obj = "chat.completion"
-        else:
-            choice = {
-                "index": 0,
-                "text": text,
-                "logprobs": logprobs,
-                "finish_reason": finish_reason,
-            }
-            obj = "text_completion"
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+
+    def _body(self, choices: list[dict[str, Any]], usage: Usage | None) -> bytes:
         return _dumps(
             {
                 "id": self.id,
-                "object": obj,
+                "object": "chat.completion" if self.kind == "chat" else "text_completion",
                 "created": self.created,
                 "model": self.model,
-                "choices": [choice],
+                "choices": choices,
                 "usage": usage_dict(usage),
             }
         )
