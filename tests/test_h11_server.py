@@ -17,7 +17,7 @@ import trio
 import wsproto
 import wsproto.events as ws_events
 
-from tests.conftest import HANG_GUARD, start_engine, start_frontend, wait_until
+from tests.conftest import HANG_GUARD, read_to_end, start_engine, start_frontend, wait_until
 from trioserve import h11_server
 from trioserve.cli import build_parser
 from trioserve.config import Settings
@@ -254,10 +254,8 @@ async def test_a_body_shorter_than_its_content_length_ends_the_connection(nurser
     port, _ = await serve(nursery, app=bad_header_app, keep_alive_timeout=3600)
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     await stream.send_all(get("/short"))
-    data = b""
     with trio.fail_after(HANG_GUARD):
-        while chunk := await stream.receive_some(65536):
-            data += chunk
+        data = await read_to_end(stream)
     # The client can tell the body is cut short: the connection closed before 10 bytes.
     assert data.startswith(b"HTTP/1.1 200") and data.endswith(b"\r\n\r\nshort")
 
@@ -447,10 +445,8 @@ async def test_a_failure_after_an_answer_began_closes_only_that_connection(
     monkeypatch.setattr(h11_server._HTTPConnection, "_next_cycle", failing_cycle)
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     await stream.send_all(get("/one"))
-    data = b""
     with trio.fail_after(HANG_GUARD):
-        while chunk := await stream.receive_some(65536):
-            data += chunk
+        data = await read_to_end(stream)
     assert data.startswith(b"HTTP/1.1 200") and data.count(b"HTTP/1.1 ") == 1
     assert len(tracebacks(caplog)) == 1
     monkeypatch.undo()
@@ -470,10 +466,8 @@ async def test_an_early_answer_to_a_body_never_sent_closes_the_connection(nurser
     port, _ = await serve(nursery, app=early_app, keep_alive_timeout=3600, body_preread_bytes=0)
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     await stream.send_all(b"POST /nowhere HTTP/1.1\r\nhost: x\r\ncontent-length: 100000\r\n\r\n")
-    data = b""
     with trio.fail_after(HANG_GUARD):
-        while chunk := await stream.receive_some(65536):
-            data += chunk
+        data = await read_to_end(stream)
     head, _, body = data.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 404") and b"\r\nconnection: close" in head
     assert body == b"no"
