@@ -17,14 +17,14 @@ import trio
 
 from trioserve.config import Settings
 from trioserve.sdk import MockBackend, TrioEngine, serve_engine
-from trioserve.server import serve_frontend
+from trioserve.server.frontend import serve_frontend
 
 #: Ceiling for waiting on an effect that must happen; hitting it is a failure, not a timing.
 HANG_GUARD = 20.0
 
 #: Both HTTP servers must pass the same HTTP test suite.
-SERVERS = ["h11", "hypercorn"]
-_current_server = {"name": "h11"}
+SERVERS = ["builtin", "hypercorn"]
+_current_server = {"name": "builtin"}
 
 
 @pytest.fixture(params=SERVERS)
@@ -32,7 +32,7 @@ def http_server(request: pytest.FixtureRequest) -> str:
     """Run the test once per HTTP server (the frontends it starts use that server)."""
     _current_server["name"] = request.param
     yield request.param
-    _current_server["name"] = "h11"
+    _current_server["name"] = "builtin"
 
 
 async def wait_until(condition: Callable[[], bool], what: str = "condition") -> None:

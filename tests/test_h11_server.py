@@ -18,11 +18,11 @@ import wsproto
 import wsproto.events as ws_events
 
 from tests.conftest import HANG_GUARD, read_to_end, start_engine, start_frontend, wait_until
-from trioserve import h11_server
 from trioserve.cli import build_parser
 from trioserve.config import Settings
-from trioserve.h11_server import H11Config, serve_h11
-from trioserve.server import h11_config
+from trioserve.server.frontend import http1_config
+from trioserve.server.http1 import serve as h11_server
+from trioserve.server.http1.serve import Http1Config, serve_http1
 
 
 async def echo_app(scope, receive, send):
@@ -65,7 +65,7 @@ echo_app.disconnects = 0
 async def serve(nursery: trio.Nursery, app=echo_app, **config: object) -> tuple[int, trio.Event]:
     stop = trio.Event()
     [url] = await nursery.start(
-        partial(serve_h11, app, "127.0.0.1", 0, config=H11Config(**config), stop_accepting=stop)
+        partial(serve_http1, app, "127.0.0.1", 0, config=Http1Config(**config), stop_accepting=stop)
     )
     return int(url.rsplit(":", 1)[1]), stop
 
@@ -320,7 +320,7 @@ async def test_stop_accepting_refuses_new_connections_and_closes_idle_ones(nurse
 
 async def test_a_websocket_peer_that_stops_answering_pings_is_gone(nursery):
     engine = await start_engine(nursery)
-    frontend = await start_frontend(nursery, engine, server="h11", ws_ping_interval=0.1)
+    frontend = await start_frontend(nursery, engine, server="builtin", ws_ping_interval=0.1)
     stream = await trio.open_tcp_stream(frontend.host, frontend.port)
     ws = wsproto.WSConnection(wsproto.ConnectionType.CLIENT)
     await stream.send_all(ws.send(ws_events.Request(host="x", target="/v1/ws")))
@@ -367,7 +367,7 @@ async def test_a_request_pipelined_behind_a_stream_is_not_a_disconnect(nursery):
     # The server watches in-flight clients for hang-ups, not for data: a next request
     # sent before the stream ends must neither end the stream nor be lost.
     engine = await start_engine(nursery)
-    frontend = await start_frontend(nursery, engine, server="h11")
+    frontend = await start_frontend(nursery, engine, server="builtin")
     body = json.dumps(
         {
             "messages": [{"role": "user", "content": "hi"}],
@@ -400,7 +400,7 @@ async def test_a_request_pipelined_behind_a_stream_is_not_a_disconnect(nursery):
 
 
 def tracebacks(caplog) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.name == "trioserve.h11" and r.exc_info]
+    return [r for r in caplog.records if r.name == "trioserve.http1" and r.exc_info]
 
 
 async def test_a_failure_before_any_answer_is_a_500_and_the_server_goes_on(
@@ -571,7 +571,7 @@ async def test_accept_out_of_descriptors_logs_one_line_and_the_server_recovers(
 def test_the_bounds_reach_the_server_from_the_settings_and_the_cli(monkeypatch):
     args = build_parser().parse_args(["run", "--max-connections", "5", "--body-deadline", "7"])
     assert (args.max_connections, args.body_deadline) == (5, 7)
-    config = h11_config(
+    config = http1_config(
         Settings(max_connections=5, body_deadline=7, body_timeout=3, max_body_bytes=1000)
     )
     assert (config.max_connections, config.body_deadline, config.body_timeout) == (5, 7, 3)

@@ -9,8 +9,8 @@ import pytest
 import trio
 
 from tests.conftest import HANG_GUARD, wait_until
-from trioserve import hangups
-from trioserve.hangups import HangupWatcher
+from trioserve.server.http1 import hangups
+from trioserve.server.http1.hangups import HangupWatcher
 
 pytestmark = pytest.mark.skipif(not hangups.available(), reason="epoll is Linux-only")
 

@@ -161,7 +161,7 @@ async def test_slow_bodies_hold_no_admission_slot_and_end_with_408(nursery):
     # meanwhile, and the total deadline ends them.
     engine = await start_engine(nursery)
     frontend = await start_frontend(
-        nursery, engine, server="h11", max_concurrent_requests=2, body_deadline=2.0
+        nursery, engine, server="builtin", max_concurrent_requests=2, body_deadline=2.0
     )
     head = (
         b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from trioserve import http1
-from trioserve.http1 import CLOSED, END, NEED_DATA, ProtocolError, Request
+from trioserve.server.http1 import protocol as http1
+from trioserve.server.http1.protocol import CLOSED, END, NEED_DATA, ProtocolError, Request
 
 
 def events(parser: http1.RequestParser) -> list[object]:

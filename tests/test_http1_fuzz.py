@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import HANG_GUARD, read_to_end
-from trioserve import http1
-from trioserve.h11_server import H11Config, serve_h11
+from trioserve.server.http1 import protocol as http1
+from trioserve.server.http1.serve import Http1Config, serve_http1
 
 # -- generated requests ------------------------------------------------------------------
 
@@ -281,15 +281,15 @@ def run_server_check(pieces: list[bytes]) -> None:
     """One example against a server of its own (trio.run per example: hypothesis drives
     synchronous tests)."""
     faults = _Faults()
-    logger = logging.getLogger("trioserve.h11")
+    logger = logging.getLogger("trioserve.http1")
     logger.addHandler(faults)
 
     async def main() -> None:
         stop = trio.Event()
-        config = H11Config(header_timeout=5, body_deadline=5, ws_ping_interval=0)
+        config = Http1Config(header_timeout=5, body_deadline=5, ws_ping_interval=0)
         async with trio.open_nursery() as nursery:
             [url] = await nursery.start(
-                lambda task_status: serve_h11(
+                lambda task_status: serve_http1(
                     fuzz_app,
                     "127.0.0.1",
                     0,

@@ -18,11 +18,11 @@ from trio_websocket import open_websocket_url
 
 from tests.conftest import HANG_GUARD, start_engine, start_frontend, wait_until
 from tests.test_h11_server import echo_app, get
-from trioserve import tls
 from trioserve.cli import main
 from trioserve.config import Settings
-from trioserve.h11_server import H11Config, serve_h11
 from trioserve.sdk.mock import expected_text
+from trioserve.server import tls
+from trioserve.server.http1.serve import Http1Config, serve_http1
 
 CHAT = {"model": "mock", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 5}
 LONG = {"messages": [{"role": "user", "content": "go on"}], "max_tokens": 100_000, "stream": True}
@@ -186,7 +186,7 @@ async def test_plain_http_to_the_tls_port_is_refused_and_the_server_goes_on(
         await stream.aclose()
     assert b"HTTP/1.1" not in answer  # no answer in clear text, whatever the alert
     assert await served(frontend, certs.client_context())
-    if http_server == "h11":
+    if http_server == "builtin":
         assert any("TLS handshake" in r.getMessage() for r in caplog.records)
         no_tracebacks(caplog)
 
@@ -224,7 +224,7 @@ async def test_mtls_required_refuses_missing_untrusted_and_expired_certificates(
     async with client(frontend, good) as http:
         answer = await http.post("/v1/chat/completions", json={**CHAT, "stream": True})
     assert answer.text.endswith("data: [DONE]\n\n")
-    if http_server == "h11":
+    if http_server == "builtin":
         failed = [r for r in caplog.records if "TLS handshake" in r.getMessage()]
         assert len(failed) == 3
         no_tracebacks(caplog)
@@ -273,11 +273,11 @@ async def serve_tls(nursery, certs: Certificates, **config: object) -> tuple[int
     context = tls.server_context(Settings(**certs.server_options()))  # type: ignore[arg-type]
     [url] = await nursery.start(
         partial(
-            serve_h11,
+            serve_http1,
             echo_app,
             "127.0.0.1",
             0,
-            config=H11Config(**config),
+            config=Http1Config(**config),
             ssl_context=context,
             stop_accepting=stop,
         )

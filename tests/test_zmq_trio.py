@@ -9,7 +9,7 @@ import trio
 import zmq
 
 from tests.conftest import HANG_GUARD, SlowFlood, check_many_senders, wait_until
-from trioserve.zmq_trio import ZmqPump
+from trioserve.transport.zmq_pump import ZmqPump
 
 
 @pytest.fixture

@@ -11,9 +11,9 @@ import trio
 import zmq
 
 from tests.conftest import HANG_GUARD, SlowFlood, check_many_senders, wait_until
-from trioserve import zmtp
-from trioserve.zmq_trio import ZmqPump
-from trioserve.zmtp import ZmtpDealer, parse_address
+from trioserve.transport import zmtp
+from trioserve.transport.zmq_pump import ZmqPump
+from trioserve.transport.zmtp import ZmtpDealer, parse_address
 
 IDENTITY = b"frontend-test"
 
@@ -297,7 +297,7 @@ async def test_a_peer_we_cannot_talk_to_is_named_in_the_log(
     port = peer.bind_to_random_port("tcp://127.0.0.1")
     dealer = ZmtpDealer(f"tcp://127.0.0.1:{port}", IDENTITY, lambda frames: None)
     nursery.start_soon(dealer.run)
-    with caplog.at_level(logging.WARNING, logger="trioserve.zmtp"):
+    with caplog.at_level(logging.WARNING, logger="trioserve.transport.zmtp"):
         await wait_until(lambda: expected in caplog.text, expected)
         await trio.sleep(5 * zmtp.RECONNECT_INTERVAL)  # more attempts, no more warnings
     assert caplog.text.count(expected) == 1

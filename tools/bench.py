@@ -35,7 +35,7 @@ in the JSON (``meta.logs``).
 
     python tools/bench.py                          # the full run (about 19 minutes, 11 capacity)
     python tools/bench.py --quick                  # a seconds-long smoke run
-    python tools/bench.py --trioserve-args "--server h11" --trioserve-args "--server hypercorn"
+    python tools/bench.py --trioserve-args "--server builtin" --trioserve-args "--server hypercorn"
     python tools/bench.py --json figures.json --write-docs docs/benchmarks.md
 
 All traffic is on 127.0.0.1; every step is bounded in time.

@@ -28,8 +28,8 @@ import uuid
 import trio
 
 from trioserve.engine import EngineClient, open_engine_client
-from trioserve.http1 import LAST_CHUNK, chunk
 from trioserve.protocol import Submit
+from trioserve.server.http1.protocol import LAST_CHUNK, chunk
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 NOT_PARAMS = frozenset({"model", "messages", "stream", "stream_options"})

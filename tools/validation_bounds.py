@@ -27,7 +27,7 @@ import trio
 from trioserve.config import Settings
 from trioserve.http.openai_api import MAX_CONTENT_PARTS, MAX_CONTENT_PARTS_TOTAL, MAX_MESSAGES
 from trioserve.http.validation import MAX_JSON_COMMAS
-from trioserve.server import serve_frontend
+from trioserve.server.frontend import serve_frontend
 
 MAX_BODY = Settings().max_body_bytes
 USER = {"role": "user", "content": "x"}

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import trio
 
 from .config import Settings
-from .zmtp import parse_address
+from .transport.zmtp import parse_address
 
 log = logging.getLogger("trioserve")
 
@@ -44,6 +44,11 @@ def _positive(kind: type[_Number]) -> Callable[[str], _Number]:
 
     parse.__name__ = kind.__name__
     return parse
+
+
+def _server_name(value: str) -> str:
+    """``--server``: ``h11`` is the built-in server's name before it left h11 for httptools."""
+    return "builtin" if value == "h11" else value
 
 
 def _non_negative(text: str) -> float:
@@ -136,14 +141,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--body-deadline",
         type=_non_negative,
         default=DEFAULTS.body_deadline,
-        help="seconds from a request's head to the end of its body, 408 past it (h11 server; "
+        help="seconds from a request's head to the end of its body, 408 past it (built-in server; "
         "0: none)",
     )
     run.add_argument(
         "--max-connections",
         type=_non_negative,
         default=DEFAULTS.max_connections,
-        help="connections open at once; past it a new one gets 503 and is closed (h11 "
+        help="connections open at once; past it a new one gets 503 and is closed (built-in "
         "server; 0: three quarters of the open-file limit)",
     )
     run.add_argument(
@@ -243,17 +248,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--server",
-        choices=["h11", "hypercorn"],
+        type=_server_name,
+        choices=["builtin", "hypercorn"],
         default=DEFAULTS.server,
-        help="HTTP server: h11, trioserve's own lean HTTP/1.1 server (named for the parser it "
-        "began on; it parses with httptools now), or hypercorn's trio worker (adds HTTP/2 "
-        "over TLS); see docs/benchmarks.md",
+        help="HTTP server: builtin, trioserve's own lean HTTP/1.1 server (`h11` is accepted as "
+        "its old name), or hypercorn's trio worker (adds HTTP/2 over TLS); see "
+        "docs/benchmarks.md",
     )
     run.add_argument(
         "--write-timeout",
         type=_positive(float),
         default=DEFAULTS.write_timeout,
-        help="seconds one socket write may take before the connection is dropped (h11 "
+        help="seconds one socket write may take before the connection is dropped (built-in "
         "server; hypercorn has no such bound)",
     )
     run.add_argument(
@@ -442,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "run":
         return _run(args)
     if args.command == "client":
-        from .client import run_client
+        from .terminal_client import run_client
 
         return trio.run(
             partial(
@@ -480,7 +486,7 @@ def _tls_files_error(args: argparse.Namespace, settings: Settings) -> str | None
         return None
     import ssl
 
-    from . import tls
+    from .server import tls
 
     for option in ("ssl_certfile", "ssl_keyfile", "ssl_ca_certs"):
         path = getattr(args, option)
@@ -520,7 +526,7 @@ def _run(args: argparse.Namespace) -> int:
     if tls_error:
         log.error("%s", tls_error)
         return 2
-    from .server import serve_frontend
+    from .server.frontend import serve_frontend
 
     settings = Settings(
         host=args.host,
@@ -681,7 +687,7 @@ class ChildEngine:
         self.status = 0
 
     async def serve(self, settings: Settings) -> None:
-        from .server import serve_frontend
+        from .server.frontend import serve_frontend
 
         # A session of its own: a Ctrl-C at the terminal reaches the frontend only,
         # which drains first and stops the engine last.

@@ -21,9 +21,9 @@ class Settings:
     #: Seconds a request body may stall between two pieces (408 past it; 0: no limit).
     body_timeout: float = 30.0
     #: Seconds from a request's head to the end of its body (408 past it; 0: no limit;
-    #: h11 server).
+    #: built-in server).
     body_deadline: float = 120.0
-    #: Connections open at once (h11 server; past it, 503 and close; 0: three quarters
+    #: Connections open at once (built-in server; past it, 503 and close; 0: three quarters
     #: of the descriptor limit).
     max_connections: int = 0
     #: Generation requests served at once (HTTP and WebSocket); past it, 503 at once.
@@ -42,9 +42,9 @@ class Settings:
     remote_media_max_bytes: int = 32 * 1024 * 1024
     #: Seconds one remote media fetch may take, from connect to last byte.
     remote_media_timeout: float = 10.0
-    #: The HTTP server: "h11" (trioserve's own, HTTP/1.1) or "hypercorn" (HTTP/2, TLS).
-    server: str = "h11"
-    #: Seconds one socket write may take before the connection is dropped (h11 server).
+    #: The HTTP server: "builtin" (trioserve's own, HTTP/1.1) or "hypercorn" (HTTP/2, TLS).
+    server: str = "builtin"
+    #: Seconds one socket write may take before the connection is dropped (built-in server).
     write_timeout: float = 30.0
     #: Seconds an idle keep-alive connection stays open.
     keep_alive_timeout: float = 5.0

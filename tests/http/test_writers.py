@@ -11,16 +11,16 @@ import pytest
 
 from tests.conftest import _current_server
 from tests.http.test_openai_routes import sse_events
-from trioserve import h11_server
 from trioserve.http.exchange import Exchange, ServerState
 from trioserve.http.openai_api import StreamFormat
 from trioserve.http.writers import SSE_HEADERS, SSEWriter
 from trioserve.protocol import ErrorInfo, OutputItem
 from trioserve.sdk.mock import expected_text
+from trioserve.server.http1 import serve as h11_server
 
 
 class FakeServer:
-    """The h11 server's synchronous extensions, recording what they were given."""
+    """The built-in server's synchronous extensions, recording what they were given."""
 
     def __init__(self, *, takes_start: bool = True) -> None:
         self.takes_start = takes_start
@@ -273,7 +273,7 @@ async def test_a_stream_whose_tokens_come_one_step_at_a_time(frontend, kind, tok
         assert chunks[-1]["choices"][0]["finish_reason"] == "length"
         assert text == expected_text("hi", tokens)
     # On trioserve's server both responses were started by their first token's sink.
-    assert len(starts) == (2 if _current_server["name"] == "h11" else 0)
+    assert len(starts) == (2 if _current_server["name"] == "builtin" else 0)
 
 
 @pytest.mark.parametrize("text", ["hi", "é ü", 'a"b\\c', "line\nbreak\t", "\x00\x1f", "😀", ""])

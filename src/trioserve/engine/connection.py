@@ -47,7 +47,7 @@ from ..protocol import (
     decode,
     encode,
 )
-from ..zmtp import ZmtpDealer
+from ..transport.zmtp import ZmtpDealer
 from .subscription import DEFAULT_BUFFER, Subscription
 
 log = logging.getLogger(__name__)

@@ -96,7 +96,7 @@ class Exchange:
         self.started = False
         extensions = scope.get("extensions") or {}
         self._cancel_safe = CANCEL_SAFE_SEND in extensions
-        #: The server's synchronous body send, if it has one (trioserve's h11 server).
+        #: The server's synchronous body send, if it has one (trioserve's built-in server).
         self.try_send_body = extensions.get("trioserve.try_send_body", {}).get("call")
         #: ... and its synchronous start with a first chunk (see :meth:`try_start`), with
         #: the call that frames that start ahead (see :meth:`prepare_start`).
@@ -109,7 +109,7 @@ class Exchange:
         self.receive_nowait: Callable[[], dict[str, Any] | None] | None = extensions.get(
             "trioserve.receive_nowait", {}
         ).get("call")
-        #: The server's own disconnect watch, if it has one (trioserve's h11 server on
+        #: The server's own disconnect watch, if it has one (trioserve's built-in server on
         #: Linux): ``watch_disconnect(callback)`` returns the call that stops watching.
         #: Without it, :meth:`wait_disconnect` needs a task of its own.
         self.watch_disconnect: Callable[[Callable[[], None]], Callable[[], None]] | None = (
@@ -217,7 +217,7 @@ class Exchange:
 
     def try_start(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
         """Start a chunked response with its first piece of body without awaiting, where
-        the server can (trioserve's h11 server); False, with nothing sent, otherwise."""
+        the server can (trioserve's built-in server); False, with nothing sent, otherwise."""
         start = self.try_start_body
         if start is None or self.started:
             return False

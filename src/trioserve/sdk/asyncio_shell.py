@@ -19,8 +19,8 @@ from typing import cast
 import zmq
 
 from ..protocol import Limits
+from ..transport.zmq_pump import bind_router
 from .core import Backend, Cancel, EngineCore, Key, RequestError, Start
-from .trio_shell import bind_router
 
 log = logging.getLogger("trioserve.engine")
 

@@ -9,13 +9,11 @@ import trio
 import zmq
 
 from ..protocol import Limits
-from ..zmq_trio import ZmqPump
+from ..transport.zmq_pump import ZmqPump, bind_router
 from .core import Backend, Cancel, EngineCore, Key, RequestError, Start
 
 log = logging.getLogger("trioserve.engine")
 
-#: Frames queued per frontend connection before ROUTER drops (one frame = one step).
-SNDHWM = 100_000
 #: Frames held while frozen (see :meth:`TrioEngine.freeze`); later ones are dropped.
 FROZEN_HOLD_LIMIT = 100_000
 
@@ -118,20 +116,6 @@ class TrioEngine:
                 task_status.started(self)
         finally:
             self.sock.close(linger=0)
-
-
-def bind_router(ctx: zmq.Context, address: str) -> zmq.Socket:
-    sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 0)
-    # A frontend that reconnects keeps its identity (it sets ROUTING_ID): hand its
-    # identity over to the new connection instead of refusing it.
-    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
-    # Frames for a frontend that went away are dropped by ROUTER (no ROUTER_MANDATORY):
-    # that frontend's requests are orphans and will be cancelled by the sweep. The bound
-    # per frontend is generous because one frame carries a whole step of outputs.
-    sock.setsockopt(zmq.SNDHWM, SNDHWM)
-    sock.bind(address)
-    return sock
 
 
 async def serve_engine(

@@ -19,8 +19,8 @@ import signal
 
 import trio
 
-from . import metrics
-from .http import App
+from .. import metrics
+from ..http import App
 
 log = logging.getLogger("trioserve.drain")
 

@@ -134,3 +134,21 @@ def _send(sock: zmq.Socket, frames: list[bytes]) -> None:
         sock.send(frames[0], _NOBLOCK, copy=False)
     else:
         sock.send_multipart(frames, _NOBLOCK, copy=False)
+
+
+#: Frames queued per frontend connection before ROUTER drops (one frame = one step).
+SNDHWM = 100_000
+
+
+def bind_router(ctx: zmq.Context, address: str) -> zmq.Socket:
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    # A frontend that reconnects keeps its identity (it sets ROUTING_ID): hand its
+    # identity over to the new connection instead of refusing it.
+    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+    # Frames for a frontend that went away are dropped by ROUTER (no ROUTER_MANDATORY):
+    # that frontend's requests are orphans and will be cancelled by the sweep. The bound
+    # per frontend is generous because one frame carries a whole step of outputs.
+    sock.setsockopt(zmq.SNDHWM, SNDHWM)
+    sock.bind(address)
+    return sock

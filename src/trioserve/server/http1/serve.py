@@ -1,8 +1,8 @@
-"""A lean HTTP/1.1 server on trio hosting an ASGI app (``--server h11``).
+"""trioserve's own lean HTTP/1.1 server on trio hosting the app (``--server builtin``).
 
-Requests are parsed and responses framed by ``http1.py`` (httptools, i.e. llhttp; the
-server began on h11, hence its name, and left it for a sixth of the CPU per request:
-``docs/architecture.md``); WebSocket is wsproto's.
+Requests are parsed and responses framed by ``protocol.py`` (httptools, i.e. llhttp; the
+server began on h11, whose name ``--server h11`` still accepts, and left it for a sixth of
+the CPU per request: ``docs/architecture.md``); WebSocket is wsproto's.
 
 Why not only hypercorn: its trio worker restarts a keep-alive timer task per request,
 takes a lock and a shielded cancel scope around every socket write and makes three writes
@@ -61,10 +61,11 @@ import wsproto.events as ws_events
 from wsproto.utilities import LocalProtocolError as WSLocalProtocolError
 from wsproto.utilities import RemoteProtocolError as WSRemoteProtocolError
 
-from . import hangups, http1
-from .http1 import END, NEED_DATA, ProtocolError, Request
+from . import hangups
+from . import protocol as http1
+from .protocol import END, NEED_DATA, ProtocolError, Request
 
-log = logging.getLogger("trioserve.h11")
+log = logging.getLogger("trioserve.http1")
 
 ASGIApp = Callable[..., Awaitable[None]]
 
@@ -85,12 +86,12 @@ ACCEPT_BACKOFF = 0.1
 #: still reads off before it closes (nginx's lingering close).
 LINGER_SECONDS = 2.0
 LINGER_BYTES = 1024 * 1024
-#: Default of ``H11Config.body_preread_bytes``: a generation request's JSON fits.
+#: Default of ``Http1Config.body_preread_bytes``: a generation request's JSON fits.
 BODY_PREREAD_BYTES = 1024 * 1024
 
 
 @attrs.define
-class H11Config:
+class Http1Config:
     #: Largest request head (request line + headers), bytes.
     max_header_bytes: int = 16 * 1024
     #: Seconds to receive a whole request head once its first byte arrived.
@@ -150,7 +151,7 @@ class _Throttled:
 class _Shared:
     """State shared by all connections of one server."""
 
-    def __init__(self, config: H11Config, ssl_context: ssl.SSLContext | None = None) -> None:
+    def __init__(self, config: Http1Config, ssl_context: ssl.SSLContext | None = None) -> None:
         self.config = config
         self.ssl_context = ssl_context
         self.terminating = False
@@ -551,7 +552,7 @@ class _HTTPExchange:
 
     async def _preread(self) -> bool:
         """Read a small body whole before the app sees the request (see
-        ``H11Config.body_preread_bytes``): the app, which takes its admission slot when
+        ``Http1Config.body_preread_bytes``): the app, which takes its admission slot when
         it is called, then finds the body at hand. False if the request was answered
         here (408: the body took too long) and the app is not to be called.
         """
@@ -1171,12 +1172,12 @@ def _addr(sockaddr: Any) -> tuple[str, int] | None:
     return None
 
 
-async def serve_h11(
+async def serve_http1(
     app: ASGIApp,
     host: str,
     port: int,
     *,
-    config: H11Config | None = None,
+    config: Http1Config | None = None,
     ssl_context: ssl.SSLContext | None = None,
     stop_accepting: trio.Event,
     graceful_deadline: Callable[[], float] = lambda: math.inf,
@@ -1187,7 +1188,7 @@ async def serve_h11(
     after which connections still open are cancelled. ``task_status`` gets the bound URLs.
     With ``ssl_context``, every connection speaks TLS (``tls.server_context``).
     """
-    shared = _Shared(config or H11Config(), ssl_context)
+    shared = _Shared(config or Http1Config(), ssl_context)
     listeners = await trio.open_tcp_listeners(port, host=host)
     scheme = "http" if ssl_context is None else "https"
     urls = []

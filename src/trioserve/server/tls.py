@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ssl
 
-from .config import Settings
+from ..config import Settings
 
 #: ``--ssl-client-cert`` values, as OpenSSL's verify modes (only with ``--ssl-ca-certs``).
 CLIENT_CERT_MODES = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL}

@@ -8,13 +8,13 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
 
+from ..config import Settings
+from ..engine import HeartbeatConfig, open_engine_client
+from ..http import App
+from ..http.lifecycle import ERROR_WRITE_TIMEOUT
 from . import tls
-from .config import Settings
 from .drain import DrainController
-from .engine import HeartbeatConfig, open_engine_client
-from .h11_server import BODY_PREREAD_BYTES, H11Config, serve_h11
-from .http import App
-from .http.lifecycle import ERROR_WRITE_TIMEOUT
+from .http1.serve import BODY_PREREAD_BYTES, Http1Config, serve_http1
 
 log = logging.getLogger("trioserve")
 
@@ -48,8 +48,8 @@ def hard_stop_after(settings: Settings) -> float:
     return max(settings.graceful_timeout - settings.drain_delay, 0.0) + ERROR_WRITE_TIMEOUT + 1.0
 
 
-def h11_config(settings: Settings) -> H11Config:
-    return H11Config(
+def http1_config(settings: Settings) -> Http1Config:
+    return Http1Config(
         keep_alive_timeout=settings.keep_alive_timeout,
         write_timeout=settings.write_timeout,
         ws_max_message_bytes=settings.ws_max_message_bytes,
@@ -103,11 +103,11 @@ async def serve_frontend(
                         task_status=task_status,
                     )
                 else:
-                    await serve_h11(
+                    await serve_http1(
                         app,
                         settings.host,
                         settings.port,
-                        config=h11_config(settings),
+                        config=http1_config(settings),
                         ssl_context=tls.server_context(settings) if tls.enabled(settings) else None,
                         stop_accepting=drain.stop_accepting,
                         graceful_deadline=lambda: trio.current_time() + hard_stop_after(settings),
