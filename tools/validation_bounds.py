@@ -25,8 +25,8 @@ import orjson
 import trio
 
 from trioserve.config import Settings
-from trioserve.http.openai_api import MAX_CONTENT_PARTS, MAX_CONTENT_PARTS_TOTAL, MAX_MESSAGES
-from trioserve.http.validation import MAX_JSON_COMMAS
+from trioserve.http.bodies.openai import MAX_CONTENT_PARTS, MAX_CONTENT_PARTS_TOTAL, MAX_MESSAGES
+from trioserve.http.bodies.validation import MAX_JSON_COMMAS
 from trioserve.server.frontend import serve_frontend
 
 MAX_BODY = Settings().max_body_bytes

@@ -342,8 +342,8 @@ _MSG = [{"role": "user", "content": "hi"}]
     ],
 )
 def test_plain_bodies_skip_the_converter_and_get_exactly_what_it_builds(cls, body, plain):
-    from trioserve.http import openai_api
-    from trioserve.http.validation import structure
+    from trioserve.http.bodies import openai as openai_api
+    from trioserve.http.bodies.validation import structure
 
     request_cls = {
         "chat": openai_api.ChatCompletionRequest,
@@ -363,7 +363,7 @@ def test_plain_bodies_skip_the_converter_and_get_exactly_what_it_builds(cls, bod
 def test_the_fast_path_knows_every_field_of_the_request_classes():
     # A field added to a request class but not to the fast path's table would be dropped
     # from plain bodies (built with its default) while the converter would read it.
-    from trioserve.http import openai_api
+    from trioserve.http.bodies import openai as openai_api
 
     for cls, table in openai_api._PLAIN.items():
         assert set(table) | {"stream_options"} == set(attrs.fields_dict(cls)), cls.__name__

@@ -14,8 +14,8 @@ import trio
 
 from tests.conftest import raw_request, read_until, start_engine, start_frontend, wait_until
 from tests.http.helpers import capture_submits, multipart, upload_entries
-from trioserve.http import uploads
-from trioserve.http.uploads import safe_filename
+from trioserve.http.bodies import uploads
+from trioserve.http.bodies.uploads import safe_filename
 
 SAFE = re.compile(r"[0-9]+-[A-Za-z0-9._-]+")
 HOSTILE = [

@@ -12,9 +12,9 @@ import pytest
 import trio
 
 from tests.http.helpers import capture_submits
-from trioserve.http import media
-from trioserve.http.openai_api import MAX_CONTENT_PARTS, MAX_CONTENT_PARTS_TOTAL, MAX_MESSAGES
-from trioserve.http.validation import MAX_ERRORS, MAX_JSON_COMMAS
+from trioserve.http.bodies import media
+from trioserve.http.bodies.openai import MAX_CONTENT_PARTS, MAX_CONTENT_PARTS_TOTAL, MAX_MESSAGES
+from trioserve.http.bodies.validation import MAX_ERRORS, MAX_JSON_COMMAS
 
 USER = {"role": "user", "content": "hello"}
 

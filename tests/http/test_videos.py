@@ -8,7 +8,7 @@ import pytest
 
 from tests.conftest import start_engine, start_frontend, wait_until
 from tests.http.helpers import capture_submits
-from trioserve.http import writers
+from trioserve.http.writers import stream as writers
 from trioserve.sdk.mock import mock_video
 
 FRAME = b"\x89PNG-first-frame"

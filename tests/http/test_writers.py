@@ -12,8 +12,8 @@ import pytest
 from tests.conftest import _current_server
 from tests.http.test_openai_routes import sse_events
 from trioserve.http.exchange import Exchange, ServerState
-from trioserve.http.openai_api import StreamFormat
-from trioserve.http.writers import SSE_HEADERS, SSEWriter
+from trioserve.http.writers.openai import StreamFormat
+from trioserve.http.writers.stream import SSE_HEADERS, SSEWriter
 from trioserve.protocol import ErrorInfo, OutputItem
 from trioserve.sdk.mock import expected_text
 from trioserve.server.http1 import serve as h11_server

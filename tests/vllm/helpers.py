@@ -9,7 +9,7 @@ import httpx
 import trio
 
 from tests.conftest import HANG_GUARD, start_frontend
-from trioserve.http.openai_api import merge_logprobs
+from trioserve.http.writers.openai import merge_logprobs
 
 from .conftest import FRONTEND_TIMEOUT, MODEL, Vllm
 

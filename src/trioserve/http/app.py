@@ -13,22 +13,22 @@ from .. import metrics
 from ..config import Settings
 from ..engine import EngineClient
 from ..protocol import Submit
-from . import generate, images, speech, videos
 from .admission import Admission
 from .auth import ApiKeys, header_values, select_subprotocol
+from .bodies.forms import JSON, MULTIPART, URLENCODED, Body, read_body
+from .bodies.media import MediaFetcher
+from .bodies.multimodal import resolve_chat_media
+from .bodies.openai import parse_generation
+from .bodies.uploads import Uploads
+from .bodies.validation import invalid, parse_json
 from .cors import CorsPolicy
 from .errors import HTTPError
 from .exchange import JSON_HEADERS, ClientGone, Exchange, Receive, Send, ServerState
 from .fanout import StreamingGroup, run_group
-from .forms import JSON, MULTIPART, URLENCODED, Body, read_body
 from .lifecycle import Registry, RequestHandle, run_generation
-from .media import MediaFetcher
-from .multimodal import resolve_chat_media
-from .openai_api import parse_generation
-from .uploads import Uploads
-from .validation import invalid, parse_json
+from .routes import generate, images, speech, videos
 from .websocket import GOING_AWAY, POLICY_VIOLATION, WebSocketConnection
-from .writers import Collected, JSONWriter, SSEWriter, Writer
+from .writers.stream import Collected, JSONWriter, SSEWriter, Writer
 
 log = logging.getLogger("trioserve.http")
 

@@ -23,8 +23,8 @@ from ..protocol import OutputItem, Submit, Usage
 from .errors import HTTPError
 from .exchange import Exchange
 from .lifecycle import RequestHandle, run_generation
-from .openai_api import StreamFormat
-from .writers import (
+from .writers.openai import StreamFormat
+from .writers.stream import (
     SSE_DONE,
     SSE_EVENT,
     SSE_HEADERS,

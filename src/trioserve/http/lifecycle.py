@@ -34,7 +34,7 @@ from ..engine import EngineClient, Subscription
 from ..errors import EngineError, EngineFailedError, SlowClientError, TrioserveError
 from ..protocol import Submit
 from .errors import HTTPError
-from .writers import EngineItemError, Writer, WriterRefused
+from .writers.stream import EngineItemError, Writer, WriterRefused
 
 log = logging.getLogger("trioserve.request")
 

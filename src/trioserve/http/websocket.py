@@ -19,13 +19,12 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import trio
 
-from ..protocol import OutputItem
+from .bodies.multimodal import resolve_chat_media
+from .bodies.openai import ENDPOINTS, parse_generation
 from .errors import HTTPError
 from .exchange import Receive, Send, new_request_id
 from .lifecycle import RequestHandle, run_generation
-from .multimodal import resolve_chat_media
-from .openai_api import ENDPOINTS, StreamFormat, parse_generation, usage_dict
-from .writers import engine_error, text_of
+from .writers.websocket import WebSocketWriter
 
 if TYPE_CHECKING:
     from .app import App
@@ -247,39 +246,3 @@ class WebSocketConnection:
             self.app.admission.release()
             if self.requests.get(client_id) is handle:
                 del self.requests[client_id]
-
-
-class WebSocketWriter:
-    """One request's messages on a shared WebSocket: chunks, then done or error."""
-
-    def __init__(self, connection: WebSocketConnection, client_id: str, fmt: StreamFormat) -> None:
-        self.connection = connection
-        self.fmt = fmt
-        self.client_id = client_id
-        self._head = '{"type":"chunk","id":' + json.dumps(client_id) + ',"data":'
-        self._done = False
-
-    def prepare(self) -> None:
-        """What can be built before the first output (see ``StreamFormat.prepare``)."""
-        self.fmt.prepare()
-
-    async def write(self, batch: list[OutputItem]) -> bool:
-        fmt, head, send = self.fmt, self._head, self.connection.send_text
-        for item in batch:
-            if item.error is not None:
-                raise engine_error(item)
-            if item.logprobs is not None:
-                chunk = fmt.delta_with_logprobs(text_of(item.data or ""), item.logprobs)
-                await send(head + chunk.decode() + "}")
-            elif item.data:
-                await send(head + fmt.delta(text_of(item.data)).decode() + "}")
-            if item.finish_reason is not None:
-                await send(head + fmt.finish(item.finish_reason).decode() + "}")
-                done = {"type": "done", "id": self.client_id, "usage": usage_dict(item.usage)}
-                await send(_dumps(done))
-                return True
-        return False
-
-    async def fail(self, error: HTTPError) -> None:
-        if not self.connection.peer_gone:
-            await self.connection.send_error(self.client_id, error)

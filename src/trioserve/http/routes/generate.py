@@ -7,28 +7,21 @@ Errors use the ``{"detail": ..., "code": ...}`` shape (see docs/api.md).
 
 from __future__ import annotations
 
-import base64
 import json
 import time
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ..protocol import OutputItem, Submit
-from .errors import HTTPError
-from .exchange import JSON_HEADERS, Exchange
-from .forms import Body, extra_params, invalid_fields, structure_fields
-from .openai_api import usage_dict
-from .writers import Collected, CollectingWriter, EngineItemError, end_batch, engine_error
+from ...protocol import Submit
+from ..bodies.forms import Body, extra_params, invalid_fields, structure_fields
+from ..exchange import JSON_HEADERS, Exchange
+from ..writers.ndjson import NDJSONWriter, media_json
+from ..writers.openai import usage_dict
+from ..writers.stream import Collected, CollectingWriter
 
 if TYPE_CHECKING:
-    from .app import App
-
-NDJSON_HEADERS = [
-    (b"content-type", b"application/x-ndjson"),
-    (b"cache-control", b"no-cache"),
-    (b"x-accel-buffering", b"no"),
-]
+    from ..app import App
 
 
 @attrs.define
@@ -94,14 +87,6 @@ async def handle(app: App, exchange: Exchange) -> None:
         await app.run(exchange, submit, "generate", writer, timeout)
 
 
-def _media_json(modality: str, mime_type: str | None, data: bytes) -> dict[str, Any]:
-    return {
-        "modality": modality,
-        "mime_type": mime_type,
-        "data": base64.b64encode(data).decode(),
-    }
-
-
 def _answer(exchange: Exchange, submit: Submit) -> Any:
     created = int(time.time())
 
@@ -112,56 +97,10 @@ def _answer(exchange: Exchange, submit: Submit) -> Any:
             "created": created,
             "model": submit.model,
             "text": "".join(collected.text),
-            "media": [_media_json(m.modality, m.mime_type, bytes(m.data)) for m in collected.media],
+            "media": [media_json(m.modality, m.mime_type, bytes(m.data)) for m in collected.media],
             "finish_reason": collected.finish_reason,
             "usage": usage_dict(collected.usage),
         }
         await exchange.respond(200, json.dumps(body, separators=(",", ":")).encode(), JSON_HEADERS)
 
     return complete
-
-
-def output_line(request_id: str, item: OutputItem) -> bytes:
-    line: dict[str, Any] = {"id": request_id, "seq": item.seq, "modality": item.modality}
-    data = item.data
-    if isinstance(data, str) and item.modality == "text":
-        line["text"] = data
-    elif data is not None:
-        raw = data.encode() if isinstance(data, str) else data
-        line.update(_media_json(item.modality, item.mime_type, raw))
-    if item.finish_reason is not None:
-        line["finish_reason"] = item.finish_reason
-        line["usage"] = usage_dict(item.usage)
-    return json.dumps(line, separators=(",", ":")).encode() + b"\n"
-
-
-class NDJSONWriter:
-    """``application/x-ndjson``: one line per engine output; the last carries
-    ``finish_reason`` and ``usage``. Starts with the first output, so an error before it
-    keeps its status; after it, the stream ends with a ``{"detail", "code"}`` line."""
-
-    def __init__(self, exchange: Exchange, request_id: str) -> None:
-        self.exchange = exchange
-        self.request_id = request_id
-
-    async def write(self, batch: list[OutputItem]) -> bool:
-        out: list[bytes] = []
-        done = False
-        failure: EngineItemError | None = None
-        for item in batch:
-            if item.error is not None:
-                failure = engine_error(item)
-                break
-            if item.data is not None or item.finish_reason is not None:
-                out.append(output_line(self.request_id, item))
-            if item.finish_reason is not None:
-                done = True
-                break
-        return await end_batch(self.exchange, NDJSON_HEADERS, out, done, failure)
-
-    async def fail(self, error: HTTPError) -> None:
-        exchange = self.exchange
-        if not exchange.started:
-            await exchange.respond_error(error)
-        else:
-            await exchange.body(error.detail_body() + b"\n", more=False)

@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ..protocol import Submit
-from .errors import HTTPError
-from .exchange import JSON_HEADERS, Exchange
-from .forms import JSON, MULTIPART, Body, extra_params, invalid_fields, structure_fields
-from .media import Media
-from .writers import Collected, CollectingWriter, EngineItemError
+from ...protocol import Submit
+from ..bodies.forms import JSON, MULTIPART, Body, extra_params, invalid_fields, structure_fields
+from ..bodies.media import Media
+from ..errors import HTTPError
+from ..exchange import JSON_HEADERS, Exchange
+from ..writers.stream import Collected, CollectingWriter, EngineItemError
 
 if TYPE_CHECKING:
-    from .app import App
+    from ..app import App
 
 #: Conditioning fields, and the modality each carries.
 CONDITIONING = {"image": "image", "video": "video"}

@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ..protocol import Submit
-from .errors import HTTPError
-from .exchange import JSON_HEADERS, Exchange
-from .fanout import run_group
-from .forms import JSON, MULTIPART, Body, extra_params, invalid_fields, structure_fields
-from .writers import Collected
+from ...protocol import Submit
+from ..bodies.forms import JSON, MULTIPART, Body, extra_params, invalid_fields, structure_fields
+from ..errors import HTTPError
+from ..exchange import JSON_HEADERS, Exchange
+from ..fanout import run_group
+from ..writers.stream import Collected
 
 if TYPE_CHECKING:
-    from .app import App
+    from ..app import App
 
 RESPONSE_FORMATS = ("b64_json",)
 MAX_N = 10

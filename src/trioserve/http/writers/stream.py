@@ -13,10 +13,10 @@ from typing import Any, Protocol
 
 import attrs
 
-from ..protocol import OutputItem, Usage
-from .errors import HTTPError, from_engine
-from .exchange import JSON_HEADERS, Exchange
-from .openai_api import StreamFormat, merge_logprobs
+from ...protocol import OutputItem, Usage
+from ..errors import HTTPError, from_engine
+from ..exchange import JSON_HEADERS, Exchange
+from .openai import StreamFormat, merge_logprobs
 
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),

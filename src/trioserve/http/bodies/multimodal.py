@@ -20,9 +20,9 @@ from typing import Any
 
 import attrs
 
-from ..protocol import Submit
+from ...protocol import Submit
 from .media import AUDIO_FORMATS, Media, MediaFetcher, decode_base64
-from .openai_api import Generation
+from .openai import Generation
 from .validation import invalid
 
 #: Part types carrying a URL, and the modality of what they point to.

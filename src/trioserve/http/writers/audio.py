@@ -1,44 +1,18 @@
-"""``POST /v1/audio/speech``: text to speech, as WAV or raw PCM, whole or streamed.
-
-The engine sends 16-bit little-endian PCM (``mime_type`` ``audio/pcm;rate=R[;channels=C]``,
-24 kHz mono when it says nothing); the frontend wraps it: ``wav`` gets a RIFF header with
-the exact sizes (streamed: the "unknown length" sizes 0xFFFFFFFF, as streaming encoders
-write them), ``pcm`` is the samples as they are.
-"""
+"""Speech answers: the engine's 16-bit PCM as WAV (a RIFF header) or raw PCM, streamed."""
 
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING, Any
 
-import attrs
+from ...protocol import OutputItem
+from ..errors import HTTPError
+from ..exchange import Exchange
+from .stream import EngineItemError, WriterRefused, engine_error
 
-from ..protocol import OutputItem, Submit
-from .errors import HTTPError
-from .exchange import Exchange
-from .forms import JSON, extra_params, structure_fields
-from .validation import invalid
-from .writers import Collected, CollectingWriter, EngineItemError, WriterRefused, engine_error
-
-if TYPE_CHECKING:
-    from .app import App
-
-FORMATS = ("wav", "pcm")
 DEFAULT_RATE = 24_000
 SAMPLE_BITS = 16
 #: RIFF/data sizes of a WAV whose length is not known when its header is sent.
 UNKNOWN_SIZE = 0xFFFFFFFF
-
-
-@attrs.define
-class SpeechRequest:
-    input: str
-    model: str | None = None
-    voice: str | None = None
-    instructions: str | None = None
-    response_format: str | None = None
-    speed: float | None = None
-    stream: bool | None = None
 
 
 def wav_header(data_size: int | None, rate: int, channels: int) -> bytes:
@@ -89,57 +63,6 @@ def content_type(fmt: str, rate: int, channels: int) -> bytes:
     if fmt == "wav":
         return b"audio/wav"
     return f"audio/pcm;rate={rate};channels={channels}".encode()
-
-
-def parse(body: Any) -> tuple[SpeechRequest, str]:
-    req = structure_fields(body, SpeechRequest)
-    fmt = (req.response_format or "wav").lower()
-    if fmt not in FORMATS:
-        raise HTTPError(
-            400,
-            f"response_format {req.response_format!r} is not supported; supported: "
-            + ", ".join(FORMATS),
-            "unsupported_response_format",
-            param="response_format",
-        )
-    if req.speed is not None and not 0.25 <= req.speed <= 4.0:
-        raise invalid([{"loc": "$.speed", "msg": "must be between 0.25 and 4"}])
-    return req, fmt
-
-
-async def handle(app: App, exchange: Exchange) -> None:
-    timeout = app.begin(exchange)
-    body = await app.read_form(exchange, uploads=None, accepted=(JSON,))
-    req, fmt = parse(body)
-    inputs: dict[str, Any] = {"input": req.input}
-    if req.voice is not None:
-        inputs["voice"] = req.voice
-    if req.instructions is not None:
-        inputs["instructions"] = req.instructions
-    params = extra_params(body, SpeechRequest)
-    if req.speed is not None:
-        params["speed"] = req.speed
-    model = app.resolve_model(req.model)
-    submit = Submit(exchange.request_id, model, "speech", inputs, params)
-    writer: Any
-    if req.stream:
-        writer = AudioStreamWriter(exchange, fmt)
-    else:
-        writer = CollectingWriter(exchange, _answer(exchange, fmt))
-    await app.run(exchange, submit, "speech", writer, timeout)
-
-
-def _answer(exchange: Exchange, fmt: str) -> Any:
-    async def complete(collected: Collected) -> None:
-        audio = collected.first("audio")
-        if audio is None:
-            raise EngineItemError(HTTPError(502, "the engine sent no audio", "engine_no_audio"))
-        rate, channels = pcm_format(audio.mime_type)
-        pcm = bytes(audio.data)
-        body = wav_header(len(pcm), rate, channels) + pcm if fmt == "wav" else pcm
-        await exchange.respond(200, body, [(b"content-type", content_type(fmt, rate, channels))])
-
-    return complete
 
 
 class AudioStreamWriter:

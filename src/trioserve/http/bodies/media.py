@@ -28,7 +28,7 @@ import attrs
 import httpx
 import trio
 
-from .errors import HTTPError
+from ..errors import HTTPError
 
 #: Media type assumed when neither the client nor the URL says one.
 DEFAULT_MIME = {"image": "image/png", "audio": "audio/wav", "video": "video/mp4"}

@@ -1,0 +1,1 @@
+"""Request bodies: JSON, forms and uploads, media, and the OpenAI request schemas."""

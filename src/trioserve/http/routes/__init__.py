@@ -1,0 +1,1 @@
+"""The routes: one module each, given the services they need (``services.py``)."""
