@@ -130,7 +130,7 @@ class Frontend:
 
     @property
     def frontend_id(self) -> bytes:
-        return self.app.engines.connections[0].frontend_id.encode()
+        return self.app.services.engines.connections[0].frontend_id.encode()
 
     def ends(self, request_id: str) -> list[str]:
         """How the engine saw request ``request_id`` end: [] while running/unknown."""
@@ -160,7 +160,7 @@ async def start_frontend(
 
     app, drain, binds = await nursery.start(serve)
     with trio.fail_after(HANG_GUARD):
-        await app.engines.wait_ready()
+        await app.services.engines.wait_ready()
     frontend = Frontend(app, drain, binds[0], engine)
     frontend.stopped = stopped
     return frontend

@@ -29,7 +29,7 @@ async def test_readiness_fails_at_once_and_new_connections_are_served_during_the
 ):
     frontend = await start_frontend(nursery, engine, drain_delay=HANG_GUARD * 10)
     nursery.start_soon(frontend.drain.drain)
-    await wait_until(lambda: frontend.app.state.draining, "the drain to begin")
+    await wait_until(lambda: frontend.app.services.state.draining, "the drain to begin")
     async with frontend.client() as client:  # a new connection, after the signal
         assert (await client.get("/health")).status_code == 503
         assert (await client.get("/live")).status_code == 200
@@ -58,7 +58,9 @@ async def test_after_the_delay_the_listener_is_closed_and_in_flight_responses_sa
     request = {"prompt": "x", "max_tokens": 2, "mock_ttft_ms": 300, "stream": stream}
     body = json.dumps(request).encode()
     busy = await raw_request(frontend, "POST", "/v1/completions", body, x_request_id="busy")
-    await wait_until(lambda: frontend.app.registry.get("busy"), "the request to be in flight")
+    await wait_until(
+        lambda: frontend.app.services.registry.get("busy"), "the request to be in flight"
+    )
     nursery.start_soon(frontend.drain.drain)
     with trio.fail_after(HANG_GUARD):
         await frontend.drain.stop_accepting.wait()
@@ -93,7 +95,7 @@ async def test_in_flight_streams_run_to_completion_within_the_grace_period(nurse
 
     async with trio.open_nursery() as requests:
         requests.start_soon(stream_it)
-        await wait_until(lambda: len(frontend.app.registry) == 1, "the stream to start")
+        await wait_until(lambda: len(frontend.app.services.registry) == 1, "the stream to start")
         requests.start_soon(frontend.drain.drain)
         with trio.fail_after(HANG_GUARD):
             await frontend.stopped.wait()
@@ -116,7 +118,7 @@ async def test_grace_deadline_ends_what_is_left_with_errors_and_one_abort_each(n
     async with trio.open_nursery() as requests:
         requests.start_soon(call, "sse", {**LONG, "stream": True})
         requests.start_soon(call, "json", {**LONG, "mock_ttft_ms": 600_000})
-        await wait_until(lambda: len(frontend.app.registry) == 2, "two requests in flight")
+        await wait_until(lambda: len(frontend.app.services.registry) == 2, "two requests in flight")
         requests.start_soon(frontend.drain.drain)
     events = [e for e in results["sse"].text.split("\n\n") if e]
     assert "data: [DONE]" not in events
@@ -144,9 +146,9 @@ async def test_second_signal_ends_everything_at_once(nursery, engine):
 
     async with trio.open_nursery() as requests:
         requests.start_soon(stream_it)
-        await wait_until(lambda: len(frontend.app.registry) == 1, "the stream to start")
+        await wait_until(lambda: len(frontend.app.services.registry) == 1, "the stream to start")
         requests.start_soon(frontend.drain.drain)
-        await wait_until(lambda: frontend.app.state.draining, "the drain to begin")
+        await wait_until(lambda: frontend.app.services.state.draining, "the drain to begin")
         frontend.drain.begin()  # the second signal
     assert "server_shutting_down" in result["r"].text
     with trio.fail_after(HANG_GUARD):
@@ -155,7 +157,7 @@ async def test_second_signal_ends_everything_at_once(nursery, engine):
 
 async def test_requests_after_the_grace_deadline_on_open_connections_get_503(nursery, engine):
     frontend = await start_frontend(nursery, engine)
-    frontend.app.end_all("drain")  # as the drain deadline does
+    frontend.app.services.end_all("drain")  # as the drain deadline does
     async with httpx.AsyncClient(base_url=frontend.url) as client:
         response = await client.post("/v1/completions", json={"prompt": "x"})
     assert response.status_code == 503

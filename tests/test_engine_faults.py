@@ -51,7 +51,9 @@ async def test_engine_killed_mid_request_fails_it_with_503_then_serving_resumes(
         async with trio.open_nursery() as requests:
             requests.start_soon(stream_it)
             requests.start_soon(wait_it)
-            await wait_until(lambda: len(frontend.app.registry) == 2, "two requests in flight")
+            await wait_until(
+                lambda: len(frontend.app.services.registry) == 2, "two requests in flight"
+            )
             await trio.sleep(0.1)  # let the stream emit some tokens
             await engine.stop()  # SIGKILL
         assert results["json"].status_code == 503
@@ -226,8 +228,10 @@ async def test_an_engine_that_breaks_the_protocol_fails_alone_and_the_server_ser
             # Tried again after the backoff, and back.
             ident, _ = await receive_a(fake, Hello)
             fake.send(ident, welcome(model="fake"))
-            await wait_until(lambda: frontend.app.engines.connections[1].ready, "the fake back")
-            assert frontend.app.engines.failures() == {}
+            await wait_until(
+                lambda: frontend.app.services.engines.connections[1].ready, "the fake back"
+            )
+            assert frontend.app.services.engines.failures() == {}
     finally:
         fake.close()
 

@@ -199,4 +199,4 @@ async def test_slow_bodies_hold_no_admission_slot_and_end_with_408(nursery):
     for data in answers:
         status, _, body = answer(data)
         assert (status, body["error"]["code"]) == (408, "body_timeout")
-    assert frontend.app.admission.in_use == 0
+    assert frontend.app.services.admission.in_use == 0

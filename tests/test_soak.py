@@ -106,7 +106,7 @@ async def test_soak_leaks_no_engine_request(nursery):
                     requests.start_soon(one, *args)
 
     await wait_until(lambda: not engine.core.running, "the engine to hold no request")
-    await wait_until(lambda: len(frontend.app.registry) == 0, "the frontend to hold none")
+    await wait_until(lambda: len(frontend.app.services.registry) == 0, "the frontend to hold none")
     assert metrics.REGISTRY.get_sample_value("trioserve_requests_in_flight") == 0
     ends = engine.core.ends
     multiple = {key: how for key, how in ends.items() if len(how) != 1}

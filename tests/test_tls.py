@@ -163,7 +163,7 @@ async def test_disconnect_mid_stream_over_tls_aborts_the_engine_request(nursery,
     await stream.aclose()
     await wait_until(lambda: frontend.ends("tls1"), "the engine to see tls1 end")
     assert frontend.ends("tls1") == ["aborted"]
-    await wait_until(lambda: len(frontend.app.registry) == 0, "no request in flight")
+    await wait_until(lambda: len(frontend.app.services.registry) == 0, "no request in flight")
     assert frontend.engine.core.stats.unknown_aborts == 0  # never a second abort
     assert await served(frontend, context)
 

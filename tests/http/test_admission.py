@@ -56,13 +56,13 @@ async def test_past_the_limit_is_an_immediate_503_and_operations_bypass_it(one_s
         for path in ("/health", "/live", "/metrics", "/v1/models"):
             assert (await client.get(path)).status_code == 200, path
         # The stream is still the one in flight, and still holds the slot.
-        assert frontend.app.admission.in_use == 1
+        assert frontend.app.services.admission.in_use == 1
         assert (await client.delete("/v1/requests/holder")).status_code == 200
         text = b"".join([chunk async for chunk in chunks]).decode()
     assert "request_cancelled" in text
     refused = metrics.REGISTRY.get_sample_value("trioserve_admission_refused_total")
     assert refused == refused_before + 6
-    await wait_until(lambda: frontend.app.admission.in_use == 0, "the slot to be released")
+    await wait_until(lambda: frontend.app.services.admission.in_use == 0, "the slot to be released")
     async with frontend.client() as client:
         assert (await client.post("/v1/completions", json={"prompt": "x"})).status_code == 200
     assert frontend.ends("holder") == ["aborted"]
@@ -98,4 +98,4 @@ async def test_websocket_requests_take_slots_too(one_slot):
         assert refused["type"] == "error" and refused["id"] == "b"
         assert refused["error"]["code"] == "server_overloaded"
         await ws.send_message(json.dumps({"type": "cancel", "id": "a"}))
-    await wait_until(lambda: frontend.app.admission.in_use == 0, "the slot to be released")
+    await wait_until(lambda: frontend.app.services.admission.in_use == 0, "the slot to be released")

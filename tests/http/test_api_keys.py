@@ -177,7 +177,7 @@ async def test_a_request_can_be_cancelled_only_with_the_key_that_started_it(nurs
 async def assert_ended_once_and_still_serving_with_key(frontend, request_id: str) -> None:
     await wait_until(lambda: frontend.ends(request_id), f"the engine to see {request_id} end")
     assert frontend.ends(request_id) == ["aborted"]
-    await wait_until(lambda: len(frontend.app.registry) == 0, "no request in flight")
+    await wait_until(lambda: len(frontend.app.services.registry) == 0, "no request in flight")
     async with frontend.client() as client:
         response = await client.post(
             "/v1/completions", json={"prompt": "x", "max_tokens": 1}, headers=ALICE
@@ -199,7 +199,9 @@ async def test_images_fanout_is_owned_by_its_key(nursery):
 
     async with trio.open_nursery() as requests:
         requests.start_soon(generate)
-        await wait_until(lambda: frontend.app.registry.get("pics") is not None, "pics to run")
+        await wait_until(
+            lambda: frontend.app.services.registry.get("pics") is not None, "pics to run"
+        )
         async with frontend.client() as client:
             assert (await client.delete("/v1/requests/pics", headers=BOB)).status_code == 404
             assert (await client.delete("/v1/requests/pics", headers=ALICE)).status_code == 200

@@ -26,7 +26,7 @@ def aborts(reason: str) -> float:
 async def assert_ended_once_and_still_serving(frontend, request_id: str, how: str) -> None:
     await wait_until(lambda: frontend.ends(request_id), f"the engine to see {request_id} end")
     assert frontend.ends(request_id) == [how]
-    await wait_until(lambda: len(frontend.app.registry) == 0, "no request in flight")
+    await wait_until(lambda: len(frontend.app.services.registry) == 0, "no request in flight")
     assert frontend.engine.core.stats.unknown_aborts == 0  # never a second abort
     async with frontend.client() as client:
         response = await client.post(
@@ -195,7 +195,7 @@ async def test_slow_client_is_ended_and_aborted_without_holding_up_others(nurser
     assert frontend.ends("slow") == ["aborted"]
     assert aborts("slow_client") == before + 1
     await stream.aclose()
-    await wait_until(lambda: len(frontend.app.registry) == 0, "no request in flight")
+    await wait_until(lambda: len(frontend.app.services.registry) == 0, "no request in flight")
 
 
 async def test_in_flight_gauge_returns_to_zero(frontend):

@@ -46,7 +46,7 @@ async def test_a_client_gone_while_waiting_for_n_choices_aborts_each_once(fronte
     await stream.aclose()
     await wait_until(lambda: frontend.ends("g.0") and frontend.ends("g.1"), "both ended")
     assert [frontend.ends(f"g.{i}") for i in range(2)] == [["aborted"]] * 2
-    await wait_until(lambda: len(frontend.app.registry) == 0, "nothing in flight")
+    await wait_until(lambda: len(frontend.app.services.registry) == 0, "nothing in flight")
 
 
 @pytest.mark.parametrize(

@@ -164,12 +164,12 @@ async def test_request_ends_exactly_once(setup, kind, path, phase):
             assert json.loads(result["text"])["error"]["code"] == code
 
     # Nothing is left behind, and the server keeps serving.
-    await wait_until(lambda: len(frontend.app.registry) == 0, "the registry to empty")
+    await wait_until(lambda: len(frontend.app.services.registry) == 0, "the registry to empty")
     assert metrics.REGISTRY.get_sample_value("trioserve_requests_in_flight") == 0
     await wait_until(lambda: count_tasks() == tasks_before, "every request task to end")
     if path == "engine_lost":
         with trio.fail_after(20):
-            await frontend.app.engines.wait_ready()
+            await frontend.app.services.engines.wait_ready()
     await next_request_is_served(frontend)
 
 
@@ -193,6 +193,6 @@ async def test_slow_sse_client_mid_output_ends_exactly_once(nursery):
     assert frontend.ends("slow") == ["aborted"]
     assert engine.core.stats.unknown_aborts == 0
     await stream.aclose()
-    await wait_until(lambda: len(frontend.app.registry) == 0, "the registry to empty")
+    await wait_until(lambda: len(frontend.app.services.registry) == 0, "the registry to empty")
     await wait_until(lambda: count_tasks() == tasks_before, "every request task to end")
     await next_request_is_served(frontend)

@@ -73,7 +73,7 @@ async def test_one_failed_image_ends_the_others_exactly_once(frontend):
         ["aborted"],
     ]
     assert frontend.engine.stats.unknown_aborts == 0
-    await wait_until(lambda: len(frontend.app.registry) == 0, "the registry to empty")
+    await wait_until(lambda: len(frontend.app.services.registry) == 0, "the registry to empty")
 
 
 async def test_a_client_that_hangs_up_aborts_every_image_once(frontend):
@@ -87,7 +87,7 @@ async def test_a_client_that_hangs_up_aborts_every_image_once(frontend):
     await wait_until(lambda: all(frontend.ends(f"gone.{i}") for i in range(4)), "every end")
     assert [frontend.ends(f"gone.{i}") for i in range(4)] == [["aborted"]] * 4
     assert frontend.engine.stats.unknown_aborts == 0
-    await wait_until(lambda: len(frontend.app.registry) == 0, "the registry to empty")
+    await wait_until(lambda: len(frontend.app.services.registry) == 0, "the registry to empty")
 
 
 async def test_cancelling_the_request_id_cancels_every_image(frontend):

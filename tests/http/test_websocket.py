@@ -137,7 +137,7 @@ async def test_closing_the_socket_aborts_every_request_on_it(frontend):
     await wait_until(lambda: not frontend.engine.core.running, "every abort")
     assert [engine_ids(frontend, f"c{i}") for i in range(4)] == [["aborted"]] * 4
     assert frontend.engine.core.stats.unknown_aborts == 0
-    await wait_until(lambda: len(frontend.app.registry) == 0, "the registry to empty")
+    await wait_until(lambda: len(frontend.app.services.registry) == 0, "the registry to empty")
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,8 @@
-"""The ASGI application: routes, and the glue between an exchange and its lifecycle."""
+"""The ASGI application: CORS, API keys, admission, and dispatch to the routes.
+
+What the routes need is in :class:`~trioserve.http.services.Services`; this module only
+decides which route serves an exchange and under which checks.
+"""
 
 from __future__ import annotations
 
@@ -9,94 +13,66 @@ from typing import Any
 import attrs
 import trio
 
-from .. import metrics
 from ..config import Settings
 from ..engine import EngineClient
-from ..protocol import Submit
-from .admission import Admission
 from .auth import ApiKeys, header_values, select_subprotocol
-from .bodies.forms import JSON, MULTIPART, URLENCODED, Body, read_body
-from .bodies.media import MediaFetcher
-from .bodies.multimodal import resolve_chat_media
-from .bodies.openai import parse_generation
-from .bodies.uploads import Uploads
-from .bodies.validation import invalid, parse_json
 from .cors import CorsPolicy
 from .errors import HTTPError
-from .exchange import JSON_HEADERS, ClientGone, Exchange, Receive, Send, ServerState
-from .fanout import StreamingGroup, run_group
-from .lifecycle import Registry, RequestHandle, run_generation
-from .routes import generate, images, speech, videos
-from .websocket import GOING_AWAY, POLICY_VIOLATION, WebSocketConnection
-from .writers.stream import Collected, JSONWriter, SSEWriter, Writer
+from .exchange import JSON_HEADERS, ClientGone, Exchange, Receive, Send
+from .routes import generate, images, openai, operations, speech, videos
+from .services import Services
+from .websocket import POLICY_VIOLATION, WebSocketConnection
 
 log = logging.getLogger("trioserve.http")
 
-Handler = Callable[[Exchange], Awaitable[None]]
-
-#: What each capability an engine may declare is called in a 404 for a missing one.
-CAPABILITY_NAMES = {
-    "chat": "chat completions",
-    "completion": "text completions",
-    "generate": "native generation",
-    "speech": "speech synthesis",
-    "image_generation": "image generation",
-    "image_edit": "image editing",
-    "video_generation": "video generation",
-}
+RouteHandler = Callable[[Services, Exchange], Awaitable[None]]
 
 
 @attrs.frozen
 class Route:
-    handler: Handler
+    handler: RouteHandler
     #: The engine capability the route needs; generation routes take an admission slot.
     capability: str | None = None
     #: Errors in the native ``{"detail": ...}`` shape.
     detail_errors: bool = False
 
 
+ROUTES: dict[tuple[str, str], Route] = {
+    ("POST", "/v1/chat/completions"): Route(openai.chat_completions, "chat"),
+    ("POST", "/v1/completions"): Route(openai.completions, "completion"),
+    ("POST", "/generate"): Route(generate.handle, "generate", detail_errors=True),
+    ("POST", "/v1/audio/speech"): Route(speech.handle, "speech"),
+    ("POST", "/v1/images/generations"): Route(images.generations, "image_generation"),
+    ("POST", "/v1/images/edits"): Route(images.edits, "image_edit"),
+    ("POST", "/v1/videos/generations"): Route(videos.handle, "video_generation"),
+    ("GET", "/v1/models"): Route(operations.list_models),
+    ("GET", "/health"): Route(operations.health),
+    ("GET", "/live"): Route(operations.live),
+    ("GET", "/metrics"): Route(operations.render_metrics),
+}
+_PATHS = {path for _, path in ROUTES}
+_CANCEL = Route(operations.cancel_request)
+
+
 class App:
-    """trioserve's ASGI application. ``draining`` is flipped by the drain controller."""
+    """trioserve's ASGI application over :class:`Services` (the drain controller flips
+    ``services.state``)."""
 
     def __init__(self, engines: EngineClient, settings: Settings | None = None) -> None:
-        self.engines = engines
-        self.settings = settings or Settings()
-        self.registry = Registry()
-        self.state = ServerState()
-        self.websockets: set[WebSocketConnection] = set()
-        self.admission = Admission(self.settings.max_concurrent_requests)
-        self.cors = CorsPolicy(self.settings.cors_origins, self.settings.cors_allow_credentials)
-        self.api_keys = ApiKeys(self.settings.api_keys)
+        self.services = services = Services(engines, settings or Settings())
+        self.settings = settings = services.settings
+        self.cors = CorsPolicy(settings.cors_origins, settings.cors_allow_credentials)
+        self.api_keys = ApiKeys(settings.api_keys)
         #: What a request without a key may reach when there are keys: every other path
         #: (unknown ones too, so they cannot be probed) answers 401 first.
         self.open_paths = {"/health", "/live"}
-        if not self.settings.metrics_require_key:
+        if not settings.metrics_require_key:
             self.open_paths.add("/metrics")
-        self._routes: dict[tuple[str, str], Route] = {
-            ("POST", "/v1/chat/completions"): Route(self.chat_completions, "chat"),
-            ("POST", "/v1/completions"): Route(self.completions, "completion"),
-            ("POST", "/generate"): Route(
-                lambda ex: generate.handle(self, ex), "generate", detail_errors=True
-            ),
-            ("POST", "/v1/audio/speech"): Route(lambda ex: speech.handle(self, ex), "speech"),
-            ("POST", "/v1/images/generations"): Route(
-                lambda ex: images.generations(self, ex), "image_generation"
-            ),
-            ("POST", "/v1/images/edits"): Route(lambda ex: images.edits(self, ex), "image_edit"),
-            ("POST", "/v1/videos/generations"): Route(
-                lambda ex: videos.handle(self, ex), "video_generation"
-            ),
-            ("GET", "/v1/models"): Route(self.list_models),
-            ("GET", "/health"): Route(self.health),
-            ("GET", "/live"): Route(self.live),
-            ("GET", "/metrics"): Route(self.metrics),
-        }
-        self._paths = {path for _, path in self._routes}
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
-            await self._http(Exchange(scope, receive, send, self.state))
+            await self._http(Exchange(scope, receive, send, self.services.state))
         elif kind == "lifespan":
             await _lifespan(receive, send)
         elif kind == "websocket":
@@ -127,7 +103,11 @@ class App:
             await _refuse_websocket(scope, receive, send, error)
             return
         connection = WebSocketConnection(
-            self, receive, send, key_index=key_index, subprotocol=select_subprotocol(protocols)
+            self.services,
+            receive,
+            send,
+            key_index=key_index,
+            subprotocol=select_subprotocol(protocols),
         )
         await connection.serve()
 
@@ -147,6 +127,7 @@ class App:
         return len(hosts) == 1 and origin.partition(b"://")[2] == hosts[0].lower()
 
     async def _http(self, exchange: Exchange) -> None:
+        services = self.services
         try:
             if self.cors.enabled:
                 origin = exchange.header(b"origin")
@@ -160,18 +141,16 @@ class App:
                 exchange.key_index = self.api_keys.authenticate(
                     header_values(exchange.scope["headers"], b"authorization")
                 )
-            route = self._routes.get((exchange.method, exchange.path))
-            if route is None:
-                await self._fallback(exchange)(exchange)
-            elif route.capability is None:
-                await route.handler(exchange)
+            route = ROUTES.get((exchange.method, exchange.path)) or _fallback(exchange)
+            if route.capability is None:
+                await route.handler(services, exchange)
             else:
                 exchange.detail_errors = route.detail_errors
-                self.require_capability(route.capability, exchange)
-                admission = self.admission
+                services.require_capability(route.capability, exchange)
+                admission = services.admission
                 admission.try_acquire()  # held until the last byte is sent
                 try:
-                    await route.handler(exchange)
+                    await route.handler(services, exchange)
                 finally:
                     admission.release()
         except HTTPError as error:
@@ -188,222 +167,21 @@ class App:
         exchange.extra_headers = []
         await exchange.respond(204, b"", headers)
 
-    def require_capability(self, capability: str, exchange: Exchange) -> None:
-        """404 when the connected engines do not do what the route needs (no engine at
-        all is a 503, later, like for every generation route)."""
-        engines = self.engines
-        if engines.offers(capability) or not engines.ready:
-            return
-        declared = engines.capabilities()
+
+def _fallback(exchange: Exchange) -> Route:
+    """``DELETE /v1/requests/{id}``, else the 405 or 404 for a path no route serves."""
+    path = exchange.path
+    if path.startswith("/v1/requests/") and exchange.method == "DELETE":
+        return _CANCEL
+    if path in _PATHS or path.startswith("/v1/requests/"):
+        allowed = sorted(m for m, p in ROUTES if p == path) or ["DELETE"]
         raise HTTPError(
-            404,
-            f"{exchange.method} {exchange.path} is not available: no connected engine "
-            f"supports {CAPABILITY_NAMES.get(capability, capability)} (capability "
-            f"{capability!r}; the engines declare: {', '.join(sorted(declared))})",
-            "route_not_supported",
+            405,
+            f"method {exchange.method} not allowed on {path}",
+            "method_not_allowed",
+            headers=[(b"allow", ", ".join(allowed).encode())],
         )
-
-    def _fallback(self, exchange: Exchange) -> Handler:
-        path = exchange.path
-        if path.startswith("/v1/requests/") and exchange.method == "DELETE":
-            return self.cancel_request
-        if path in self._paths or path.startswith("/v1/requests/"):
-            allowed = sorted(m for m, p in self._routes if p == path) or ["DELETE"]
-            raise HTTPError(
-                405,
-                f"method {exchange.method} not allowed on {path}",
-                "method_not_allowed",
-                headers=[(b"allow", ", ".join(allowed).encode())],
-            )
-        raise HTTPError(404, f"no route {exchange.method} {path}", "not_found")
-
-    # -- generation ----------------------------------------------------------------------
-
-    async def chat_completions(self, exchange: Exchange) -> None:
-        await self._generate(exchange, "chat")
-
-    async def completions(self, exchange: Exchange) -> None:
-        await self._generate(exchange, "completion")
-
-    async def _json_body(self, exchange: Exchange) -> dict[str, Any]:
-        raw = await exchange.read_body(self.settings.max_body_bytes, self.settings.body_timeout)
-        body = parse_json(raw)
-        if not isinstance(body, dict):
-            raise invalid([{"loc": "$", "msg": "the body must be a JSON object"}])
-        return body
-
-    def resolve_model(self, requested: str | None) -> str:
-        engines = self.engines
-        if requested is None:
-            default = engines.default_model()
-            if default is not None:
-                return default
-        elif engines.serves_model(requested):
-            return requested
-        models = [card.id for card in self.engines.models()]
-        if not models:
-            raise HTTPError(503, "no engine is connected", "engine_unavailable")
-        if requested is None:
-            return models[0]
-        if requested not in models:
-            raise HTTPError(
-                404,
-                f"model {requested!r} is not served here (available: {', '.join(models)})",
-                "model_not_found",
-            )
-        return requested
-
-    def timeout(self, requested: Any, what: str) -> float:
-        """The deadline to use: the server's, or a client's (capped), in seconds."""
-        settings = self.settings
-        if requested is None:
-            return settings.request_timeout
-        try:
-            value = float(requested)
-        except (TypeError, ValueError):
-            value = -1.0
-        if not value > 0 or value != value:
-            raise HTTPError(
-                400, f"{what} must be a positive number of seconds", "invalid_request_timeout"
-            )
-        return min(value, settings.max_request_timeout)
-
-    def check_accepting(self) -> None:
-        if self.state.finished:
-            raise HTTPError(503, "the server is shutting down", "server_shutting_down")
-
-    def begin(self, exchange: Exchange) -> float:
-        """Checks every generation route makes before reading its body; the deadline."""
-        self.check_accepting()
-        return self.timeout(exchange.header(b"x-request-timeout"), "X-Request-Timeout")
-
-    def media_fetcher(self) -> MediaFetcher:
-        settings = self.settings
-        return MediaFetcher(
-            allow_remote=settings.allow_remote_media,
-            max_bytes=settings.remote_media_max_bytes,
-            timeout=settings.remote_media_timeout,
-        )
-
-    def uploads(self) -> Uploads:
-        return Uploads(self.settings.upload_dir)
-
-    async def read_form(
-        self,
-        exchange: Exchange,
-        *,
-        uploads: Uploads | None,
-        accepted: tuple[str, ...] = (MULTIPART, URLENCODED, JSON),
-    ) -> Body:
-        """The request body by its Content-Type, under the server's size and time limits."""
-        settings = self.settings
-        return await read_body(
-            exchange,
-            limit=settings.max_body_bytes,
-            timeout=settings.body_timeout,
-            uploads=uploads,
-            accepted=accepted,
-        )
-
-    async def run(
-        self,
-        exchange: Exchange,
-        submit: Submit,
-        capability: str,
-        writer: Writer,
-        timeout: float,
-        *,
-        keepalive: float = 0,
-    ) -> None:
-        """One generation request of ``exchange``, through the request lifecycle."""
-        await run_generation(
-            engines=self.engines,
-            registry=self.registry,
-            submit=submit,
-            capability=capability,
-            writer=writer,
-            timeout=timeout,
-            buffer=self.settings.stream_buffer,
-            wait_disconnect=exchange.wait_disconnect,
-            watch_disconnect=exchange.watch_disconnect,
-            handle=RequestHandle(submit.request_id, owner=exchange.key_index),
-            keepalive=keepalive,
-        )
-
-    async def _generate(self, exchange: Exchange, capability: str) -> None:
-        timeout = self.begin(exchange)
-        body = await self._json_body(exchange)
-        generation = parse_generation(capability, body, exchange.request_id, self.resolve_model)
-        generation = await resolve_chat_media(generation, self.media_fetcher())
-        fmt = generation.stream_format()
-        if generation.n > 1:
-            submits = generation.choices()
-            stream = None
-            if generation.stream:
-                formats = [generation.stream_format() for _ in submits]
-                for index, choice_format in enumerate(formats):
-                    choice_format.index = index
-                stream = StreamingGroup(exchange, formats, generation.include_usage)
-
-            async def answer(collected: list[Collected]) -> None:
-                if stream is not None:
-                    await stream.finish(collected)
-                    return
-                choices = [("".join(c.text), c.finish_reason, c.usage) for c in collected]
-                await exchange.respond(200, fmt.complete_choices(choices), JSON_HEADERS)
-
-            await run_group(self, exchange, submits, capability, timeout, answer, stream=stream)
-            return
-        if generation.stream:
-            writer: Writer = SSEWriter(exchange, fmt)
-            keepalive = self.settings.sse_keepalive
-        else:
-            writer, keepalive = JSONWriter(exchange, fmt), 0
-        await self.run(
-            exchange, generation.submit, capability, writer, timeout, keepalive=keepalive
-        )
-
-    def end_all(self, reason: str) -> int:
-        """End every request in flight (the drain deadline); returns how many."""
-        self.state.finished = True
-        ended = self.registry.end_all(reason)
-        for connection in list(self.websockets):
-            connection.close(GOING_AWAY)
-        return ended
-
-    async def cancel_request(self, exchange: Exchange) -> None:
-        request_id = exchange.path.removeprefix("/v1/requests/")
-        # Another key's request answers as an unknown one: its existence is not revealed.
-        handle = self.registry.owned(request_id, exchange.key_index)
-        if handle is None:
-            raise HTTPError(404, f"no request {request_id!r} is in flight", "request_not_found")
-        handle.end("cancel")
-        await exchange.respond_json(200, {"id": request_id, "object": "request", "cancelled": True})
-
-    # -- operations ----------------------------------------------------------------------
-
-    async def list_models(self, exchange: Exchange) -> None:
-        data = [
-            {"id": card.id, "object": "model", "created": 0, "owned_by": card.owned_by}
-            for card in self.engines.models()
-        ]
-        await exchange.respond_json(200, {"object": "list", "data": data})
-
-    async def health(self, exchange: Exchange) -> None:
-        """Readiness: an engine is connected and the server is not draining."""
-        if self.state.draining:
-            await exchange.respond_json(503, {"status": "draining"})
-        elif not self.engines.ready:
-            await exchange.respond_json(503, {"status": "no_engine"})
-        else:
-            await exchange.respond_json(200, {"status": "ok"})
-
-    async def live(self, exchange: Exchange) -> None:
-        await exchange.respond_json(200, {"status": "alive"})
-
-    async def metrics(self, exchange: Exchange) -> None:
-        body, content_type = metrics.render()
-        await exchange.respond(200, body, [(b"content-type", content_type.encode())])
+    raise HTTPError(404, f"no route {exchange.method} {path}", "not_found")
 
 
 async def _refuse_websocket(

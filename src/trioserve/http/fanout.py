@@ -14,7 +14,6 @@ Each engine request runs through :func:`~trioserve.http.lifecycle.run_generation
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
 
 import attrs
 import trio
@@ -23,6 +22,7 @@ from ..protocol import OutputItem, Submit, Usage
 from .errors import HTTPError
 from .exchange import Exchange
 from .lifecycle import RequestHandle, run_generation
+from .services import Services
 from .writers.openai import StreamFormat
 from .writers.stream import (
     SSE_DONE,
@@ -35,9 +35,6 @@ from .writers.stream import (
     stream_body,
     text_of,
 )
-
-if TYPE_CHECKING:
-    from .app import App
 
 
 @attrs.define(eq=False)
@@ -82,7 +79,7 @@ class _MemberWriter(CollectingWriter):
 
 
 async def run_group(
-    app: App,
+    services: Services,
     exchange: Exchange,
     submits: list[Submit],
     capability: str,
@@ -99,7 +96,7 @@ async def run_group(
     group = GroupHandle(exchange.request_id, owner=owner)
     group.members = [RequestHandle(submit.request_id, owner=owner) for submit in submits]
     result = GroupResult([None] * len(submits))
-    app.registry.add(group)
+    services.registry.add(group)
     try:
         async with trio.open_nursery() as nursery:
 
@@ -116,11 +113,11 @@ async def run_group(
                         else _StreamingMember(stream, result, index, group)
                     )
                     members.start_soon(
-                        _member, app, submit, capability, timeout, group, result, index, writer
+                        _member, services, submit, capability, timeout, group, result, index, writer
                     )
             nursery.cancel_scope.cancel()
     finally:
-        app.registry.remove(group)
+        services.registry.remove(group)
     if group.end_reason == "disconnect":
         return
     if result.error is not None:
@@ -136,7 +133,7 @@ async def run_group(
 
 
 async def _member(
-    app: App,
+    services: Services,
     submit: Submit,
     capability: str,
     timeout: float,
@@ -147,13 +144,13 @@ async def _member(
 ) -> None:
     try:
         await run_generation(
-            engines=app.engines,
-            registry=app.registry,
+            engines=services.engines,
+            registry=services.registry,
             submit=submit,
             capability=capability,
             writer=writer,
             timeout=timeout,
-            buffer=app.settings.stream_buffer,
+            buffer=services.settings.stream_buffer,
             handle=group.members[index],
         )
     except HTTPError as error:  # refused before submission (e.g. a duplicate id)

@@ -14,7 +14,7 @@ import itertools
 import json
 import logging
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 import trio
@@ -24,10 +24,8 @@ from .bodies.openai import ENDPOINTS, parse_generation
 from .errors import HTTPError
 from .exchange import Receive, Send, new_request_id
 from .lifecycle import RequestHandle, run_generation
+from .services import Services
 from .writers.websocket import WebSocketWriter
-
-if TYPE_CHECKING:
-    from .app import App
 
 log = logging.getLogger("trioserve.websocket")
 
@@ -48,14 +46,14 @@ class WebSocketConnection:
 
     def __init__(
         self,
-        app: App,
+        services: Services,
         receive: Receive,
         send: Send,
         *,
         key_index: int | None = None,
         subprotocol: str | None = None,
     ) -> None:
-        self.app = app
+        self.services = services
         #: The API key the connection was opened with (``http/auth.py``): its requests'
         #: owner. ``subprotocol``: what the accept selects (never a key-bearing token).
         self.key_index = key_index
@@ -81,37 +79,37 @@ class WebSocketConnection:
         payload = error.payload()["error"]
         await self.send_text(_dumps({"type": "error", "id": client_id, "error": payload}))
 
-    def close(self, code: int) -> None:
-        """End every request on the connection, then close it with ``code``.
+    def end(self, reason: str) -> None:
+        """End every request on the connection with ``reason``, then close it: 1001
+        (going away) for the drain, 1008 otherwise.
 
         Only the reader is cancelled: each request ends through its own handle, so it
         still tells the client why (unless the peer is gone) before the socket closes.
         """
         if self.close_code is None:
-            self.close_code = code
-            reason = "drain" if code == GOING_AWAY else "disconnect"
+            self.close_code = GOING_AWAY if reason == "drain" else POLICY_VIOLATION
             for handle in list(self.requests.values()):
                 handle.end(reason)
             self._reader_scope.cancel()
 
     async def serve(self) -> None:
-        app = self.app
+        services = self.services
         if (await self.receive())["type"] != "websocket.connect":
             return
-        if app.state.finished:
+        if services.state.finished:
             await self._send({"type": "websocket.close", "code": GOING_AWAY})
             return
         accept: dict[str, Any] = {"type": "websocket.accept"}
         if self.subprotocol is not None:
             accept["subprotocol"] = self.subprotocol
         await self._send(accept)
-        app.websockets.add(self)
+        services.connections.add(self)
         try:
             async with trio.open_nursery() as nursery:
                 with self._reader_scope:
                     await self._read(nursery)
         finally:
-            app.websockets.discard(self)
+            services.connections.discard(self)
             if self.close_code is not None and not self.peer_gone:
                 with trio.CancelScope(shield=True), trio.move_on_after(1):
                     await self._send({"type": "websocket.close", "code": self.close_code})
@@ -123,7 +121,7 @@ class WebSocketConnection:
             kind = message["type"]
             if kind == "websocket.disconnect":
                 self.peer_gone = True
-                self.close(message.get("code", 1005))
+                self.end("disconnect")  # (the peer is gone: nothing is sent)
                 return
             if kind != "websocket.receive":
                 continue
@@ -185,7 +183,7 @@ class WebSocketConnection:
             await self.send_error(client_id, error)
             return
         try:
-            self.app.admission.try_acquire()  # released when the request ends
+            self.services.admission.try_acquire()  # released when the request ends
         except HTTPError as error:
             await self.send_error(client_id, error)
             return
@@ -194,14 +192,14 @@ class WebSocketConnection:
         nursery.start_soon(self._run, client_id, handle, generation, timeout)
 
     def _prepare(self, client_id: str, message: dict[str, Any]) -> Any:
-        app = self.app
-        app.check_accepting()
+        services = self.services
+        services.check_accepting()
         if client_id in self.requests:
             raise HTTPError(409, f"request {client_id!r} is already running", "duplicate_id")
-        if len(self.requests) >= app.settings.ws_max_requests:
+        if len(self.requests) >= services.settings.ws_max_requests:
             raise HTTPError(
                 429,
-                f"at most {app.settings.ws_max_requests} requests may run at once on one "
+                f"at most {services.settings.ws_max_requests} requests may run at once on one "
                 "connection",
                 "too_many_requests",
             )
@@ -215,13 +213,13 @@ class WebSocketConnection:
         body = message.get("body")
         if not isinstance(body, dict):
             raise HTTPError(422, "body must be an object", "invalid_request")
-        timeout = app.timeout(message.get("timeout"), "timeout")
+        timeout = services.timeout(message.get("timeout"), "timeout")
         # Unique per request, even when a client reuses an id right after a cancel, and
         # unguessable: a sequential id let anyone cancel strangers' requests by scanning
         # DELETE /v1/requests/{id}.
         request_id = f"ws-{new_request_id()}.{client_id}"
         generation = parse_generation(
-            capability, body, request_id, app.resolve_model, streamed=True
+            capability, body, request_id, services.resolve_model, streamed=True
         )
         return generation, timeout
 
@@ -229,20 +227,20 @@ class WebSocketConnection:
         self, client_id: str, handle: RequestHandle, generation: Any, timeout: float
     ) -> None:
         try:
-            generation = await resolve_chat_media(generation, self.app.media_fetcher())
+            generation = await resolve_chat_media(generation, self.services.media_fetcher())
             await run_generation(
-                engines=self.app.engines,
-                registry=self.app.registry,
+                engines=self.services.engines,
+                registry=self.services.registry,
                 submit=generation.submit,
                 capability=generation.capability,
                 writer=WebSocketWriter(self, client_id, generation.stream_format()),
                 timeout=timeout,
-                buffer=self.app.settings.stream_buffer,
+                buffer=self.services.settings.stream_buffer,
                 handle=handle,
             )
         except HTTPError as error:  # refused before it started (duplicate id, bad media)
             await self.send_error(client_id, error)
         finally:
-            self.app.admission.release()
+            self.services.admission.release()
             if self.requests.get(client_id) is handle:
                 del self.requests[client_id]

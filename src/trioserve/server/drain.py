@@ -9,7 +9,7 @@
                                                                            aborts, exit 0 ◀┘
 
 A second signal skips straight to the last step. The HTTP server is told to stop
-accepting through :attr:`DrainController.stop_accepting`; the application reads ``app.state``.
+accepting through :attr:`DrainController.stop_accepting`; the application reads ``services.state``.
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ import signal
 import trio
 
 from .. import metrics
-from ..http import App
+from ..http.services import Services
 
 log = logging.getLogger("trioserve.drain")
 
 
 class DrainController:
-    def __init__(self, app: App, *, drain_delay: float, graceful_timeout: float) -> None:
-        self.app = app
+    def __init__(self, services: Services, *, drain_delay: float, graceful_timeout: float) -> None:
+        self.services = services
         self.drain_delay = drain_delay
         self.graceful_timeout = graceful_timeout
         #: Set when the listener must close (after the drain delay, or at once).
@@ -45,7 +45,7 @@ class DrainController:
             self._skip.set()
             return
         self._started = True
-        self.app.state.draining = True
+        self.services.state.draining = True
         metrics.DRAINING.set(1)
         log.info(
             "draining: readiness is now 503; serving for %g s more, then finishing in-flight "
@@ -70,12 +70,12 @@ class DrainController:
         t0 = trio.current_time()
         with trio.move_on_at(t0 + self.drain_delay):
             await self._skip.wait()
-        self.app.state.closing = True
+        self.services.state.closing = True
         self.stop_accepting.set()
-        log.info("draining: listener closed; %d request(s) in flight", len(self.app.registry))
+        log.info("draining: listener closed; %d request(s) in flight", len(self.services.registry))
         with trio.move_on_at(t0 + self.graceful_timeout):
             await self._skip.wait()
-        ended = self.app.end_all("drain")
+        ended = self.services.end_all("drain")
         if ended:
             log.warning("drain deadline: ended %d request(s) still in flight", ended)
         self.deadline_reached.set()

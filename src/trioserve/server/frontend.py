@@ -86,7 +86,9 @@ async def serve_frontend(
     ) as engines:
         app = App(engines, settings)
         drain = DrainController(
-            app, drain_delay=settings.drain_delay, graceful_timeout=settings.graceful_timeout
+            app.services,
+            drain_delay=settings.drain_delay,
+            graceful_timeout=settings.graceful_timeout,
         )
         async with trio.open_nursery() as nursery:
             if handle_signals:

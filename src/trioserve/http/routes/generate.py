@@ -9,19 +9,17 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
 from ...protocol import Submit
 from ..bodies.forms import Body, extra_params, invalid_fields, structure_fields
 from ..exchange import JSON_HEADERS, Exchange
+from ..services import Services
 from ..writers.ndjson import NDJSONWriter, media_json
 from ..writers.openai import usage_dict
 from ..writers.stream import Collected, CollectingWriter
-
-if TYPE_CHECKING:
-    from ..app import App
 
 
 @attrs.define
@@ -72,19 +70,19 @@ def build_submit(request_id: str, model: str, req: GenerateRequest, body: Body) 
     return Submit(request_id, model, "generate", inputs, params)
 
 
-async def handle(app: App, exchange: Exchange) -> None:
-    timeout = app.begin(exchange)
-    with app.uploads() as uploads:
-        body = await app.read_form(exchange, uploads=uploads)
+async def handle(services: Services, exchange: Exchange) -> None:
+    timeout = services.begin(exchange)
+    with services.uploads() as uploads:
+        body = await services.read_form(exchange, uploads=uploads)
         req = parse(body)
         stream = req.streaming if req.streaming is not None else req.stream
-        submit = build_submit(exchange.request_id, app.resolve_model(req.model), req, body)
+        submit = build_submit(exchange.request_id, services.resolve_model(req.model), req, body)
         if stream:
             writer: Any = NDJSONWriter(exchange, submit.request_id)
         else:
             writer = CollectingWriter(exchange, _answer(exchange, submit))
         # The uploads stay on disk until the request has ended, however it ends.
-        await app.run(exchange, submit, "generate", writer, timeout)
+        await services.run(exchange, submit, "generate", writer, timeout)
 
 
 def _answer(exchange: Exchange, submit: Submit) -> Any:

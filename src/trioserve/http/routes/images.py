@@ -13,7 +13,7 @@ import base64
 import json
 import secrets
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
@@ -22,10 +22,8 @@ from ..bodies.forms import JSON, MULTIPART, Body, extra_params, invalid_fields, 
 from ..errors import HTTPError
 from ..exchange import JSON_HEADERS, Exchange
 from ..fanout import run_group
+from ..services import Services
 from ..writers.stream import Collected
-
-if TYPE_CHECKING:
-    from ..app import App
 
 RESPONSE_FORMATS = ("b64_json",)
 MAX_N = 10
@@ -86,7 +84,7 @@ def submits(
 
 
 async def _serve(
-    app: App, exchange: Exchange, group: list[Submit], task: str, timeout: float
+    services: Services, exchange: Exchange, group: list[Submit], task: str, timeout: float
 ) -> None:
     created = int(time.time())
 
@@ -100,23 +98,23 @@ async def _serve(
         body = json.dumps({"created": created, "data": data}, separators=(",", ":")).encode()
         await exchange.respond(200, body, JSON_HEADERS)
 
-    await run_group(app, exchange, group, task, timeout, answer)
+    await run_group(services, exchange, group, task, timeout, answer)
 
 
-async def generations(app: App, exchange: Exchange) -> None:
-    timeout = app.begin(exchange)
-    body = await app.read_form(exchange, uploads=None, accepted=(JSON,))
+async def generations(services: Services, exchange: Exchange) -> None:
+    timeout = services.begin(exchange)
+    body = await services.read_form(exchange, uploads=None, accepted=(JSON,))
     req = parse(body)
-    model = app.resolve_model(req.model)
+    model = services.resolve_model(req.model)
     inputs = {"prompt": req.prompt}
     group = submits(exchange.request_id, model, "image_generation", req, inputs, body)
-    await _serve(app, exchange, group, "image_generation", timeout)
+    await _serve(services, exchange, group, "image_generation", timeout)
 
 
-async def edits(app: App, exchange: Exchange) -> None:
-    timeout = app.begin(exchange)
-    with app.uploads() as uploads:
-        body = await app.read_form(exchange, uploads=uploads, accepted=(MULTIPART,))
+async def edits(services: Services, exchange: Exchange) -> None:
+    timeout = services.begin(exchange)
+    with services.uploads() as uploads:
+        body = await services.read_form(exchange, uploads=uploads, accepted=(MULTIPART,))
         images = body.files.get("image", []) + body.files.get("image[]", [])
         if not images:
             raise HTTPError(
@@ -134,7 +132,7 @@ async def edits(app: App, exchange: Exchange) -> None:
         masks = body.files.get("mask")
         if masks:
             inputs["mask"] = masks[0].record()
-        model = app.resolve_model(req.model)
+        model = services.resolve_model(req.model)
         group = submits(exchange.request_id, model, "image_edit", req, inputs, body)
         # The uploads stay on disk until every member has ended.
-        await _serve(app, exchange, group, "image_edit", timeout)
+        await _serve(services, exchange, group, "image_edit", timeout)

@@ -8,7 +8,7 @@ write them), ``pcm`` is the samples as they are.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
@@ -17,11 +17,9 @@ from ..bodies.forms import JSON, extra_params, structure_fields
 from ..bodies.validation import invalid
 from ..errors import HTTPError
 from ..exchange import Exchange
+from ..services import Services
 from ..writers.audio import AudioStreamWriter, content_type, pcm_format, wav_header
 from ..writers.stream import Collected, CollectingWriter, EngineItemError
-
-if TYPE_CHECKING:
-    from ..app import App
 
 FORMATS = ("wav", "pcm")
 
@@ -53,9 +51,9 @@ def parse(body: Any) -> tuple[SpeechRequest, str]:
     return req, fmt
 
 
-async def handle(app: App, exchange: Exchange) -> None:
-    timeout = app.begin(exchange)
-    body = await app.read_form(exchange, uploads=None, accepted=(JSON,))
+async def handle(services: Services, exchange: Exchange) -> None:
+    timeout = services.begin(exchange)
+    body = await services.read_form(exchange, uploads=None, accepted=(JSON,))
     req, fmt = parse(body)
     inputs: dict[str, Any] = {"input": req.input}
     if req.voice is not None:
@@ -65,14 +63,14 @@ async def handle(app: App, exchange: Exchange) -> None:
     params = extra_params(body, SpeechRequest)
     if req.speed is not None:
         params["speed"] = req.speed
-    model = app.resolve_model(req.model)
+    model = services.resolve_model(req.model)
     submit = Submit(exchange.request_id, model, "speech", inputs, params)
     writer: Any
     if req.stream:
         writer = AudioStreamWriter(exchange, fmt)
     else:
         writer = CollectingWriter(exchange, _answer(exchange, fmt))
-    await app.run(exchange, submit, "speech", writer, timeout)
+    await services.run(exchange, submit, "speech", writer, timeout)
 
 
 def _answer(exchange: Exchange, fmt: str) -> Any:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
@@ -22,10 +22,8 @@ from ..bodies.forms import JSON, MULTIPART, Body, extra_params, invalid_fields, 
 from ..bodies.media import Media
 from ..errors import HTTPError
 from ..exchange import JSON_HEADERS, Exchange
+from ..services import Services
 from ..writers.stream import Collected, CollectingWriter, EngineItemError
-
-if TYPE_CHECKING:
-    from ..app import App
 
 #: Conditioning fields, and the modality each carries.
 CONDITIONING = {"image": "image", "video": "video"}
@@ -55,9 +53,9 @@ def parse(body: Body) -> VideoRequest:
     return req
 
 
-async def conditioning(app: App, req: VideoRequest, body: Body) -> dict[str, Media]:
+async def conditioning(services: Services, req: VideoRequest, body: Body) -> dict[str, Media]:
     given: dict[str, Media] = {}
-    fetcher = app.media_fetcher()
+    fetcher = services.media_fetcher()
     for name, modality in CONDITIONING.items():
         files = body.files.get(name)
         value = getattr(req, name)
@@ -76,23 +74,27 @@ async def conditioning(app: App, req: VideoRequest, body: Body) -> dict[str, Med
     return given
 
 
-async def handle(app: App, exchange: Exchange) -> None:
-    timeout = app.begin(exchange)
-    with app.uploads() as uploads:
-        body = await app.read_form(exchange, uploads=uploads, accepted=(JSON, MULTIPART))
+async def handle(services: Services, exchange: Exchange) -> None:
+    timeout = services.begin(exchange)
+    with services.uploads() as uploads:
+        body = await services.read_form(exchange, uploads=uploads, accepted=(JSON, MULTIPART))
         req = parse(body)
         inputs: dict[str, Any] = {"prompt": req.prompt}
-        for name, media in (await conditioning(app, req, body)).items():
+        for name, media in (await conditioning(services, req, body)).items():
             inputs[name] = media.record()
         params = extra_params(body, VideoRequest)
         for name in ("num_frames", "fps", "size", "seed"):
             if getattr(req, name) is not None:
                 params[name] = getattr(req, name)
         submit = Submit(
-            exchange.request_id, app.resolve_model(req.model), "video_generation", inputs, params
+            exchange.request_id,
+            services.resolve_model(req.model),
+            "video_generation",
+            inputs,
+            params,
         )
         writer = CollectingWriter(exchange, _answer(exchange))
-        await app.run(exchange, submit, "video_generation", writer, timeout)
+        await services.run(exchange, submit, "video_generation", writer, timeout)
 
 
 def _answer(exchange: Exchange) -> Any:

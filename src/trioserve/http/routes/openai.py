@@ -1,0 +1,57 @@
+"""``POST /v1/chat/completions`` and ``POST /v1/completions``: JSON or SSE, ``n`` choices.
+
+One choice is one engine request through the request lifecycle; ``n`` > 1 choices are
+``n`` engine requests run as a group (``fanout.py``), streamed with each chunk's ``index``
+or answered as one body.
+"""
+
+from __future__ import annotations
+
+from ..bodies.multimodal import resolve_chat_media
+from ..bodies.openai import parse_generation
+from ..exchange import JSON_HEADERS, Exchange
+from ..fanout import StreamingGroup, run_group
+from ..services import Services
+from ..writers.stream import Collected, JSONWriter, SSEWriter, Writer
+
+
+async def chat_completions(services: Services, exchange: Exchange) -> None:
+    await _generate(services, exchange, "chat")
+
+
+async def completions(services: Services, exchange: Exchange) -> None:
+    await _generate(services, exchange, "completion")
+
+
+async def _generate(services: Services, exchange: Exchange, capability: str) -> None:
+    timeout = services.begin(exchange)
+    body = await services.json_body(exchange)
+    generation = parse_generation(capability, body, exchange.request_id, services.resolve_model)
+    generation = await resolve_chat_media(generation, services.media_fetcher())
+    fmt = generation.stream_format()
+    if generation.n > 1:
+        submits = generation.choices()
+        stream = None
+        if generation.stream:
+            formats = [generation.stream_format() for _ in submits]
+            for index, choice_format in enumerate(formats):
+                choice_format.index = index
+            stream = StreamingGroup(exchange, formats, generation.include_usage)
+
+        async def answer(collected: list[Collected]) -> None:
+            if stream is not None:
+                await stream.finish(collected)
+                return
+            choices = [("".join(c.text), c.finish_reason, c.usage) for c in collected]
+            await exchange.respond(200, fmt.complete_choices(choices), JSON_HEADERS)
+
+        await run_group(services, exchange, submits, capability, timeout, answer, stream=stream)
+        return
+    if generation.stream:
+        writer: Writer = SSEWriter(exchange, fmt)
+        keepalive = services.settings.sse_keepalive
+    else:
+        writer, keepalive = JSONWriter(exchange, fmt), 0
+    await services.run(
+        exchange, generation.submit, capability, writer, timeout, keepalive=keepalive
+    )

@@ -1,0 +1,46 @@
+"""Operations: models, readiness, liveness, metrics, and cancelling a request by id."""
+
+from __future__ import annotations
+
+from ... import metrics
+from ..errors import HTTPError
+from ..exchange import Exchange
+from ..services import Services
+
+
+async def list_models(services: Services, exchange: Exchange) -> None:
+    data = [
+        {"id": card.id, "object": "model", "created": 0, "owned_by": card.owned_by}
+        for card in services.engines.models()
+    ]
+    await exchange.respond_json(200, {"object": "list", "data": data})
+
+
+async def health(services: Services, exchange: Exchange) -> None:
+    """Readiness: an engine is connected and the server is not draining."""
+    if services.state.draining:
+        await exchange.respond_json(503, {"status": "draining"})
+    elif not services.engines.ready:
+        await exchange.respond_json(503, {"status": "no_engine"})
+    else:
+        await exchange.respond_json(200, {"status": "ok"})
+
+
+async def live(services: Services, exchange: Exchange) -> None:
+    await exchange.respond_json(200, {"status": "alive"})
+
+
+async def render_metrics(services: Services, exchange: Exchange) -> None:
+    body, content_type = metrics.render()
+    await exchange.respond(200, body, [(b"content-type", content_type.encode())])
+
+
+async def cancel_request(services: Services, exchange: Exchange) -> None:
+    """``DELETE /v1/requests/{id}``: end a request in flight, with one abort."""
+    request_id = exchange.path.removeprefix("/v1/requests/")
+    # Another key's request answers as an unknown one: its existence is not revealed.
+    handle = services.registry.owned(request_id, exchange.key_index)
+    if handle is None:
+        raise HTTPError(404, f"no request {request_id!r} is in flight", "request_not_found")
+    handle.end("cancel")
+    await exchange.respond_json(200, {"id": request_id, "object": "request", "cancelled": True})

@@ -1,0 +1,192 @@
+"""What routes need, in one place: the engines, the settings, the requests in flight, the
+drain's state, admission, and the checks every generation route makes.
+
+Routes take a :class:`Services` and an :class:`~trioserve.http.exchange.Exchange`; the
+application (``app.py``) only dispatches to them, so no route reaches into it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import attrs
+
+from ..config import Settings
+from ..engine import EngineClient
+from ..protocol import Submit
+from .admission import Admission
+from .bodies.forms import JSON, MULTIPART, URLENCODED, Body, read_body
+from .bodies.media import MediaFetcher
+from .bodies.uploads import Uploads
+from .bodies.validation import invalid, parse_json
+from .errors import HTTPError
+from .exchange import Exchange, ServerState
+from .lifecycle import Registry, RequestHandle, run_generation
+from .writers.stream import Writer
+
+#: What each capability an engine may declare is called in a 404 for a missing one.
+CAPABILITY_NAMES = {
+    "chat": "chat completions",
+    "completion": "text completions",
+    "generate": "native generation",
+    "speech": "speech synthesis",
+    "image_generation": "image generation",
+    "image_edit": "image editing",
+    "video_generation": "video generation",
+}
+
+
+class Connection(Protocol):
+    """A connection that carries several requests (a WebSocket): the drain ends it."""
+
+    def end(self, reason: str) -> None: ...
+
+
+@attrs.define(eq=False)
+class Services:
+    engines: EngineClient
+    settings: Settings = attrs.Factory(Settings)
+    #: Requests in flight, for explicit cancel and the drain deadline.
+    registry: Registry = attrs.Factory(Registry)
+    #: What the drain controller has decided so far.
+    state: ServerState = attrs.Factory(ServerState)
+    #: Open WebSocket connections (each ends its own requests).
+    connections: set[Connection] = attrs.Factory(set)
+    admission: Admission = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.admission = Admission(self.settings.max_concurrent_requests)
+
+    # -- checks every generation route makes ---------------------------------------------
+
+    def check_accepting(self) -> None:
+        if self.state.finished:
+            raise HTTPError(503, "the server is shutting down", "server_shutting_down")
+
+    def begin(self, exchange: Exchange) -> float:
+        """Checks every generation route makes before reading its body; the deadline."""
+        self.check_accepting()
+        return self.timeout(exchange.header(b"x-request-timeout"), "X-Request-Timeout")
+
+    def timeout(self, requested: Any, what: str) -> float:
+        """The deadline to use: the server's, or a client's (capped), in seconds."""
+        settings = self.settings
+        if requested is None:
+            return settings.request_timeout
+        try:
+            value = float(requested)
+        except (TypeError, ValueError):
+            value = -1.0
+        if not value > 0 or value != value:
+            raise HTTPError(
+                400, f"{what} must be a positive number of seconds", "invalid_request_timeout"
+            )
+        return min(value, settings.max_request_timeout)
+
+    def require_capability(self, capability: str, exchange: Exchange) -> None:
+        """404 when the connected engines do not do what the route needs (no engine at
+        all is a 503, later, like for every generation route)."""
+        engines = self.engines
+        if engines.offers(capability) or not engines.ready:
+            return
+        declared = engines.capabilities()
+        raise HTTPError(
+            404,
+            f"{exchange.method} {exchange.path} is not available: no connected engine "
+            f"supports {CAPABILITY_NAMES.get(capability, capability)} (capability "
+            f"{capability!r}; the engines declare: {', '.join(sorted(declared))})",
+            "route_not_supported",
+        )
+
+    def resolve_model(self, requested: str | None) -> str:
+        engines = self.engines
+        if requested is None:
+            default = engines.default_model()
+            if default is not None:
+                return default
+        elif engines.serves_model(requested):
+            return requested
+        models = [card.id for card in engines.models()]
+        if not models:
+            raise HTTPError(503, "no engine is connected", "engine_unavailable")
+        if requested is None:
+            return models[0]
+        if requested not in models:
+            raise HTTPError(
+                404,
+                f"model {requested!r} is not served here (available: {', '.join(models)})",
+                "model_not_found",
+            )
+        return requested
+
+    # -- request bodies ------------------------------------------------------------------
+
+    async def json_body(self, exchange: Exchange) -> dict[str, Any]:
+        raw = await exchange.read_body(self.settings.max_body_bytes, self.settings.body_timeout)
+        body = parse_json(raw)
+        if not isinstance(body, dict):
+            raise invalid([{"loc": "$", "msg": "the body must be a JSON object"}])
+        return body
+
+    async def read_form(
+        self,
+        exchange: Exchange,
+        *,
+        uploads: Uploads | None,
+        accepted: tuple[str, ...] = (MULTIPART, URLENCODED, JSON),
+    ) -> Body:
+        """The request body by its Content-Type, under the server's size and time limits."""
+        settings = self.settings
+        return await read_body(
+            exchange,
+            limit=settings.max_body_bytes,
+            timeout=settings.body_timeout,
+            uploads=uploads,
+            accepted=accepted,
+        )
+
+    def media_fetcher(self) -> MediaFetcher:
+        settings = self.settings
+        return MediaFetcher(
+            allow_remote=settings.allow_remote_media,
+            max_bytes=settings.remote_media_max_bytes,
+            timeout=settings.remote_media_timeout,
+        )
+
+    def uploads(self) -> Uploads:
+        return Uploads(self.settings.upload_dir)
+
+    # -- running requests ----------------------------------------------------------------
+
+    async def run(
+        self,
+        exchange: Exchange,
+        submit: Submit,
+        capability: str,
+        writer: Writer,
+        timeout: float,
+        *,
+        keepalive: float = 0,
+    ) -> None:
+        """One generation request of ``exchange``, through the request lifecycle."""
+        await run_generation(
+            engines=self.engines,
+            registry=self.registry,
+            submit=submit,
+            capability=capability,
+            writer=writer,
+            timeout=timeout,
+            buffer=self.settings.stream_buffer,
+            wait_disconnect=exchange.wait_disconnect,
+            watch_disconnect=exchange.watch_disconnect,
+            handle=RequestHandle(submit.request_id, owner=exchange.key_index),
+            keepalive=keepalive,
+        )
+
+    def end_all(self, reason: str) -> int:
+        """End every request in flight (the drain deadline); returns how many."""
+        self.state.finished = True
+        ended = self.registry.end_all(reason)
+        for connection in list(self.connections):
+            connection.end(reason)
+        return ended
