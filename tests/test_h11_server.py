@@ -17,9 +17,17 @@ import trio
 import wsproto
 import wsproto.events as ws_events
 
-from tests.conftest import HANG_GUARD, read_to_end, start_engine, start_frontend, wait_until
+from tests.conftest import (
+    HANG_GUARD,
+    read_to_end,
+    read_until,
+    start_engine,
+    start_frontend,
+    wait_until,
+)
 from trioserve.cli import build_parser
 from trioserve.config import Settings
+from trioserve.http.channel import AsgiHandler, RequestHead, ResponseChannel
 from trioserve.server.frontend import http1_config
 from trioserve.server.http1 import serve as h11_server
 from trioserve.server.http1.serve import Http1Config, serve_http1
@@ -65,7 +73,14 @@ echo_app.disconnects = 0
 async def serve(nursery: trio.Nursery, app=echo_app, **config: object) -> tuple[int, trio.Event]:
     stop = trio.Event()
     [url] = await nursery.start(
-        partial(serve_http1, app, "127.0.0.1", 0, config=Http1Config(**config), stop_accepting=stop)
+        partial(
+            serve_http1,
+            app if hasattr(app, "handle_http") else AsgiHandler(app),
+            "127.0.0.1",
+            0,
+            config=Http1Config(**config),
+            stop_accepting=stop,
+        )
     )
     return int(url.rsplit(":", 1)[1]), stop
 
@@ -579,3 +594,45 @@ def test_the_bounds_reach_the_server_from_the_settings_and_the_cli(monkeypatch):
     # The default: three quarters of the descriptor limit, the rest kept for the others.
     monkeypatch.setattr(resource, "getrlimit", lambda which: (1024, 4096))
     assert h11_server.default_max_connections() == 768
+
+
+class PartialWriteApp:
+    """Starts a chunked response with one piece larger than any socket buffer through the
+    synchronous path (as the engine link sends a token), then sends nothing more until
+    the client has read that whole piece."""
+
+    PIECE = b"#" * (8 * 2**20)
+
+    def __init__(self) -> None:
+        self.took: bool | None = None
+        self.client_has_it = trio.Event()
+
+    async def __call__(self, scope, receive, send) -> None:
+        raise AssertionError("HTTP only")
+
+    async def handle_http(self, head: RequestHead, channel: ResponseChannel) -> None:
+        self.took = channel.try_start(200, [(b"content-type", b"text/plain")], self.PIECE)
+        await self.client_has_it.wait()
+        await channel.send_body(b"", False)
+
+
+async def test_a_partial_synchronous_write_is_flushed_without_waiting_for_the_next_send(nursery):
+    # The socket takes only part of the piece at once; the rest must reach the client
+    # although the application sends nothing more (a stream whose next token is long in
+    # coming): it used to wait in a buffer for the next send.
+    app = PartialWriteApp()
+    port, _ = await serve(nursery, app)
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(get("/"))
+    data = b""
+    with trio.fail_after(HANG_GUARD):
+        while len(data) < len(app.PIECE) + 200:
+            chunk = await stream.receive_some(2**20)
+            assert chunk, "the server closed the connection"
+            data += chunk
+            if data.count(b"#") == len(app.PIECE):
+                break
+    assert app.took is True
+    assert data.count(b"#") == len(app.PIECE)
+    app.client_has_it.set()
+    assert (await read_until(stream, b"0\r\n\r\n")).endswith(b"0\r\n\r\n")

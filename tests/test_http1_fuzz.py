@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import HANG_GUARD, read_to_end
+from trioserve.http.channel import AsgiHandler
 from trioserve.server.http1 import protocol as http1
 from trioserve.server.http1.serve import Http1Config, serve_http1
 
@@ -290,7 +291,7 @@ def run_server_check(pieces: list[bytes]) -> None:
         async with trio.open_nursery() as nursery:
             [url] = await nursery.start(
                 lambda task_status: serve_http1(
-                    fuzz_app,
+                    AsgiHandler(fuzz_app),
                     "127.0.0.1",
                     0,
                     config=config,

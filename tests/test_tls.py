@@ -20,6 +20,7 @@ from tests.conftest import HANG_GUARD, start_engine, start_frontend, wait_until
 from tests.test_h11_server import echo_app, get
 from trioserve.cli import main
 from trioserve.config import Settings
+from trioserve.http.channel import AsgiHandler
 from trioserve.sdk.mock import expected_text
 from trioserve.server import tls
 from trioserve.server.http1.serve import Http1Config, serve_http1
@@ -274,7 +275,7 @@ async def serve_tls(nursery, certs: Certificates, **config: object) -> tuple[int
     [url] = await nursery.start(
         partial(
             serve_http1,
-            echo_app,
+            AsgiHandler(echo_app),
             "127.0.0.1",
             0,
             config=Http1Config(**config),

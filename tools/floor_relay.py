@@ -52,7 +52,8 @@ async def relay(stream: trio.SocketStream, engines: EngineClient, model: str) ->
         params = {k: v for k, v in body.items() if k not in NOT_PARAMS}
         submit = Submit(uuid.uuid4().hex, model, "chat", {"messages": body["messages"]}, params)
         head = HEAD
-        async with engines.submit(submit, "chat") as sub:
+        sub = engines.submit(submit, "chat")
+        try:
             while batch := await sub.receive_batch():
                 out = [head]
                 head = b""
@@ -62,6 +63,8 @@ async def relay(stream: trio.SocketStream, engines: EngineClient, model: str) ->
                     if item.finish_reason is not None or item.error is not None:
                         out.append(chunk(b"data: [DONE]\n\n") + LAST_CHUNK)
                 os.write(fd, b"".join(out))
+        finally:
+            sub.abort("disconnect")  # a no-op once the engine finished it
 
 
 async def serve(engine: str, host: str, port: int) -> None:

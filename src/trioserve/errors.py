@@ -6,6 +6,10 @@ from __future__ import annotations
 class TrioserveError(Exception):
     """Base of every error trioserve raises on purpose."""
 
+    #: The HTTP status and machine-readable code a client is answered with.
+    status = 500
+    code = "internal_error"
+
 
 class EngineError(TrioserveError):
     """Something about an engine; the request did not complete."""
@@ -56,3 +60,11 @@ class SlowClientError(TrioserveError):
 
     status = 503
     code = "slow_client"
+
+
+class WriterFailedError(TrioserveError):
+    """A bug in one response's writer (its synchronous path, run by the engine link):
+    that request ends with a 500 and one abort; nothing else is affected."""
+
+    status = 500
+    code = "internal_error"

@@ -18,7 +18,7 @@ import zmq
 from tests.conftest import HANG_GUARD, start_engine, wait_until
 from trioserve import metrics
 from trioserve.engine import HeartbeatConfig, connection, open_engine_client
-from trioserve.engine.subscription import DEFAULT_BUFFER
+from trioserve.engine.subscription import DEFAULT_BUFFER, Subscription
 from trioserve.errors import EngineFailedError, EngineLostError, SlowClientError
 from trioserve.protocol import (
     PROTOCOL_VERSION,
@@ -38,6 +38,15 @@ from trioserve.protocol import (
 from trioserve.sdk.mock import expected_text
 
 
+@contextlib.asynccontextmanager
+async def subscribed(sub: Subscription) -> AsyncIterator[Subscription]:
+    """Abort ``sub`` when the block exits, as a request's owner does (unless it ended)."""
+    try:
+        yield sub
+    finally:
+        sub.abort("disconnect")
+
+
 def completion(request_id: str, prompt: str = "hello", **params: object) -> Submit:
     return Submit(request_id, "mock", "completion", {"prompt": prompt}, dict(params))
 
@@ -53,7 +62,8 @@ async def test_streams_exactly_max_tokens_in_order_then_finishes(nursery):
     engine = await start_engine(nursery)
     async with open_engine_client([engine.address]) as client:
         await client.wait_ready()
-        async with client.submit(completion("r1", max_tokens=7), "completion") as sub:
+        sub = client.submit(completion("r1", max_tokens=7), "completion")
+        async with subscribed(sub):
             items = await collect(sub)
         assert [i.seq for i in items] == list(range(7))
         assert "".join(i.data for i in items) == expected_text("hello", 7)
@@ -67,7 +77,9 @@ async def test_leaving_the_context_early_sends_exactly_one_abort(nursery):
     async with open_engine_client([engine.address]) as client:
         await client.wait_ready()
         frontend = client.connections[0].frontend_id.encode()
-        async with client.submit(completion("r1", max_tokens=10_000), "completion") as sub:
+        async with subscribed(
+            client.submit(completion("r1", max_tokens=10_000), "completion")
+        ) as sub:
             await sub.receive_batch()
         assert sub.state == "aborted"
         assert sub.abort("again") is False  # idempotent
@@ -101,7 +113,9 @@ async def test_a_slow_subscriber_never_blocks_the_others(nursery):
         slow = client.submit(
             completion("slow", max_tokens=500), "completion", buffer=4, on_failure=failures.append
         )
-        async with client.submit(completion("fast", max_tokens=200), "completion") as fast:
+        async with subscribed(
+            client.submit(completion("fast", max_tokens=200), "completion")
+        ) as fast:
             items = await collect(fast)  # never reads `slow`
         assert len(items) == 200
         await wait_until(lambda: slow.done, "the slow subscriber to be ended")
@@ -119,7 +133,7 @@ async def test_engine_error_item_ends_the_request_without_an_abort(nursery):
         sub = client.submit(
             completion("e1", mock_error_after=2, mock_error_status=429), "completion"
         )
-        async with sub:
+        async with subscribed(sub):
             items = await collect(sub)
         assert [i.data is not None for i in items] == [True, True, False]
         assert items[-1].error.status == 429
@@ -144,7 +158,8 @@ async def test_a_sink_takes_what_it_returns_nothing_of_and_errors_never_reach_it
                 if i.finish_reason is not None
             ]
 
-        async with client.submit(completion("s1", max_tokens=3), "completion") as sub:
+        sub = client.submit(completion("s1", max_tokens=3), "completion")
+        async with subscribed(sub):
             sub.sink = sink
             items = await collect(sub)
         assert [i.seq for i in seen] == [0, 1, 2] and seen[-1].data  # the last had text
@@ -152,7 +167,7 @@ async def test_a_sink_takes_what_it_returns_nothing_of_and_errors_never_reach_it
         assert sub.state == "finished"
 
         failing = client.submit(completion("s2", mock_error_after=0), "completion")
-        async with failing:
+        async with subscribed(failing):
             failing.sink = lambda items: seen.extend(items) or items
             items = await collect(failing)
         assert len(seen) == 3  # not called
@@ -241,7 +256,7 @@ async def test_two_engines_share_the_load_and_models_are_merged(nursery):
         await client.wait_ready()
         assert {m.id for m in client.models()} == {"m1", "m2"}
         sub = client.submit(Submit("x", "m2", "completion", {"prompt": "p"}), "completion")
-        async with sub:
+        async with subscribed(sub):
             await collect(sub)
         assert second.stats.finished == 1 and first.stats.submitted == 0
 
@@ -310,7 +325,9 @@ async def test_an_engine_that_refuses_our_version_fails_alone_and_is_tried_again
             (why,) = client.failures().values()
             assert f"version {PROTOCOL_VERSION + 1}" in why
             assert client.ready and not client.connections[1].ready
-            async with client.submit(completion("r1", max_tokens=3), "completion") as sub:
+            async with subscribed(
+                client.submit(completion("r1", max_tokens=3), "completion")
+            ) as sub:
                 assert len(await collect(sub)) == 3
             ident, _ = await receive_a(fake, Hello)  # tried again
             fake.send(ident, welcome(model="fake"))
@@ -370,7 +387,9 @@ async def test_a_frame_over_the_bound_fails_that_engine_not_the_frontend(nursery
                 await sub.receive_batch()
             assert "larger than 1000 bytes" in client.failures()[fake.address]
             assert client.ready and not client.serves_model("fake")
-            async with client.submit(completion("ok", max_tokens=2), "completion") as other:
+            async with subscribed(
+                client.submit(completion("ok", max_tokens=2), "completion")
+            ) as other:
                 assert len(await collect(other)) == 2
             # The link comes back after the backoff; the abort of "big" leaves on it.
             _, abort = await receive_a(fake, Abort)
@@ -427,7 +446,7 @@ async def test_malformed_frames_from_an_engine_are_dropped_and_serving_goes_on()
             fake.send(
                 ident, encode(Outputs([OutputItem("r1", 0, data="ok", finish_reason="stop")]))
             )
-            async with sub:
+            async with subscribed(sub):
                 items = await collect(sub)
             assert [i.data for i in items] == ["ok"]
     finally:

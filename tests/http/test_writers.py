@@ -11,6 +11,7 @@ import pytest
 
 from tests.conftest import _current_server
 from tests.http.test_openai_routes import sse_events
+from trioserve.http.channel import RequestHead
 from trioserve.http.exchange import Exchange, ServerState
 from trioserve.http.writers.openai import StreamFormat
 from trioserve.http.writers.stream import SSE_HEADERS, SSEWriter
@@ -20,41 +21,43 @@ from trioserve.server.http1 import serve as h11_server
 
 
 class FakeServer:
-    """The built-in server's synchronous extensions, recording what they were given."""
+    """A response channel of the built-in server's kind (writes that never wait),
+    recording what it was given: the synchronous writes in ``wire``, the awaiting ones in
+    ``messages`` (as ASGI messages, for reading)."""
+
+    cancel_safe = True
+    writes_now = True
 
     def __init__(self, *, takes_start: bool = True) -> None:
         self.takes_start = takes_start
         self.takes_body = True
         self.wire: list[tuple] = []  # ("start", status, headers, body) / ("body", body)
-        self.messages: list[dict] = []  # what went the awaiting (ASGI send) way
+        self.messages: list[dict] = []  # what went the awaiting way
 
-    def try_start_body(self, message: dict, body: bytes) -> bool:
+    def try_start(self, status: int, headers: list, body: bytes) -> bool:
         if not self.takes_start:
             return False
-        self.wire.append(("start", message["status"], message["headers"], body))
+        self.wire.append(("start", status, headers, body))
         return True
 
-    def try_send_body(self, body: bytes) -> bool:
+    def try_send(self, body: bytes) -> bool:
         if not self.takes_body:
             return False
         self.wire.append(("body", body))
         return True
 
-    def exchange(self) -> Exchange:
-        async def send(message: dict) -> None:
-            self.messages.append(message)
+    def prepare_start(self, status: int, headers: list) -> None:
+        pass
 
-        scope = {
-            "type": "http",
-            "method": "POST",
-            "path": "/v1/chat/completions",
-            "headers": [(b"x-request-id", b"r1")],
-            "extensions": {
-                "trioserve.try_send_body": {"call": self.try_send_body},
-                "trioserve.try_start_body": {"call": self.try_start_body},
-            },
-        }
-        return Exchange(scope, None, send, ServerState())  # type: ignore[arg-type]
+    async def start(self, status: int, headers: list) -> None:
+        self.messages.append({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def send_body(self, data: bytes, more: bool) -> None:
+        self.messages.append({"type": "http.response.body", "body": data, "more_body": more})
+
+    def exchange(self) -> Exchange:
+        head = RequestHead("POST", "/v1/chat/completions", [(b"x-request-id", b"r1")])
+        return Exchange(head, self, ServerState())  # type: ignore[arg-type]
 
 
 def item(seq: int, text: str | None = None, finish: str | None = None) -> OutputItem:
@@ -182,10 +185,8 @@ class PreparingServer(FakeServer):
         super().__init__()
         self.prepared: list[dict] = []
 
-    def exchange(self) -> Exchange:
-        exchange = super().exchange()
-        exchange._prepare_start_body = self.prepared.append
-        return exchange
+    def prepare_start(self, status: int, headers: list) -> None:
+        self.prepared.append({"status": status, "headers": headers})
 
 
 async def test_the_response_start_is_built_before_the_first_token_and_again_if_a_drain_began():
@@ -225,8 +226,8 @@ async def test_a_first_delta_the_server_cannot_take_at_once_keeps_its_role():
 
 async def test_without_the_servers_synchronous_start_the_first_delta_waits_for_the_task():
     server = FakeServer()
+    server.writes_now = False  # hypercorn's channel: every write awaits
     exchange = server.exchange()
-    exchange.try_start_body = None  # hypercorn: no such extension
     writer = SSEWriter(exchange, StreamFormat("chat", "r1", "mock", False))
     assert writer.sink() is None
 
@@ -238,13 +239,13 @@ async def test_a_stream_whose_tokens_come_one_step_at_a_time(frontend, kind, tok
     # path on trioserve's server (the first one starting the response, even when it is
     # also the last), through the relay task on hypercorn. Same bytes either way.
     starts = []
-    original = h11_server._HTTPExchange.try_start_body
+    original = h11_server._HTTPExchange.try_start
 
-    def counting(self, start, body):
+    def counting(self, status, headers, body):
         starts.append(body)
-        return original(self, start, body)
+        return original(self, status, headers, body)
 
-    monkeypatch.setattr(h11_server._HTTPExchange, "try_start_body", counting)
+    monkeypatch.setattr(h11_server._HTTPExchange, "try_start", counting)
     params = {"max_tokens": tokens, "stream": True, "mock_tokens_per_second": 200}
     if kind == "chat":
         url, body = "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}

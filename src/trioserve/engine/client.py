@@ -79,9 +79,10 @@ class EngineClient:
     ) -> Subscription:
         """Send ``message`` to the least-loaded engine that serves its model.
 
-        Returns the subscription at once (use it as an async context manager: leaving it
-        before the request finished sends one abort). Raises :class:`NoEngineError` when no
-        connected engine serves the model.
+        Returns the subscription at once; its owner ends it with ``abort(reason)`` unless
+        the engine finished it (``on_failure``, called when the link fails it, should end
+        the request the same way). Raises :class:`NoEngineError` when no connected engine
+        serves the model.
         """
         engine = None
         best = (0, 0.0)

@@ -16,24 +16,27 @@ run in a ``finally`` under cancellation without awaiting anything, and it is ide
 from __future__ import annotations
 
 import collections
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import trio
 
 from .. import metrics
-from ..errors import EngineLostError, SlowClientError, TrioserveError
+from ..errors import EngineLostError, SlowClientError, TrioserveError, WriterFailedError
 from ..protocol import OutputItem
 
 if TYPE_CHECKING:
     from .connection import EngineConnection
+
+log = logging.getLogger("trioserve.request")
 
 #: Default bound of a subscription's channel, in output items (one token each for text).
 DEFAULT_BUFFER = 256
 
 
 class Subscription:
-    """Outputs of one submitted request. Iterate it; leave its context to abort it."""
+    """Outputs of one submitted request: :meth:`receive_batch` them; :meth:`abort` it."""
 
     # (Slots: every open stream holds one; 128 bytes, where the instance and its dict
     # took 352.)
@@ -44,7 +47,6 @@ class Subscription:
         "_items",
         "_on_failure",
         "_waiter",
-        "abort_reason",
         "engine",
         "error",
         "request_id",
@@ -64,8 +66,6 @@ class Subscription:
         self.state = "open"
         #: Set when the subscription failed (slow client, engine lost).
         self.error: TrioserveError | None = None
-        #: Reason recorded with the abort when the context exits while still open.
-        self.abort_reason = "disconnect"
         self._on_failure = on_failure
         # A bounded queue and one parked consumer: what a memory channel does, without
         # its per-item bookkeeping (this is the per-token path).
@@ -103,13 +103,23 @@ class Subscription:
         self._queue(item)
 
     def release(self) -> None:
-        """Give the held items to the sink, and what it leaves to the consumer."""
+        """Give the held items to the sink, and what it leaves to the consumer.
+
+        Guarded: a sink that raises (a bug in one stream's writer) fails this request
+        alone, with one abort; the engine connection goes on releasing the others and
+        reading the engine."""
         held, self._held = self._held, None
-        if not held or self.state != "open":  # (ended meanwhile: nothing is owed)
-            return
+        if not held or self.state != "open" or self.error is not None:
+            return  # (ended meanwhile: nothing is owed)
         sink = self.sink
         if sink is not None and self._waiter is not None:
-            held = sink(held)
+            try:
+                held = sink(held)
+            except Exception:
+                log.exception("the writer of request %s failed; ending it", self.request_id)
+                self.sink = None
+                self.fail(WriterFailedError("the response writer failed"), "internal_error")
+                return
         for item in held:
             self._queue(item)
 
@@ -141,13 +151,21 @@ class Subscription:
             trio.lowlevel.reschedule(task)
 
     def fail(self, error: TrioserveError, reason: str) -> None:
-        """End the subscription with an error; the consumer sees ``error`` at once."""
-        if self.state != "open":
+        """End the subscription with an error; the consumer sees ``error`` at once.
+
+        The owner of the request decides how it ends: ``on_failure`` (the request
+        lifecycle's ``RequestHandle.end``) aborts it, from the one place every abort of a
+        request leaves. Without an owner, the subscription aborts itself.
+        """
+        if self.state != "open" or self.error is not None:
             return
         self.error = error
-        self._end(reason)
+        self.engine.forget(self.request_id)  # nothing more is delivered to it
+        self._closed = True
+        self._wake()
         if self._on_failure is not None:
             self._on_failure(error)
+        self.abort(reason)  # a no-op once the owner has aborted it
 
     # -- called by the consumer --------------------------------------------------------
 
@@ -203,12 +221,6 @@ class Subscription:
             items.clear()
             return batch
         return [items.popleft() for _ in range(limit)]
-
-    async def __aenter__(self) -> Subscription:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        self.abort(self.abort_reason)
 
 
 __all__ = ["DEFAULT_BUFFER", "EngineLostError", "Subscription"]

@@ -16,9 +16,10 @@ import trio
 from ..config import Settings
 from ..engine import EngineClient
 from .auth import ApiKeys, header_values, select_subprotocol
+from .channel import AsgiChannel, Receive, RequestHead, ResponseChannel, Send, head_of
 from .cors import CorsPolicy
 from .errors import HTTPError
-from .exchange import JSON_HEADERS, ClientGone, Exchange, Receive, Send
+from .exchange import JSON_HEADERS, ClientGone, Exchange
 from .routes import generate, images, openai, operations, speech, videos
 from .services import Services
 from .websocket import POLICY_VIOLATION, WebSocketConnection
@@ -69,10 +70,17 @@ class App:
         if not settings.metrics_require_key:
             self.open_paths.add("/metrics")
 
+    async def handle_http(self, head: RequestHead, channel: ResponseChannel) -> None:
+        """One HTTP request, from the built-in server (or from :meth:`__call__`)."""
+        await self._http(Exchange(head, channel, self.services.state))
+
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        """ASGI: HTTP under hypercorn; WebSocket on every server."""
         kind = scope["type"]
         if kind == "http":
-            await self._http(Exchange(scope, receive, send, self.services.state))
+            await self._http(
+                Exchange(head_of(scope), AsgiChannel(receive, send), self.services.state)
+            )
         elif kind == "lifespan":
             await _lifespan(receive, send)
         elif kind == "websocket":
@@ -139,7 +147,7 @@ class App:
                     return
             if self.api_keys.enabled and exchange.path not in self.open_paths:
                 exchange.key_index = self.api_keys.authenticate(
-                    header_values(exchange.scope["headers"], b"authorization")
+                    header_values(exchange.head.headers, b"authorization")
                 )
             route = ROUTES.get((exchange.method, exchange.path)) or _fallback(exchange)
             if route.capability is None:

@@ -1,5 +1,5 @@
-"""One HTTP exchange over ASGI: read the body under a limit, send a response, watch for the
-client going away."""
+"""One HTTP exchange: read the body under a limit, send a response, watch for the client
+going away, over whichever server's response channel."""
 
 from __future__ import annotations
 
@@ -7,24 +7,19 @@ import json
 import math
 import os
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import attrs
 import trio
 
+from .channel import Headers, RequestHead, ResponseChannel
 from .errors import HTTPError
 
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-
-REQUEST_ID_MAX = 128
 _REQUEST_ID_RE = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
-#: ASGI scope extension of a server whose send() may be cancelled without corrupting the
-#: connection (it either completes or closes it).
-CANCEL_SAFE_SEND = "trioserve.cancel_safe_send"
 
 
 @attrs.define
@@ -57,67 +52,39 @@ class ClientGone(Exception):
 
 
 class Exchange:
-    """Request side and response side of one ASGI HTTP scope."""
+    """One HTTP request as the application sees it: its head, its body, and its answer
+    through the server's :class:`~trioserve.http.channel.ResponseChannel`."""
 
     __slots__ = (
-        "_cancel_safe",
-        "_prepare_start_body",
         "_prepared_start",
+        "channel",
         "detail_errors",
         "extra_headers",
+        "head",
         "headers",
         "key_index",
         "method",
         "path",
-        "receive",
-        "receive_nowait",
         "request_id",
-        "scope",
-        "send",
         "started",
         "state",
-        "try_send_body",
-        "try_start_body",
-        "watch_disconnect",
     )
 
-    def __init__(
-        self, scope: dict[str, Any], receive: Receive, send: Send, state: ServerState
-    ) -> None:
-        self.scope = scope
+    def __init__(self, head: RequestHead, channel: ResponseChannel, state: ServerState) -> None:
+        self.head = head
+        self.channel = channel
         self.state = state
-        self.receive = receive
-        self.send = send
-        self.method: str = scope["method"]
-        self.path: str = scope["path"]
+        self.method = head.method
+        self.path = head.path
         self.headers: dict[bytes, bytes] = {}
-        for name, value in scope["headers"]:
+        for name, value in head.headers:
             self.headers[name.lower()] = value
         self.started = False
-        extensions = scope.get("extensions") or {}
-        self._cancel_safe = CANCEL_SAFE_SEND in extensions
-        #: The server's synchronous body send, if it has one (trioserve's built-in server).
-        self.try_send_body = extensions.get("trioserve.try_send_body", {}).get("call")
-        #: ... and its synchronous start with a first chunk (see :meth:`try_start`), with
-        #: the call that frames that start ahead (see :meth:`prepare_start`).
-        start_body = extensions.get("trioserve.try_start_body")
-        self.try_start_body = start_body["call"] if start_body else None
-        self._prepare_start_body = start_body.get("prepare") if start_body else None
-        self._prepared_start: tuple[int, list, bool, dict[str, Any]] | None = None
-        #: The server's body receive that never waits (None: nothing at hand), if it has
-        #: one: a body that came with its head is read without setting up a timeout.
-        self.receive_nowait: Callable[[], dict[str, Any] | None] | None = extensions.get(
-            "trioserve.receive_nowait", {}
-        ).get("call")
-        #: The server's own disconnect watch, if it has one (trioserve's built-in server on
-        #: Linux): ``watch_disconnect(callback)`` returns the call that stops watching.
-        #: Without it, :meth:`wait_disconnect` needs a task of its own.
-        self.watch_disconnect: Callable[[Callable[[], None]], Callable[[], None]] | None = (
-            extensions.get("trioserve.watch_disconnect", {}).get("call")
-        )
+        #: (status, headers, closing then) of the start framed ahead (see prepare_start).
+        self._prepared_start: tuple[int, Headers, bool, Headers] | None = None
         self.request_id = self._request_id()
         #: Added to every response (CORS).
-        self.extra_headers: list[tuple[bytes, bytes]] = []
+        self.extra_headers: Headers = []
         #: Errors in the native ``{"detail": ...}`` shape instead of OpenAI's.
         self.detail_errors = False
         #: The index of the API key the request came with (``http/auth.py``; None: no
@@ -145,19 +112,23 @@ class Exchange:
 
         Raises :class:`ClientGone` if the client disconnects, and 408 ``body_timeout`` if
         nothing arrives for ``timeout`` seconds (0: wait forever): a body that stops
-        arriving must not hold the request (and its admission slot) forever.
+        arriving must not hold the request (and its admission slot) forever. A body that
+        came with its head is taken without setting up a timeout.
         """
-        message = self.receive_nowait() if self.receive_nowait is not None else None
-        if message is None:
-            with trio.move_on_after(timeout if timeout > 0 else math.inf):
-                message = await self.receive()
-            if message is None:  # the deadline cancelled the receive
-                raise HTTPError(
-                    408, f"the request body stopped arriving for {timeout:g} s", "body_timeout"
-                )
-        if message["type"] == "http.disconnect":
+        piece = self.channel.body_at_hand()
+        if piece is not None:
+            return piece
+        received = False
+        with trio.move_on_after(timeout if timeout > 0 else math.inf):
+            piece = await self.channel.receive_body()
+            received = True
+        if not received:
+            raise HTTPError(
+                408, f"the request body stopped arriving for {timeout:g} s", "body_timeout"
+            )
+        if piece is None:
             raise ClientGone
-        return message.get("body", b""), message.get("more_body", False)
+        return piece
 
     async def read_body(self, limit: int, timeout: float = 0) -> bytes:
         """The whole request body, or 413 past ``limit`` bytes (declared or counted, so a
@@ -175,51 +146,36 @@ class Exchange:
             if not more:
                 return b"".join(chunks)
 
-    def response_headers(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    def response_headers(self, headers: Headers) -> Headers:
         out = [*headers, *self.extra_headers, (b"x-request-id", self.request_id.encode())]
-        if self.state.closing and self.scope.get("http_version", "1.1") in ("1.0", "1.1"):
+        if self.state.closing and self.head.http_version in ("1.0", "1.1"):
             out.append((b"connection", b"close"))
         return out
 
-    async def _send(self, message: dict[str, Any]) -> None:
-        # Shielded, unless the server says its send() is cancel-safe (trioserve's h11
-        # server: a cancelled write closes the connection). hypercorn updates its h11 and
-        # stream state before it writes, so a cancellation inside its send() leaves the two
-        # disagreeing and every later send fails. (hypercorn shields its socket writes too,
-        # so the shield costs no responsiveness there.)
-        if self._cancel_safe:
-            await self.send(message)
-        else:
-            with trio.CancelScope(shield=True):
-                await self.send(message)
+    @property
+    def writes_now(self) -> bool:
+        """Whether :meth:`try_start` and :meth:`try_send` can take data (the built-in
+        server without TLS)."""
+        return self.channel.writes_now
 
-    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+    async def start(self, status: int, headers: Headers) -> None:
         self.started = True
-        await self._send(self._start_message(status, headers))
+        await self.channel.start(status, self.response_headers(headers))
 
-    def _start_message(self, status: int, headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
-        return {
-            "type": "http.response.start",
-            "status": status,
-            "headers": self.response_headers(headers),
-        }
-
-    def prepare_start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+    def prepare_start(self, status: int, headers: Headers) -> None:
         """Build the start that :meth:`try_start` may send later with the same
         ``status`` and ``headers`` (the same list): its headers, and the server's framing
         of them, while the engine works rather than on the way of the first byte."""
-        if self.try_start_body is None or self.started:
+        if not self.channel.writes_now or self.started:
             return
-        message = self._start_message(status, headers)
-        self._prepared_start = (status, headers, self.state.closing, message)
-        if self._prepare_start_body is not None:
-            self._prepare_start_body(message)
+        full = self.response_headers(headers)
+        self._prepared_start = (status, headers, self.state.closing, full)
+        self.channel.prepare_start(status, full)
 
-    def try_start(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+    def try_start(self, status: int, headers: Headers, body: bytes) -> bool:
         """Start a chunked response with its first piece of body without awaiting, where
         the server can (trioserve's built-in server); False, with nothing sent, otherwise."""
-        start = self.try_start_body
-        if start is None or self.started:
+        if self.started:
             return False
         prepared = self._prepared_start
         if (
@@ -228,23 +184,26 @@ class Exchange:
             and prepared[1] is headers
             and prepared[2] == self.state.closing  # a drain began: the head says close
         ):
-            message = prepared[3]
+            full = prepared[3]
         else:
-            message = self._start_message(status, headers)
-        if not start(message, body):
+            full = self.response_headers(headers)
+        if not self.channel.try_start(status, full, body):
             return False
         self.started = True
         return True
 
-    async def body(self, data: bytes, more: bool = True) -> None:
-        await self._send({"type": "http.response.body", "body": data, "more_body": more})
+    def try_send(self, body: bytes) -> bool:
+        """One more piece of a started chunked response without awaiting, where the
+        server can; False, with nothing sent, otherwise."""
+        return self.channel.try_send(body)
 
-    async def respond(
-        self, status: int, body: bytes, headers: list[tuple[bytes, bytes]] = JSON_HEADERS
-    ) -> None:
+    async def body(self, data: bytes, more: bool = True) -> None:
+        await self.channel.send_body(data, more)
+
+    async def respond(self, status: int, body: bytes, headers: Headers = JSON_HEADERS) -> None:
         """Send a whole response, head and body, with no cancellation point between."""
         headers = [*headers, (b"content-length", str(len(body)).encode())]
-        if self._cancel_safe:  # the server writes head and body at once, or closes
+        if self.channel.cancel_safe:  # the server writes head and body at once, or closes
             await self.start(status, headers)
             await self.body(body, more=False)
             return
@@ -259,13 +218,7 @@ class Exchange:
         body = error.detail_body() if self.detail_errors else error.body()
         await self.respond(error.status, body, [*JSON_HEADERS, *error.headers])
 
-    async def wait_disconnect(self) -> None:
-        """Return when the client has gone. Only call once the body has been read.
-
-        hypercorn's trio worker never raises from ``send()`` after a disconnect; reading
-        ``receive()`` is the only way to learn of it.
-        """
-        while True:
-            message = await self.receive()
-            if message["type"] == "http.disconnect":
-                return
+    def watch_disconnect(self, on_gone: Callable[[], None]) -> AbstractAsyncContextManager[None]:
+        """While the context is open, ``on_gone`` is called once if the client goes away.
+        Only once the body has been read."""
+        return self.channel.watch_disconnect(on_gone)

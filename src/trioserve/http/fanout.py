@@ -14,6 +14,7 @@ Each engine request runs through :func:`~trioserve.http.lifecycle.run_generation
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from functools import partial
 
 import attrs
 import trio
@@ -21,7 +22,7 @@ import trio
 from ..protocol import OutputItem, Submit, Usage
 from .errors import HTTPError
 from .exchange import Exchange
-from .lifecycle import RequestHandle, run_generation
+from .lifecycle import RequestHandle, connection_watches, run_generation
 from .services import Services
 from .writers.openai import StreamFormat
 from .writers.stream import (
@@ -31,6 +32,7 @@ from .writers.stream import (
     Collected,
     CollectingWriter,
     Writer,
+    WriterBase,
     engine_error,
     stream_body,
     text_of,
@@ -98,24 +100,20 @@ async def run_group(
     result = GroupResult([None] * len(submits))
     services.registry.add(group)
     try:
-        async with trio.open_nursery() as nursery:
-
-            async def watch() -> None:
-                await exchange.wait_disconnect()
-                group.end("disconnect")
-
-            nursery.start_soon(watch)
-            async with trio.open_nursery() as members:
-                for index, submit in enumerate(submits):
-                    writer: Writer = (
-                        _MemberWriter(exchange, result, index, group)
-                        if stream is None
-                        else _StreamingMember(stream, result, index, group)
-                    )
-                    members.start_soon(
-                        _member, services, submit, capability, timeout, group, result, index, writer
-                    )
-            nursery.cancel_scope.cancel()
+        # One watch for the group (ASGI receive() has one reader); it ends every member.
+        async with (
+            exchange.watch_disconnect(partial(group.end, "disconnect")),
+            trio.open_nursery() as members,
+        ):
+            for index, submit in enumerate(submits):
+                writer: Writer = (
+                    _MemberWriter(exchange, result, index, group)
+                    if stream is None
+                    else _StreamingMember(stream, result, index, group)
+                )
+                members.start_soon(
+                    _member, services, submit, capability, timeout, group, result, index, writer
+                )
     finally:
         services.registry.remove(group)
     if group.end_reason == "disconnect":
@@ -151,6 +149,7 @@ async def _member(
             writer=writer,
             timeout=timeout,
             buffer=services.settings.stream_buffer,
+            watch_disconnect=connection_watches,
             handle=group.members[index],
         )
     except HTTPError as error:  # refused before submission (e.g. a duplicate id)
@@ -193,7 +192,7 @@ class StreamingGroup:
                 await self.exchange.body(b"data: " + error.body() + b"\n\n", more=False)
 
 
-class _StreamingMember:
+class _StreamingMember(WriterBase):
     """One choice of a streamed ``n`` > 1 answer: its deltas and finish go out as they
     come, tagged with its index; what the group's end needs is kept in the result."""
 

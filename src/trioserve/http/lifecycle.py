@@ -1,28 +1,31 @@
-"""The request lifecycle: one cancel scope and one nursery per generation request.
+"""The request lifecycle: one cancel scope per generation request, written once.
 
 ::
 
-    request scope (deadline) ─┬─ relay: subscription → writer   (the request's work)
-                              └─ disconnect watcher             (reads ASGI receive())
+    request scope (deadline)
+      submit             the engine request, inside the scope whose exit ends it
+      disconnect watch   the server's: a callback from the built-in server's one hang-up
+                         watcher, or a task reading ASGI receive() (hypercorn); none of
+                         its own on a WebSocket, whose connection ends its requests
+        relay            subscription -> writer, until the last output
 
-On trioserve's own HTTP server the disconnect watcher is not a task: the server's one
-hang-up watcher calls back (``watch_disconnect``), and the relay runs in the request's
-scope with no nursery at all.
-
-Every way a request ends early is :meth:`RequestHandle.end` with a reason, which cancels
-the scope: the client disconnected, the deadline passed, ``DELETE /v1/requests/{id}``, the
-client fell behind its buffer bound, the engine was lost, the drain deadline came. The
-``finally`` around the relay then ends the subscription, which queues exactly one abort
-unless the engine already finished the request; it awaits nothing, so it cannot be
-cancelled half-way or hang. After the scope, the client is told why (unless it is gone).
+Every way a request ends early is :meth:`RequestHandle.end` with a reason: the client
+disconnected, the deadline passed, ``DELETE /v1/requests/{id}``, the client fell behind
+its buffer bound, the engine was lost or failed, the drain deadline came, a writer
+failed. It is the one place the request's abort leaves (synchronously: it only queues
+it, so it cannot be cancelled half-way or hang; a no-op when the engine already ended the
+request), and it cancels the scope. After the scope, the client is told why (unless it
+is gone).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from functools import partial
 from typing import Protocol
 
@@ -31,7 +34,13 @@ import trio
 
 from .. import metrics
 from ..engine import EngineClient, Subscription
-from ..errors import EngineError, EngineFailedError, SlowClientError, TrioserveError
+from ..errors import (
+    EngineError,
+    EngineFailedError,
+    SlowClientError,
+    TrioserveError,
+    WriterFailedError,
+)
 from ..protocol import Submit
 from .errors import HTTPError
 from .writers.stream import EngineItemError, Writer, WriterRefused
@@ -53,6 +62,7 @@ _END_ERRORS = {
     ),
     "drain": (503, "server_shutting_down", "the server is shutting down"),
     "abandoned": (500, "request_abandoned", "another part of the same request failed"),
+    "internal_error": (500, "internal_error", "the server failed to answer this request"),
 }
 
 
@@ -65,26 +75,42 @@ class RequestHandle:
     end_reason: str | None = None
     #: Set once the response is complete; ending the request is then a no-op.
     completed: bool = False
-    #: Wakes the relay if it is waiting for the engine (``Subscription.interrupt``).
-    interrupt: Callable[[], None] | None = None
     #: The index of the API key that started it (``http/auth.py``; None: no keys):
     #: only that key may cancel it.
     owner: int | None = None
+    #: Its engine request, once submitted.
+    sub: Subscription | None = None
 
     def end(self, reason: str) -> None:
         """End the request early (first reason wins). Synchronous and idempotent.
 
-        A relay waiting for the engine's next output (most of a request's life) is woken
-        with nothing and returns; one parked anywhere else (a socket write) is cancelled
-        by the scope. Waking costs a fraction of delivering a cancellation (an exception
-        built, raised and caught per request), which matters when thousands of clients
-        hang up at once.
+        The one place every abort of a request leaves, whoever decides the end (the
+        client's hang-up, the deadline, a cancel, the drain, the engine link): the
+        subscription queues it at once, unless the engine already ended the request.
+        Then a relay waiting for the engine's next output (most of a request's life) is
+        woken with nothing and returns; one parked anywhere else (a socket write) is
+        cancelled by the scope. Waking costs a fraction of delivering a cancellation (an
+        exception built, raised and caught per request), which matters when thousands of
+        clients hang up at once.
         """
         if self.end_reason is None and not self.completed:
             self.end_reason = reason
-            if self.interrupt is not None:
-                self.interrupt()
+            sub = self.sub
+            if sub is not None:
+                sub.abort(reason)
+                sub.interrupt()
             self.scope.cancel()
+
+    def failed(self, error: TrioserveError) -> None:
+        """The engine link failed the request (``Subscription.fail``): end it."""
+        if isinstance(error, EngineFailedError):
+            self.end("engine_failed")
+        elif isinstance(error, SlowClientError):
+            self.end("slow_client")
+        elif isinstance(error, WriterFailedError):
+            self.end("internal_error")
+        else:
+            self.end("engine_lost")
 
 
 class Endable(Protocol):
@@ -159,6 +185,18 @@ class Registry:
         return len(handles)
 
 
+#: How the request learns that its client went away: given the call that ends the
+#: request, a context that watches while it is open (the exchange's ``watch_disconnect``;
+#: ``connection_watches`` where the connection ends its requests itself: WebSocket, and
+#: the members of a fan-out group).
+DisconnectWatch = Callable[[Callable[[], None]], AbstractAsyncContextManager[object]]
+
+
+def connection_watches(on_gone: Callable[[], None]) -> AbstractAsyncContextManager[object]:
+    """No watch of its own: the request's connection (or group) ends it through its handle."""
+    return contextlib.nullcontext()
+
+
 async def run_generation(
     *,
     engines: EngineClient,
@@ -168,17 +206,19 @@ async def run_generation(
     writer: Writer,
     timeout: float,
     buffer: int,
-    wait_disconnect: Callable[[], Awaitable[None]] | None = None,
-    watch_disconnect: Callable[[Callable[[], None]], Callable[[], None]] | None = None,
+    watch_disconnect: DisconnectWatch,
     handle: RequestHandle | None = None,
     keepalive: float = 0,
 ) -> None:
     """Serve one generation request from submit to last byte (or to its early end).
 
-    ``wait_disconnect`` returns when the client has gone (HTTP: the ASGI receive channel);
-    ``watch_disconnect``, preferred when given, registers a callback for the same and
-    returns the call that unregisters it (no task needed). Without either (WebSocket), the
-    connection ends its requests through their handles.
+    The tree, the same for every route and server::
+
+        request scope (deadline; RequestHandle.end cancels it)
+          submit            the subscription, inside the scope whose exit ends it
+          disconnect watch  (calls handle.end("disconnect"))
+            relay           subscription -> writer, until the last output
+
     ``handle`` lets the caller keep a reference to end the request itself. With
     ``keepalive`` > 0, ``writer.keepalive()`` is called every that many seconds until the
     first output (SSE comment lines, so proxies keep a prefilling stream open).
@@ -189,62 +229,40 @@ async def run_generation(
         # Another key's request has this id in flight: the engine tells them apart.
         submit = attrs.evolve(submit, request_id=f"{submit.request_id}.{os.urandom(6).hex()}")
     outcome = "error"
+    error: HTTPError | None = None
     try:
-        if timeout > 0:  # from when the scope is entered, after the submit has left
+        if timeout > 0:
             handle.scope.relative_deadline = timeout
-
-        def on_failure(error: TrioserveError) -> None:
-            if isinstance(error, EngineFailedError):
-                handle.end("engine_failed")
-            else:
-                handle.end("slow_client" if isinstance(error, SlowClientError) else "engine_lost")
-
-        try:
-            sub = engines.submit(submit, capability, buffer=buffer, on_failure=on_failure)
-        except EngineError as exc:
-            outcome = exc.code
-            await writer.fail(HTTPError(exc.status, str(exc), exc.code))
-            return
-        handle.interrupt = sub.interrupt
-        # Streaming writers build their chunk parts while the engine works, not on the
-        # first token's way to the client.
-        prepare = getattr(writer, "prepare", None)
-        if prepare is not None:
-            prepare()
-        error: HTTPError | None = None
         with handle.scope:
-            unwatch = None
             try:
-                if watch_disconnect is not None:
-                    unwatch = watch_disconnect(partial(handle.end, "disconnect"))
-                    error = await _relay(sub, writer, handle, keepalive)
-                elif wait_disconnect is not None:
-                    async with trio.open_nursery() as nursery:
-                        nursery.start_soon(_watch_disconnect, wait_disconnect, handle)
-                        error = await _relay(sub, writer, handle, keepalive)
-                        nursery.cancel_scope.cancel()
-                else:
-                    error = await _relay(sub, writer, handle, keepalive)
-            finally:
-                if unwatch is not None:
-                    unwatch()
-                # The one place an abort leaves for an early end; a no-op when the engine
-                # ended the request itself (finish or error item).
-                reason = handle.end_reason or (
-                    "deadline" if handle.scope.cancel_called else "disconnect"
+                handle.sub = engines.submit(
+                    submit, capability, buffer=buffer, on_failure=handle.failed
                 )
-                sub.abort(reason)
+                writer.prepare()
+                async with watch_disconnect(partial(handle.end, "disconnect")):
+                    error = await _relay(handle.sub, writer, handle, keepalive)
+            except EngineError as exc:  # refused before it reached an engine
+                error = HTTPError(exc.status, str(exc), exc.code)
+                handle.end_reason = exc.code
+            finally:
+                # However the scope is left, the request is over. Left without a reason:
+                # the deadline, or a bug on the way out (its exception goes on up); either
+                # way the one abort leaves from RequestHandle.end (a no-op once the engine
+                # ended the request).
+                if handle.end_reason is None and not handle.completed:
+                    if handle.scope.cancel_called:
+                        handle.end("deadline")
+                    elif handle.sub is not None and not handle.sub.done:
+                        handle.end("error")
         if handle.completed:
             outcome = "completed"
             return
-        if error is None and handle.end_reason is None and handle.scope.cancelled_caught:
-            handle.end_reason = "deadline"
         outcome = handle.end_reason or "engine_error"
-        if handle.end_reason == "disconnect":
+        if outcome == "disconnect":
             return
         if error is None:
-            status, code, message = _END_ERRORS[handle.end_reason or "engine_lost"]
-            if handle.end_reason == "deadline":
+            status, code, message = _END_ERRORS.get(outcome, _END_ERRORS["internal_error"])
+            if outcome == "deadline":
                 message = f"{message} of {timeout:g} s"
             error = HTTPError(status, message, code)
         with trio.move_on_after(ERROR_WRITE_TIMEOUT):
@@ -263,9 +281,7 @@ async def _relay(
     try:
         # Plain deltas may skip this task from the first one on (a writer that can start
         # its response synchronously), or once the response has started.
-        make_sink = getattr(writer, "sink", None)
-        if make_sink is not None:
-            sub.sink = make_sink()
+        sub.sink = writer.sink()
         # Keepalive comments only while the engine is still prefilling (no output yet):
         # the per-event path below carries no timer scope.
         if keepalive > 0:
@@ -277,8 +293,7 @@ async def _relay(
         if await writer.write(batch):
             handle.completed = True
             return None
-        if make_sink is not None:  # started now: the plain per-event sink from here on
-            sub.sink = make_sink()
+        sub.sink = writer.sink()  # started now: the plain per-event sink from here on
         while batch := await sub.receive_batch():
             if await writer.write(batch):
                 handle.completed = True
@@ -291,10 +306,10 @@ async def _relay(
         # here, with one abort, and tell the client.
         handle.end(exc.reason)
         return exc.error
-    except TrioserveError:
-        # The subscription failed (slow client, engine lost); its on_failure callback has
-        # already ended the request with that reason.
-        return None
+    except TrioserveError as exc:
+        # The subscription failed (slow client, engine lost, a writer's bug); its
+        # on_failure has already ended the request with that reason.
+        return HTTPError(exc.status, str(exc), exc.code) if exc.status == 500 else None
 
 
 async def _first_batch(sub: Subscription, writer: Writer, keepalive: float) -> list:
@@ -303,11 +318,4 @@ async def _first_batch(sub: Subscription, writer: Writer, keepalive: float) -> l
         # first item, which a cancelled channel receive leaves queued.
         with trio.move_on_after(keepalive):
             return await sub.receive_batch()
-        await writer.keepalive()  # type: ignore[attr-defined]  # keepalive > 0: an SSEWriter
-
-
-async def _watch_disconnect(
-    wait_disconnect: Callable[[], Awaitable[None]], handle: RequestHandle
-) -> None:
-    await wait_disconnect()
-    handle.end("disconnect")
+        await writer.keepalive()

@@ -177,7 +177,6 @@ class Services:
             writer=writer,
             timeout=timeout,
             buffer=self.settings.stream_buffer,
-            wait_disconnect=exchange.wait_disconnect,
             watch_disconnect=exchange.watch_disconnect,
             handle=RequestHandle(submit.request_id, owner=exchange.key_index),
             keepalive=keepalive,

@@ -21,9 +21,10 @@ import trio
 
 from .bodies.multimodal import resolve_chat_media
 from .bodies.openai import ENDPOINTS, parse_generation
+from .channel import Receive, Send
 from .errors import HTTPError
-from .exchange import Receive, Send, new_request_id
-from .lifecycle import RequestHandle, run_generation
+from .exchange import new_request_id
+from .lifecycle import RequestHandle, connection_watches, run_generation
 from .services import Services
 from .writers.websocket import WebSocketWriter
 
@@ -236,6 +237,8 @@ class WebSocketConnection:
                 writer=WebSocketWriter(self, client_id, generation.stream_format()),
                 timeout=timeout,
                 buffer=self.services.settings.stream_buffer,
+                # The connection's reader ends its requests when the socket closes.
+                watch_disconnect=connection_watches,
                 handle=handle,
             )
         except HTTPError as error:  # refused before it started (duplicate id, bad media)

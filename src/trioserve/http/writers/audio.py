@@ -7,7 +7,7 @@ import struct
 from ...protocol import OutputItem
 from ..errors import HTTPError
 from ..exchange import Exchange
-from .stream import EngineItemError, WriterRefused, engine_error
+from .stream import EngineItemError, WriterBase, WriterRefused, engine_error
 
 DEFAULT_RATE = 24_000
 SAMPLE_BITS = 16
@@ -65,7 +65,7 @@ def content_type(fmt: str, rate: int, channels: int) -> bytes:
     return f"audio/pcm;rate={rate};channels={channels}".encode()
 
 
-class AudioStreamWriter:
+class AudioStreamWriter(WriterBase):
     """The audio as it comes: the response starts with the first chunk (a WAV header of
     unknown length first, for ``wav``). A failure after that cuts the connection without
     the final chunk, so the client sees a broken body rather than a short clip."""

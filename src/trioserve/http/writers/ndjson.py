@@ -10,7 +10,7 @@ from ...protocol import OutputItem
 from ..errors import HTTPError
 from ..exchange import Exchange
 from .openai import usage_dict
-from .stream import EngineItemError, end_batch, engine_error
+from .stream import EngineItemError, WriterBase, end_batch, engine_error
 
 NDJSON_HEADERS = [
     (b"content-type", b"application/x-ndjson"),
@@ -41,7 +41,7 @@ def output_line(request_id: str, item: OutputItem) -> bytes:
     return json.dumps(line, separators=(",", ":")).encode() + b"\n"
 
 
-class NDJSONWriter:
+class NDJSONWriter(WriterBase):
     """``application/x-ndjson``: one line per engine output; the last carries
     ``finish_reason`` and ``usage``. Starts with the first output, so an error before it
     keeps its status; after it, the stream ends with a ``{"detail", "code"}`` line."""

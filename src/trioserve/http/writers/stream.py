@@ -59,15 +59,44 @@ def engine_error(item: OutputItem) -> EngineItemError:
     return EngineItemError(from_engine(item.error.status, item.error.message, item.error.type))
 
 
+Sink = Callable[[list[OutputItem]], list[OutputItem]]
+
+
 class Writer(Protocol):
+    """How one request's outputs reach its client (see the module docstring)."""
+
     async def write(self, batch: list[OutputItem]) -> bool:
         """Send what ``batch`` adds; True once the final item has been written."""
 
     async def fail(self, error: HTTPError) -> None:
         """End the response with ``error``: as the status if nothing was sent yet."""
 
+    def prepare(self) -> None:
+        """Build what can be built before the first output (while the engine works)."""
 
-class JSONWriter:
+    def sink(self) -> Sink | None:
+        """A synchronous path for plain deltas (``Subscription.sink``), or None."""
+
+    async def keepalive(self) -> None:
+        """Keep a response with no output yet open (SSE comments); only asked of writers
+        run with a keepalive interval."""
+
+
+class WriterBase:
+    """What most writers do for :class:`Writer`'s optional parts: nothing ahead of the
+    first output, no synchronous path, no keepalive."""
+
+    def prepare(self) -> None:
+        pass
+
+    def sink(self) -> Sink | None:
+        return None
+
+    async def keepalive(self) -> None:
+        raise NotImplementedError(f"{type(self).__name__} has no keepalive")
+
+
+class JSONWriter(WriterBase):
     """Non-streaming: collect the text, answer once with the whole body."""
 
     def __init__(self, exchange: Exchange, fmt: StreamFormat) -> None:
@@ -127,7 +156,7 @@ async def end_batch(
     return done
 
 
-class SSEWriter:
+class SSEWriter(WriterBase):
     """``text/event-stream``: one ``data:`` event per chunk, ``data: [DONE]`` at the end.
 
     The response starts with the first output, so an engine error before any token still
@@ -169,7 +198,7 @@ class SSEWriter:
         self.fmt.prepare()
         self.exchange.prepare_start(200, SSE_HEADERS)
 
-    def sink(self) -> Callable[[list[OutputItem]], list[OutputItem]] | None:
+    def sink(self) -> Sink | None:
         """A synchronous path for deltas, the first one included.
 
         The socket owner calls it with what came for this request in one read of the
@@ -183,13 +212,9 @@ class SSEWriter:
         own status). (Bound methods, not closures: every open stream holds its sink.)
         """
         exchange = self.exchange
-        if exchange.try_send_body is None or self.fmt.with_logprobs:
+        if not exchange.writes_now or self.fmt.with_logprobs:
             return None
-        if exchange.started:
-            return self._send_now
-        if exchange.try_start_body is None:
-            return None
-        return self._start_now
+        return self._send_now if exchange.started else self._start_now
 
     def _deltas(self, items: list[OutputItem]) -> tuple[bytes, int]:
         """The events of the deltas that lead ``items`` (up to a final or error item),
@@ -210,7 +235,7 @@ class SSEWriter:
         fmt = self.fmt
         started = fmt.started  # (False after a keepalive: the first delta names the role)
         data, taken = self._deltas(items)
-        if data and not self.exchange.try_send_body(data):
+        if data and not self.exchange.try_send(data):
             fmt.started = started
             return items
         return items[taken:]
@@ -300,7 +325,7 @@ class Collected:
         return next((m for m in self.media if m.modality == modality), None)
 
 
-class CollectingWriter:
+class CollectingWriter(WriterBase):
     """Non-streaming, any modality: collect every output, then hand the whole to
     ``complete`` (which answers the client, or stores the result for a group)."""
 

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 from ...protocol import OutputItem
 from ..errors import HTTPError
 from .openai import StreamFormat, usage_dict
-from .stream import engine_error, text_of
+from .stream import WriterBase, engine_error, text_of
 
 
 def _dumps(obj: Any) -> str:
@@ -26,7 +26,7 @@ class MessageSink(Protocol):
     async def send_error(self, client_id: str | None, error: HTTPError) -> None: ...
 
 
-class WebSocketWriter:
+class WebSocketWriter(WriterBase):
     """One request's messages on a shared WebSocket: chunks, then done or error."""
 
     def __init__(self, connection: MessageSink, client_id: str, fmt: StreamFormat) -> None:

@@ -50,7 +50,8 @@ import logging
 import math
 import os
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 from urllib.parse import unquote
 
@@ -61,13 +62,13 @@ import wsproto.events as ws_events
 from wsproto.utilities import LocalProtocolError as WSLocalProtocolError
 from wsproto.utilities import RemoteProtocolError as WSRemoteProtocolError
 
+from ...http.channel import Headers, HttpHandler, RequestHead
 from . import hangups
 from . import protocol as http1
 from .protocol import END, NEED_DATA, ProtocolError, Request
 
 log = logging.getLogger("trioserve.http1")
 
-ASGIApp = Callable[..., Awaitable[None]]
 
 RECEIVE_SIZE = 65536
 #: Bytes of a pipelined next request buffered while a response is in progress; past it the
@@ -165,6 +166,8 @@ class _Shared:
         self.active = 0
         self.lingering = 0
         self.log_refused = _Throttled("refusing connections: %d open (max_connections)")
+        #: Where connections run; also the flushes of partial synchronous writes.
+        self.connections: trio.Nursery | None = None
         self.log_accept = _Throttled("accept: %s; trying again shortly")
 
 
@@ -173,7 +176,7 @@ class _Gone(Exception):
 
 
 class _HTTPConnection:
-    def __init__(self, stream: trio.SocketStream, app: ASGIApp, shared: _Shared) -> None:
+    def __init__(self, stream: trio.SocketStream, app: HttpHandler, shared: _Shared) -> None:
         self.stream = stream
         #: TLS: every read and write goes through it (``stream`` still owns the socket).
         self.tls = (
@@ -481,11 +484,19 @@ class _HTTPConnection:
 
 
 class _HTTPExchange:
-    """One request/response on an HTTP connection, as an ASGI http scope."""
+    """One request/response on an HTTP connection: the application's
+    :class:`~trioserve.http.channel.ResponseChannel`."""
+
+    #: start() and send_body() either complete or close the connection: no shield needed.
+    cancel_safe = True
 
     def __init__(self, connection: _HTTPConnection, request: Request) -> None:
         self.connection = connection
         self.request = request
+        #: Synchronous sends for the per-token path (see try_send and try_start). Not
+        #: over TLS, where they could only say no: the app would frame each event for them
+        #: and then again for the awaiting path.
+        self.writes_now = connection.tls is None
         self.body_done = False
         self.disconnected = False
         self.response_started = False
@@ -499,56 +510,51 @@ class _HTTPExchange:
         #: A fault in the body found by receive_nowait, for receive() to report.
         self._fault: ProtocolError | None = None
         self._head: bytes = b""
-        #: Bytes try_send_body accepted but the socket did not take yet; sent first.
+        #: Bytes try_send accepted but the socket did not take yet: a flush task (see
+        #: _flush) writes them, and every later send waits for it.
         self._pending = b""
-        #: (start message, its head, shared.terminating then): see prepare_start_body.
-        self._prepared: tuple[dict[str, Any], http1.ResponseHead, bool] | None = None
+        self._flushed: trio.Event | None = None
+        #: (status, headers, their head, shared.terminating then): see prepare_start.
+        self._prepared: tuple[int, Headers, http1.ResponseHead, bool] | None = None
         deadline = connection.config.body_deadline
         #: When the body must have arrived whole (trio time).
         self.body_deadline_at = trio.current_time() + deadline if deadline > 0 else math.inf
 
-    def scope(self) -> dict[str, Any]:
-        extensions: dict[str, dict[str, Any]] = {
-            # send() either completes or closes the connection: no shield needed.
-            "trioserve.cancel_safe_send": {},
-            # The body already received, without awaiting (see receive_nowait).
-            "trioserve.receive_nowait": {"call": self.receive_nowait},
-        }
-        if self.connection.tls is None:
-            # Synchronous sends for the per-token path (see try_send_body and
-            # try_start_body). Not offered over TLS, where they could only answer False:
-            # the app would frame each event for them and then again for send().
-            extensions["trioserve.try_send_body"] = {"call": self.try_send_body}
-            extensions["trioserve.try_start_body"] = {
-                "call": self.try_start_body,
-                "prepare": self.prepare_start_body,
-            }
+    def head(self) -> RequestHead:
+        request = self.request
+        path, _, query = request.target.partition(b"?")
+        return RequestHead(
+            method=request.method.decode("ascii"),
+            path=unquote(path.decode("latin-1")) if b"%" in path else path.decode("latin-1"),
+            headers=list(request.headers),
+            http_version=request.http_version,
+            query_string=query,
+            scheme="https" if self.connection.tls else "http",
+            client=self.connection.client,
+            server=self.connection.server,
+        )
+
+    def watch_disconnect(self, on_gone: Callable[[], None]) -> AbstractAsyncContextManager[None]:
+        """While the context is open, call ``on_gone`` once if the client goes away:
+        without a task, from the server's one hang-up watcher (Linux); elsewhere a task
+        reads the socket. Only once the body has been read. A pipelined next request does
+        not count; it stays in the socket until its turn."""
         if self.connection.shared.hangups is not None:
-            # Disconnects without a task per request (see watch_disconnect).
-            extensions["trioserve.watch_disconnect"] = {"call": self.watch_disconnect}
-        scope = _scope("http", self.request, self.connection)
-        scope["method"] = self.request.method.decode("ascii")
-        scope["extensions"] = extensions
-        return scope
+            return _HangupWatch(self, on_gone)
+        return self._watch_with_task(on_gone)
 
-    def watch_disconnect(self, callback: Callable[[], None]) -> Callable[[], None]:
-        """Call ``callback`` once if the client goes away; returns the call that stops
-        watching. The alternative to a task parked in ``receive()``, for after the body
-        has been read: one task of the server watches every such client (``hangups``).
-        A pipelined next request does not count; it stays in the socket until its turn.
-        """
-        connection = self.connection
-        if self.disconnected or connection.closed:
-            self.disconnected = True
-            callback()
-            return _no_op
+    @asynccontextmanager
+    async def _watch_with_task(self, on_gone: Callable[[], None]) -> AsyncIterator[None]:
+        async def watch() -> None:
+            await self._wait_disconnect()
+            on_gone()
 
-        def gone() -> None:
-            self.disconnected = True
-            callback()
-
-        connection.watch_hangup(gone)
-        return connection.unwatch_hangup
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch)
+            try:
+                yield
+            finally:
+                nursery.cancel_scope.cancel()
 
     async def _preread(self) -> bool:
         """Read a small body whole before the app sees the request (see
@@ -596,11 +602,11 @@ class _HTTPExchange:
         if not await self._preread():
             return
         try:
-            await self.connection.app(self.scope(), self.receive, self.send)
+            await self.connection.app.handle_http(self.head(), self)
         except _Gone:
             return
         except Exception:
-            log.exception("error in ASGI application")
+            log.exception("error in the application")
             if not self.response_started:
                 await self._simple(500)
             else:
@@ -614,16 +620,10 @@ class _HTTPExchange:
                 await self._simple(500)  # the app returned without answering
 
     async def _simple(self, status: int) -> None:
-        await self.send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [(b"content-length", b"0")],
-            }
-        )
-        await self.send({"type": "http.response.body", "body": b""})
+        await self.start(status, [(b"content-length", b"0")])
+        await self.send_body(b"", False)
 
-    def try_send_body(self, body: bytes) -> bool:
+    def try_send(self, body: bytes) -> bool:
         """Send one more chunk of a started chunked response without awaiting anything.
 
         True when the chunk is taken (written, or its unwritten tail kept to go first on
@@ -633,6 +633,7 @@ class _HTTPExchange:
         """
         if (
             self._pending
+            or self._flushed is not None
             or self._head
             or self._framing is not http1.CHUNKED
             or self.response_done
@@ -641,27 +642,28 @@ class _HTTPExchange:
             return False
         return self._write_now(http1.chunk(body))
 
-    def try_start_body(self, start: dict[str, Any], body: bytes) -> bool:
-        """``http.response.start`` and the first chunk of its body, written without
-        awaiting anything: a stream's first event, sent by the engine's socket owner as
-        it sends the later ones (no task switch on the way to the first token).
+    def try_start(self, status: int, headers: Headers, body: bytes) -> bool:
+        """The response head and the first chunk of its body, written without awaiting
+        anything: a stream's first event, sent by the engine's socket owner as it sends
+        the later ones (no task switch on the way to the first token).
 
         Only for a chunked response (no Content-Length) not yet started; True and False
-        as :meth:`try_send_body`, and with False nothing has changed: the caller takes
-        the ordinary path, which starts the response itself.
+        as :meth:`try_send`, and with False nothing has changed: the caller takes the
+        ordinary path, which starts the response itself.
         """
         if self.response_started or self._pending or self.connection.closed:
             return False
         prepared = self._prepared
         if (
             prepared is not None
-            and prepared[0] is start
-            and prepared[2] == self.connection.shared.terminating
+            and prepared[0] == status
+            and prepared[1] is headers
+            and prepared[3] == self.connection.shared.terminating
         ):
-            head = prepared[1]
+            head = prepared[2]
         else:
             try:
-                head = self._response_head(start)
+                head = self._response_head(status, headers)
             except Exception:  # a header it refuses: the ordinary path answers 500
                 return False
         if head.framing is not http1.CHUNKED:
@@ -671,14 +673,16 @@ class _HTTPExchange:
         self._started(head)
         return True
 
-    def prepare_start_body(self, start: dict[str, Any]) -> None:
-        """Frame ``start`` now, for a later :meth:`try_start_body` with the same message:
-        the head is built while the engine works, not on the first token's way. (Built
+    def prepare_start(self, status: int, headers: Headers) -> None:
+        """Frame a head now, for a later :meth:`try_start` with the same status and
+        headers list: built while the engine works, not on the first token's way. (Built
         again if the server began to terminate meanwhile: the head then says close.)"""
         try:
-            self._prepared = (start, self._response_head(start), self.connection.shared.terminating)
-        except Exception:  # try_start_body builds it again, and refuses
+            head = self._response_head(status, headers)
+        except Exception:  # try_start builds it again, and refuses
             self._prepared = None
+            return
+        self._prepared = (status, headers, head, self.connection.shared.terminating)
 
     def _write_now(self, data: bytes) -> bool:
         """Write without waiting: False if the socket takes nothing now; True if it took
@@ -698,14 +702,33 @@ class _HTTPExchange:
             return True
         connection.answering = True
         if sent < len(data):
+            # The rest must leave without waiting for the next token (there may be none
+            # for a while): a task of its own writes it once the socket has room.
             self._pending = data[sent:]
+            if self._flushed is None and connection.shared.connections is not None:
+                self._flushed = trio.Event()
+                connection.shared.connections.start_soon(self._flush)
         return True
 
-    def _response_head(self, start: dict[str, Any]) -> http1.ResponseHead:
+    async def _flush(self) -> None:
+        """Write what a synchronous send left (under the write timeout, as every write)."""
+        assert self._flushed is not None
+        try:
+            while self._pending and not self.connection.closed:
+                data, self._pending = self._pending, b""
+                await self.connection.write(data)
+        except _Gone:
+            self.disconnected = True
+        finally:
+            self._pending = b""
+            self._flushed.set()
+            self._flushed = None
+
+    def _response_head(self, status: int, headers: Headers) -> http1.ResponseHead:
         connection = self.connection
         return http1.response_head(
-            start["status"],
-            start.get("headers", ()),
+            status,
+            headers,
             self.request,
             # A body not read to its end (an early answer: 404, 413, 408) ends the
             # connection after this response: see _next_cycle.
@@ -720,10 +743,10 @@ class _HTTPExchange:
         self._framing = head.framing
         self._remaining = head.length
 
-    def _body_received(self) -> dict[str, Any] | None:
-        """All of the body the parser has at hand, as one message (the whole of a body
-        that came in one read); None when it has nothing. Bounded by what one read
-        buffered."""
+    def _body_received(self) -> tuple[bytes, bool] | None:
+        """All of the body the parser has at hand, as one piece, and whether more follows
+        (the whole of a body that came in one read); None when it has nothing. Bounded by
+        what one read buffered. Raises :class:`_Gone` if the client left mid-body."""
         parser = self.connection.parser
         chunks: list[bytes] = []
         while True:
@@ -732,115 +755,150 @@ class _HTTPExchange:
                 chunks.append(event)
             elif event is END:
                 self.body_done = True
-                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+                return b"".join(chunks), False
             elif event is NEED_DATA:
                 if not chunks:
                     return None
-                return {"type": "http.request", "body": b"".join(chunks), "more_body": True}
+                return b"".join(chunks), True
             else:  # CLOSED mid-body
                 self.disconnected = True
-                return {"type": "http.disconnect"}
+                raise _Gone
 
-    def receive_nowait(self) -> dict[str, Any] | None:
-        """``receive()`` of a body message when it needs no waiting, else None: the usual
-        request body came with its head, and the app need not set up a read timeout."""
+    def body_at_hand(self) -> tuple[bytes, bool] | None:
+        """The body bytes already received, without waiting (None: nothing at hand): the
+        usual request body came with its head, and the app need not set up a timeout."""
         if self.body_done or self.disconnected or self.connection.closed:
             return None
         try:
             return self._body_received()
         except ProtocolError as exc:
-            self._fault = exc  # receive() reports it
+            self._fault = exc  # receive_body() reports it
+            return None
+        except _Gone:
+            return None  # receive_body() reports it
+
+    async def receive_body(self) -> tuple[bytes, bool] | None:
+        """The next piece of the body; None: the client left (or sent a body that cannot
+        be parsed, which is answered here, or took longer than the body deadline)."""
+        connection = self.connection
+        if self.disconnected or connection.closed or self.body_done:
+            self.disconnected = True
+            return None
+        try:
+            if self._fault is not None:
+                raise self._fault
+            piece = None
+            with trio.move_on_at(self.body_deadline_at):
+                while (piece := self._body_received()) is None:
+                    await connection.fill()
+            if piece is None:  # the body deadline passed
+                await self._body_too_slow(self._deadline_reason())
+            return piece
+        except _Gone:
+            return None
+        except ProtocolError as exc:
+            # A body that cannot be parsed (chunk framing, a size that is not hex, ...):
+            # the client gets a 400 of its own unless a response has started, the
+            # connection closes (nothing after the fault can be framed), and the app
+            # hears that the client left.
+            self.disconnected = True
+            reason = f"malformed request body: {exc.reason}"
+            if self.response_started:
+                connection.close()
+            else:
+                await connection.refuse(exc.status, reason)
             return None
 
-    async def receive(self) -> dict[str, Any]:
+    async def _wait_disconnect(self) -> None:
+        """Return when the client has gone (the body read; without the hang-up watcher)."""
         connection = self.connection
-        if self.disconnected or connection.closed:
-            self.disconnected = True
-            return {"type": "http.disconnect"}
-        if not self.body_done:
-            try:
-                if self._fault is not None:
-                    raise self._fault
-                with trio.move_on_at(self.body_deadline_at):
-                    while (message := self._body_received()) is None:
-                        await connection.fill()
-                if message is None:  # the body deadline passed
-                    await self._body_too_slow(self._deadline_reason())
-                    return {"type": "http.disconnect"}
-            except ProtocolError as exc:
-                # A body that cannot be parsed (chunk framing, a size that is not hex,
-                # ...): the client gets a 400 of its own unless a response has started,
-                # the connection closes (nothing after the fault can be framed), and the
-                # app hears a disconnect.
-                self.disconnected = True
-                reason = f"malformed request body: {exc.reason}"
-                if self.response_started:
-                    connection.close()
-                else:
-                    await connection.refuse(exc.status, reason)
-                return {"type": "http.disconnect"}
-            return message
-        # The body is read: the only thing left to learn is whether the client goes away.
         buffered = 0
-        while True:
+        while not (self.disconnected or connection.closed):
             data = await connection.read()
             if not data:
-                self.disconnected = True
-                return {"type": "http.disconnect"}
+                break
             # A pipelined next request: keep it for later (bounded), keep watching.
             connection.parser.receive_data(data)
             buffered += len(data)
             if buffered > PIPELINE_BUFFER:
                 await trio.sleep_forever()  # ended by the response finishing (cancel)
+        self.disconnected = True
 
-    async def send(self, message: dict[str, Any]) -> None:
+    async def start(self, status: int, headers: Headers) -> None:
+        if self.connection.closed:
+            self.disconnected = True
+            return
+        if self.response_started:
+            raise RuntimeError("the response was started twice")
+        head = self._response_head(status, headers)
+        self._started(head)
+        self._head = head.data
+
+    async def send_body(self, data: bytes, more: bool) -> None:
         connection = self.connection
         if connection.closed:
             # As hypercorn does: a send to a client that is gone (or was refused) is
-            # dropped; the app learns of the disconnect from receive(). (A checkpoint, so
+            # dropped; the app learns of the disconnect from its watch. (A checkpoint, so
             # that an app which keeps sending cannot starve the task that would tell it.)
             self.disconnected = True
             await trio.lowlevel.checkpoint()
             return
-        kind = message["type"]
-        if kind == "http.response.start":
-            if self.response_started:
-                raise RuntimeError("http.response.start sent twice")
-            head = self._response_head(message)
-            self._started(head)
-            self._head = head.data
-            return
-        if kind != "http.response.body":
-            return
         if not self.response_started or self.response_done:
-            raise RuntimeError("http.response.body outside a response")
-        body = message.get("body", b"")
-        more = message.get("more_body", False)
-        data = self._head + self._pending
+            raise RuntimeError("a response body outside a response")
+        if self._flushed is not None:  # the tail of a synchronous send goes first
+            await self._flushed.wait()
+        out = self._head + self._pending
         self._head = self._pending = b""
         framing = self._framing
-        if body:
+        if data:
             if framing is http1.CHUNKED:
-                data += http1.chunk(body)
+                out += http1.chunk(data)
             elif framing is http1.LENGTH:
-                self._remaining -= len(body)
+                self._remaining -= len(data)
                 if self._remaining < 0:
                     raise RuntimeError("response body longer than its Content-Length")
-                data += body
+                out += data
             elif framing is http1.UNTIL_CLOSE:
-                data += body
+                out += data
         if not more:
             self.response_done = True
             if framing is http1.CHUNKED:
-                data += http1.LAST_CHUNK
+                out += http1.LAST_CHUNK
             elif framing is http1.LENGTH and self._remaining:
                 log.error("response body shorter than its Content-Length: closing")
                 self.keep_alive = False
-        if data:
+        if out:
             try:
-                await connection.write(data)
+                await connection.write(out)
             except _Gone:
                 self.disconnected = True
+
+
+class _HangupWatch:
+    """:meth:`_HTTPExchange.watch_disconnect` on Linux: the server's hang-up watcher calls
+    back; no task, one ``epoll_ctl`` to watch and one to stop."""
+
+    __slots__ = ("exchange", "on_gone")
+
+    def __init__(self, exchange: _HTTPExchange, on_gone: Callable[[], None]) -> None:
+        self.exchange = exchange
+        self.on_gone = on_gone
+
+    async def __aenter__(self) -> None:
+        exchange = self.exchange
+        connection = exchange.connection
+        if exchange.disconnected or connection.closed:
+            exchange.disconnected = True
+            self.on_gone()
+            return
+        connection.watch_hangup(self._gone)
+
+    def _gone(self) -> None:
+        self.exchange.disconnected = True
+        self.on_gone()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.exchange.connection.unwatch_hangup()
 
 
 class _WebSocketConnection:
@@ -1173,7 +1231,7 @@ def _addr(sockaddr: Any) -> tuple[str, int] | None:
 
 
 async def serve_http1(
-    app: ASGIApp,
+    app: HttpHandler,
     host: str,
     port: int,
     *,
@@ -1223,6 +1281,7 @@ async def serve_http1(
             service.start_soon(shared.hangups.run)
         service.start_soon(_close_idle, shared)
         async with trio.open_nursery() as connections:
+            shared.connections = connections
             async with trio.open_nursery() as accepting:
                 for listener in listeners:
                     accepting.start_soon(_accept, listener, connections, handle, shared)
