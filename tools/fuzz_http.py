@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Fuzz the built-in HTTP/1.1 server for as long as asked: the properties of
-tests/test_http1_fuzz.py (the sans-io parser; a running server on 127.0.0.1 that must
-survive each connection, HTTP or WebSocket frames, and serve the next request),
-unseeded, round after round.
+tests/server/http1/test_fuzz.py, from tests/helpers/http1_fuzz.py (the sans-io parser; a
+running server on 127.0.0.1 that must survive each connection, HTTP or WebSocket frames,
+and serve the next request), unseeded, round after round.
 
     python tools/fuzz_http.py --seconds 600 [--target parser|server|websocket|all]
 
@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.test_http1_fuzz import (
+from tests.helpers.http1_fuzz import (
     check_parser,
     reads,
     run_server_check,

@@ -13,9 +13,10 @@ from typing import Any
 import msgpack
 import pytest
 import trio
-import zmq
 
-from tests.conftest import HANG_GUARD, start_engine, wait_until
+from tests.helpers.fake_engine import FakeEngine, receive_a, welcome
+from tests.helpers.frontends import start_engine
+from tests.helpers.waiting import HANG_GUARD, wait_until
 from trioserve import metrics
 from trioserve.engine import HeartbeatConfig, connection, open_engine_client
 from trioserve.engine.subscription import DEFAULT_BUFFER, Subscription
@@ -24,15 +25,12 @@ from trioserve.protocol import (
     PROTOCOL_VERSION,
     Abort,
     Hello,
-    ModelCard,
     OutputItem,
     Outputs,
     Ping,
     Pong,
     Reject,
     Submit,
-    Welcome,
-    decode,
     encode,
 )
 from trioserve.sdk.mock import expected_text
@@ -259,43 +257,6 @@ async def test_two_engines_share_the_load_and_models_are_merged(nursery):
         async with subscribed(sub):
             await collect(sub)
         assert second.stats.finished == 1 and first.stats.submitted == 0
-
-
-class FakeEngine:
-    """A raw ROUTER socket driven by hand, for misbehaving engines."""
-
-    def __init__(self) -> None:
-        self.sock = zmq.Context.instance().socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.bind("tcp://127.0.0.1:*")
-        self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
-
-    async def receive(self) -> tuple[bytes, object]:
-        while True:
-            try:
-                ident, frame = self.sock.recv_multipart(zmq.NOBLOCK)
-                return ident, decode(frame)
-            except zmq.Again:
-                await trio.sleep(0.005)
-
-    def send(self, ident: bytes, frame: bytes) -> None:
-        self.sock.send_multipart([ident, frame])
-
-    def close(self) -> None:
-        self.sock.close(linger=0)
-
-
-def welcome(version: int = PROTOCOL_VERSION, session: str = "s1", model: str = "mock") -> bytes:
-    return encode(Welcome(version, "fake", session, [ModelCard(model)], ["completion"]))
-
-
-async def receive_a(fake: FakeEngine, kind: type) -> tuple[bytes, Any]:
-    """The next message of type ``kind`` the fake receives (hellos repeat until answered)."""
-    with trio.fail_after(HANG_GUARD):
-        while True:
-            ident, message = await fake.receive()
-            if isinstance(message, kind):
-                return ident, message
 
 
 @pytest.fixture

@@ -1,6 +1,9 @@
 import pytest
 
+from tests.helpers.frontends import SERVERS
 
-@pytest.fixture(autouse=True)
-def _every_http_test_runs_on_both_servers(http_server: str) -> str:
-    return http_server
+
+@pytest.fixture(params=SERVERS, autouse=True)
+def http_server(request: pytest.FixtureRequest) -> str:
+    """Every HTTP test runs once per server: the frontends it starts use that server."""
+    return request.param

@@ -8,7 +8,8 @@ import json
 import pytest
 import trio_websocket
 
-from tests.conftest import start_engine, start_frontend, wait_until
+from tests.helpers.frontends import start_engine, start_frontend
+from tests.helpers.waiting import wait_until
 from trioserve import metrics
 from trioserve.config import Settings
 
@@ -16,9 +17,9 @@ HANG = {"prompt": "hold", "max_tokens": 100, "stream": True, "mock_hang_after": 
 
 
 @pytest.fixture
-async def one_slot(nursery):
+async def one_slot(nursery, http_server):
     engine = await start_engine(nursery)
-    return await start_frontend(nursery, engine, max_concurrent_requests=1)
+    return await start_frontend(nursery, engine, server=http_server, max_concurrent_requests=1)
 
 
 def test_default_limit_is_256():

@@ -9,14 +9,12 @@ import pytest
 import trio
 from trio_websocket import ConnectionRejected, open_websocket_url
 
-from tests.conftest import HANG_GUARD, start_engine, start_frontend, wait_until
-from tests.http.test_cancellation import LONG, running
-from tests.http.test_websocket import collect, receive, request, ws_url
+from tests.helpers.api_keys import ALICE, BOB, KEY, keyed_frontend
+from tests.helpers.frontends import LONG, running
+from tests.helpers.waiting import HANG_GUARD, wait_until
+from tests.helpers.websocket import collect, receive, request, ws_url
 from trioserve.sdk.mock import expected_text
 
-KEY, OTHER = "sk-test-alice", "sk-test-bob"
-ALICE = {"authorization": f"Bearer {KEY}"}
-BOB = {"authorization": f"Bearer {OTHER}"}
 CHALLENGE = 'Bearer realm="trioserve"'
 CHALLENGE_INVALID = 'Bearer realm="trioserve", error="invalid_token"'
 
@@ -43,11 +41,6 @@ REFUSALS = [
 ]
 
 
-async def keyed_frontend(nursery, **settings):
-    engine = await start_engine(nursery)
-    return await start_frontend(nursery, engine, api_keys=[KEY, OTHER], **settings)
-
-
 def assert_refused(response, challenge: str) -> None:
     assert response.status_code == 401, response.text
     assert response.headers["www-authenticate"] == challenge
@@ -60,8 +53,9 @@ def assert_refused(response, challenge: str) -> None:
 
 async def test_every_generation_route_models_and_cancel_refuse_a_request_without_a_valid_key(
     nursery,
+    http_server,
 ):
-    frontend = await keyed_frontend(nursery)
+    frontend = await keyed_frontend(nursery, server=http_server)
     async with frontend.client() as client:
         for method, path in PROTECTED:
             for headers, challenge in REFUSALS:
@@ -78,15 +72,15 @@ async def test_every_generation_route_models_and_cancel_refuse_a_request_without
         assert answer.json()["choices"][0]["text"] == expected_text("x", 2)
 
 
-async def test_health_live_and_metrics_stay_open(nursery):
-    frontend = await keyed_frontend(nursery)
+async def test_health_live_and_metrics_stay_open(nursery, http_server):
+    frontend = await keyed_frontend(nursery, server=http_server)
     async with frontend.client() as client:
         for path in ("/health", "/live", "/metrics"):
             assert (await client.get(path)).status_code == 200, path
 
 
-async def test_metrics_can_require_a_key(nursery):
-    frontend = await keyed_frontend(nursery, metrics_require_key=True)
+async def test_metrics_can_require_a_key(nursery, http_server):
+    frontend = await keyed_frontend(nursery, server=http_server, metrics_require_key=True)
     async with frontend.client() as client:
         assert_refused(await client.get("/metrics"), CHALLENGE)
         assert (await client.get("/metrics", headers=ALICE)).status_code == 200
@@ -100,9 +94,11 @@ async def test_without_keys_everything_stays_open(frontend):
         assert (await client.get("/metrics")).status_code == 200
 
 
-async def test_cors_preflight_needs_no_key_and_a_refusal_is_readable_by_the_browser(nursery):
+async def test_cors_preflight_needs_no_key_and_a_refusal_is_readable_by_the_browser(
+    nursery, http_server
+):
     origin = "https://app.example"
-    frontend = await keyed_frontend(nursery, cors_origins=[origin])
+    frontend = await keyed_frontend(nursery, server=http_server, cors_origins=[origin])
     async with frontend.client() as client:
         preflight = await client.options(
             "/v1/chat/completions",
@@ -119,8 +115,8 @@ async def test_cors_preflight_needs_no_key_and_a_refusal_is_readable_by_the_brow
         assert refused.headers["access-control-allow-origin"] == origin
 
 
-async def test_the_official_openai_client_api_key_works_unchanged(nursery):
-    frontend = await keyed_frontend(nursery)
+async def test_the_official_openai_client_api_key_works_unchanged(nursery, http_server):
+    frontend = await keyed_frontend(nursery, server=http_server)
     client = openai.AsyncOpenAI(base_url=f"{frontend.url}/v1", api_key=KEY, max_retries=0)
     messages = [{"role": "user", "content": "hello there"}]
     whole = await client.chat.completions.create(model="mock", messages=messages, max_tokens=3)
@@ -142,8 +138,8 @@ async def test_the_official_openai_client_api_key_works_unchanged(nursery):
         )
 
 
-async def test_a_request_can_be_cancelled_only_with_the_key_that_started_it(nursery):
-    frontend = await keyed_frontend(nursery)
+async def test_a_request_can_be_cancelled_only_with_the_key_that_started_it(nursery, http_server):
+    frontend = await keyed_frontend(nursery, server=http_server)
     results = {}
 
     async def stream_it() -> None:
@@ -185,8 +181,8 @@ async def assert_ended_once_and_still_serving_with_key(frontend, request_id: str
         assert response.status_code == 200
 
 
-async def test_images_fanout_is_owned_by_its_key(nursery):
-    frontend = await keyed_frontend(nursery)
+async def test_images_fanout_is_owned_by_its_key(nursery, http_server):
+    frontend = await keyed_frontend(nursery, server=http_server)
     results = {}
 
     async def generate() -> None:
@@ -217,8 +213,8 @@ async def converse(ws, client_id: str = "a") -> None:
     assert seen[client_id][-1]["type"] == "done"
 
 
-async def test_websocket_with_the_key_in_the_authorization_header(nursery):
-    frontend = await keyed_frontend(nursery)
+async def test_websocket_with_the_key_in_the_authorization_header(nursery, http_server):
+    frontend = await keyed_frontend(nursery, server=http_server)
     headers = [(b"authorization", f"Bearer {KEY}".encode())]
     with trio.fail_after(HANG_GUARD):
         async with open_websocket_url(ws_url(frontend), extra_headers=headers) as ws:
@@ -227,7 +223,7 @@ async def test_websocket_with_the_key_in_the_authorization_header(nursery):
 
 
 async def test_websocket_with_the_key_in_a_subprotocol_token(nursery, http_server):
-    frontend = await keyed_frontend(nursery)
+    frontend = await keyed_frontend(nursery, server=http_server)
     offered = ["trioserve.v1", f"trioserve.bearer.{KEY}"]
     with trio.fail_after(HANG_GUARD):
         async with open_websocket_url(ws_url(frontend), subprotocols=offered) as ws:
@@ -251,7 +247,7 @@ async def test_websocket_with_the_key_in_a_subprotocol_token(nursery, http_serve
 async def test_websocket_without_a_valid_key_is_refused_before_the_upgrade(
     nursery, http_server, headers, subprotocols
 ):
-    frontend = await keyed_frontend(nursery)
+    frontend = await keyed_frontend(nursery, server=http_server)
     with trio.fail_after(HANG_GUARD), pytest.raises(ConnectionRejected) as caught:
         async with open_websocket_url(
             ws_url(frontend), extra_headers=headers, subprotocols=subprotocols
@@ -266,8 +262,8 @@ async def test_websocket_without_a_valid_key_is_refused_before_the_upgrade(
     assert json.loads(rejected.body)["error"]["code"] == "invalid_api_key"
 
 
-async def test_websocket_requests_are_cancelled_only_by_their_key(nursery):
-    frontend = await keyed_frontend(nursery)
+async def test_websocket_requests_are_cancelled_only_by_their_key(nursery, http_server):
+    frontend = await keyed_frontend(nursery, server=http_server)
     headers = [(b"authorization", f"Bearer {KEY}".encode())]
     async with open_websocket_url(ws_url(frontend), extra_headers=headers) as ws:
         await ws.send_message(request("long", "go on", max_tokens=100_000))

@@ -10,10 +10,10 @@ import json
 
 import trio
 
-from tests.conftest import raw_request, read_until, start_engine, start_frontend, wait_until
+from tests.helpers.frontends import LONG, running, start_engine, start_frontend
+from tests.helpers.http import raw_request, read_until
+from tests.helpers.waiting import wait_until
 from trioserve import metrics
-
-LONG = {"messages": [{"role": "user", "content": "go on"}], "max_tokens": 100_000}
 
 
 def aborts(reason: str) -> float:
@@ -33,11 +33,6 @@ async def assert_ended_once_and_still_serving(frontend, request_id: str, how: st
             "/v1/chat/completions", json={**LONG, "max_tokens": 2, "stream": True}
         )
         assert response.text.endswith("data: [DONE]\n\n")
-
-
-async def running(frontend, request_id: str) -> None:
-    key = (frontend.frontend_id, request_id)
-    await wait_until(lambda: key in frontend.engine.core.running, f"{request_id} to run")
 
 
 async def test_disconnect_mid_stream_aborts_engine_request(frontend):
@@ -95,8 +90,10 @@ async def test_deadline_mid_stream_ends_with_error_event_and_no_done(frontend):
     await assert_ended_once_and_still_serving(frontend, "t2", "aborted")
 
 
-async def test_server_wide_deadline_applies_and_header_is_capped(nursery, engine):
-    frontend = await start_frontend(nursery, engine, request_timeout=0.2, max_request_timeout=0.3)
+async def test_server_wide_deadline_applies_and_header_is_capped(nursery, engine, http_server):
+    frontend = await start_frontend(
+        nursery, engine, server=http_server, request_timeout=0.2, max_request_timeout=0.3
+    )
     async with frontend.client() as client:
         default = await client.post("/v1/chat/completions", json={**LONG, "mock_ttft_ms": 60_000})
         capped = await client.post(
@@ -171,9 +168,9 @@ async def test_duplicate_in_flight_request_id_is_409(frontend):
     await assert_ended_once_and_still_serving(frontend, "dup", "aborted")
 
 
-async def test_slow_client_is_ended_and_aborted_without_holding_up_others(nursery):
+async def test_slow_client_is_ended_and_aborted_without_holding_up_others(nursery, http_server):
     engine = await start_engine(nursery)
-    frontend = await start_frontend(nursery, engine, stream_buffer=8)
+    frontend = await start_frontend(nursery, engine, server=http_server, stream_buffer=8)
     before = aborts("slow_client")
     sock = trio.socket.socket()
     sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 4096)

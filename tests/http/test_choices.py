@@ -8,7 +8,8 @@ import pytest
 import trio
 from trio_websocket import open_websocket_url
 
-from tests.conftest import raw_request, wait_until
+from tests.helpers.http import raw_request
+from tests.helpers.waiting import wait_until
 from trioserve.sdk.mock import expected_text
 
 CHAT = ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})

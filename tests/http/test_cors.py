@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import start_engine, start_frontend
+from tests.helpers.frontends import start_engine, start_frontend
 from trioserve import cli
 from trioserve.http.cors import CorsPolicy
 
@@ -23,10 +23,14 @@ async def test_without_configured_origins_there_is_no_cors(frontend):
         assert (await client.options("/v1/chat/completions", headers=PREFLIGHT)).status_code == 405
 
 
-async def test_listed_origin_with_credentials(nursery):
+async def test_listed_origin_with_credentials(nursery, http_server):
     engine = await start_engine(nursery)
     frontend = await start_frontend(
-        nursery, engine, cors_origins=[APP, "https://other.example"], cors_allow_credentials=True
+        nursery,
+        engine,
+        server=http_server,
+        cors_origins=[APP, "https://other.example"],
+        cors_allow_credentials=True,
     )
     async with frontend.client() as client:
         ok = await client.post(
@@ -53,9 +57,9 @@ async def test_listed_origin_with_credentials(nursery):
         assert "access-control-allow-origin" not in refused.headers
 
 
-async def test_any_origin_never_comes_with_credentials(nursery):
+async def test_any_origin_never_comes_with_credentials(nursery, http_server):
     engine = await start_engine(nursery)
-    frontend = await start_frontend(nursery, engine, cors_origins=["*"])
+    frontend = await start_frontend(nursery, engine, server=http_server, cors_origins=["*"])
     async with frontend.client() as client:
         simple = await client.get("/v1/models", headers={"origin": "https://any.example"})
         preflight = await client.options(

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 
-from tests.conftest import raw_request, read_until, wait_until
+from tests.helpers.http import raw_request, read_until
+from tests.helpers.waiting import wait_until
 from trioserve.http.writers.stream import JSONWriter, SSEWriter
 
 LONG = {"messages": [{"role": "user", "content": "go on"}], "max_tokens": 100_000}

@@ -22,7 +22,9 @@ import json
 import pytest
 import trio
 
-from tests.conftest import raw_request, read_until, start_engine, start_frontend, wait_until
+from tests.helpers.frontends import start_engine, start_frontend
+from tests.helpers.http import raw_request, read_until
+from tests.helpers.waiting import wait_until
 from trioserve import metrics
 
 PHASES = {"before": 0, "mid": 3}
@@ -38,12 +40,17 @@ def count_tasks() -> int:
 
 
 @pytest.fixture
-async def setup(nursery):
+async def setup(nursery, http_server):
     engine = await start_engine(nursery)
     # A short keep-alive timeout: hypercorn keeps a closed connection's idle-timer task
     # until it fires, which would otherwise read as a leftover task here.
     frontend = await start_frontend(
-        nursery, engine, heartbeat_interval=0.1, heartbeat_timeout=1.0, keep_alive_timeout=0.2
+        nursery,
+        engine,
+        server=http_server,
+        heartbeat_interval=0.1,
+        heartbeat_timeout=1.0,
+        keep_alive_timeout=0.2,
     )
     return engine, frontend
 
@@ -173,9 +180,11 @@ async def test_request_ends_exactly_once(setup, kind, path, phase):
     await next_request_is_served(frontend)
 
 
-async def test_slow_sse_client_mid_output_ends_exactly_once(nursery):
+async def test_slow_sse_client_mid_output_ends_exactly_once(nursery, http_server):
     engine = await start_engine(nursery)
-    frontend = await start_frontend(nursery, engine, stream_buffer=8, keep_alive_timeout=0.2)
+    frontend = await start_frontend(
+        nursery, engine, server=http_server, stream_buffer=8, keep_alive_timeout=0.2
+    )
     tasks_before = count_tasks()
     sock = trio.socket.socket()
     sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 4096)

@@ -10,8 +10,7 @@ import pytest
 import requests
 import trio
 
-from tests.conftest import start_engine, start_frontend
-from tests.http.helpers import capture_submits
+from tests.helpers.frontends import capture_submits, start_engine, start_frontend
 from trioserve.sdk.mock import expected_text
 
 TRUE = ["true", "TRUE", "t", "Yes", "y", "on", "1", " true "]
@@ -205,9 +204,9 @@ async def test_unknown_model_is_404_in_detail_shape(frontend):
     assert response.json()["code"] == "model_not_found"
 
 
-async def test_generate_without_the_capability_is_404(nursery):
+async def test_generate_without_the_capability_is_404(nursery, http_server):
     engine = await start_engine(nursery, capabilities=["chat", "completion"])
-    frontend = await start_frontend(nursery, engine)
+    frontend = await start_frontend(nursery, engine, server=http_server)
     async with frontend.client() as client:
         response = await client.post("/generate", json={"prompt": "x"})
     assert response.status_code == 404

@@ -10,8 +10,10 @@ import openai
 import pytest
 import trio
 
-from tests.conftest import raw_request, wait_until
-from tests.http.helpers import capture_submits, png_info
+from tests.helpers.frontends import capture_submits
+from tests.helpers.http import raw_request
+from tests.helpers.media import png_info
+from tests.helpers.waiting import wait_until
 from trioserve.sdk.mock import mock_image
 
 

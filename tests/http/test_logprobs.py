@@ -11,7 +11,8 @@ import pytest
 import trio
 from trio_websocket import open_websocket_url
 
-from tests.conftest import HANG_GUARD, start_frontend
+from tests.helpers.frontends import start_frontend
+from tests.helpers.waiting import HANG_GUARD
 from trioserve.protocol import ModelCard, Submit, Usage
 from trioserve.sdk import Output, serve_engine
 
@@ -59,11 +60,11 @@ class LogprobsBackend:
 
 
 @pytest.fixture
-async def frontend(nursery):
+async def frontend(nursery, http_server):
     engine = await nursery.start(
         partial(serve_engine, LogprobsBackend(), "tcp://127.0.0.1:*", track_ends=True)
     )
-    return await start_frontend(nursery, engine)
+    return await start_frontend(nursery, engine, server=http_server)
 
 
 CHAT = ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})

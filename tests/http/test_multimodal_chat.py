@@ -12,8 +12,7 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
-from tests.conftest import start_engine, start_frontend
-from tests.http.helpers import capture_submits
+from tests.helpers.frontends import capture_submits, start_engine, start_frontend
 from trioserve.sdk.mock import expected_text
 
 IMAGE = b"\x89PNG\r\n\x1a\n-an-image-"
@@ -60,11 +59,12 @@ async def media_server(nursery: trio.Nursery) -> str:
 
 
 @pytest.fixture
-async def remote(nursery):
+async def remote(nursery, http_server):
     engine = await start_engine(nursery)
     frontend = await start_frontend(
         nursery,
         engine,
+        server=http_server,
         allow_remote_media=True,
         remote_media_max_bytes=1000,
         # Only /slow (which never answers) must hit it; the others must answer well

@@ -10,8 +10,8 @@ import openai
 import pytest
 import trio
 
-from tests.conftest import HANG_GUARD
-from tests.http.helpers import capture_submits
+from tests.helpers.frontends import capture_submits
+from tests.helpers.waiting import HANG_GUARD
 from trioserve.sdk.mock import expected_text
 
 CHAT = {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 5}

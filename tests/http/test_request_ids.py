@@ -6,15 +6,17 @@ import json
 
 import trio
 
-from tests.conftest import wait_until
-from tests.http.test_api_keys import ALICE, BOB, keyed_frontend
-from tests.http.test_cancellation import LONG, running
+from tests.helpers.api_keys import ALICE, BOB, keyed_frontend
+from tests.helpers.frontends import LONG, running
+from tests.helpers.waiting import wait_until
 
 
-async def test_an_id_in_flight_under_another_key_is_neither_refused_nor_revealed(nursery):
+async def test_an_id_in_flight_under_another_key_is_neither_refused_nor_revealed(
+    nursery, http_server
+):
     # A 409 to Bob would confirm that Alice has a request "shared" in flight; to Bob the
     # id is free. Alice reusing her own id in flight still gets the 409.
-    frontend = await keyed_frontend(nursery)
+    frontend = await keyed_frontend(nursery, server=http_server)
     results = {}
 
     async def alices_stream() -> None:

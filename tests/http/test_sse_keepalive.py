@@ -6,7 +6,9 @@ import json
 
 import openai
 
-from tests.conftest import raw_request, read_until, start_engine, start_frontend, wait_until
+from tests.helpers.frontends import start_engine, start_frontend
+from tests.helpers.http import raw_request, read_until
+from tests.helpers.waiting import wait_until
 from trioserve.config import Settings
 from trioserve.sdk.mock import expected_text
 
@@ -15,9 +17,9 @@ def test_default_keepalive_is_15_seconds():
     assert Settings().sse_keepalive == 15.0
 
 
-async def test_a_silent_stream_gets_comment_lines_until_the_first_output(nursery):
+async def test_a_silent_stream_gets_comment_lines_until_the_first_output(nursery, http_server):
     engine = await start_engine(nursery)
-    frontend = await start_frontend(nursery, engine, sse_keepalive=0.05)
+    frontend = await start_frontend(nursery, engine, server=http_server, sse_keepalive=0.05)
     # The engine never produces anything (a prefill that does not end).
     body = json.dumps({"prompt": "x", "stream": True, "mock_hang_after": 0}).encode()
     stream = await raw_request(frontend, "POST", "/v1/completions", body, x_request_id="ka")
@@ -30,9 +32,9 @@ async def test_a_silent_stream_gets_comment_lines_until_the_first_output(nursery
     await wait_until(lambda: frontend.ends("ka") == ["aborted"], "one abort")
 
 
-async def test_clients_ignore_the_comment_lines(nursery):
+async def test_clients_ignore_the_comment_lines(nursery, http_server):
     engine = await start_engine(nursery)
-    frontend = await start_frontend(nursery, engine, sse_keepalive=0.01)
+    frontend = await start_frontend(nursery, engine, server=http_server, sse_keepalive=0.01)
     client = openai.AsyncOpenAI(base_url=f"{frontend.url}/v1", api_key="x", max_retries=0)
     async with client:
         stream = await client.completions.create(

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.conftest import raw_request, read_until, start_engine, start_frontend, wait_until
-from tests.http.helpers import capture_submits, multipart, upload_entries
+from tests.helpers.frontends import capture_submits, start_engine, start_frontend
+from tests.helpers.http import raw_request, read_until
+from tests.helpers.waiting import wait_until
 from trioserve.http.bodies import uploads
 from trioserve.http.bodies.uploads import safe_filename
 
@@ -36,12 +37,43 @@ HOSTILE = [
 ]
 
 
+def upload_entries(root: Path) -> list[Path]:
+    """Everything under the upload root (directories of requests still running)."""
+    return sorted(root.rglob("*")) if root.exists() else []
+
+
+def multipart(fields: dict[str, str], files: list[tuple[str, str, bytes, str]], boundary: str):
+    """A multipart/form-data body built by hand (hostile filenames, truncation)."""
+    out = b""
+    for name, value in fields.items():
+        out += (
+            f'--{boundary}\r\ncontent-disposition: form-data; name="{name}"\r\n\r\n'.encode()
+            + value.encode()
+            + b"\r\n"
+        )
+    for field, filename, data, content_type in files:
+        out += (
+            (
+                f'--{boundary}\r\ncontent-disposition: form-data; name="{field}"; '
+                f'filename="{filename}"\r\ncontent-type: {content_type}\r\n\r\n'
+            ).encode()
+            + data
+            + b"\r\n"
+        )
+    return out + f"--{boundary}--\r\n".encode()
+
+
 @pytest.fixture
-async def setup(nursery, tmp_path):
+async def setup(nursery, tmp_path, http_server):
     engine = await start_engine(nursery)
     root = tmp_path / "uploads"
     frontend = await start_frontend(
-        nursery, engine, upload_dir=str(root), max_body_bytes=64 * 1024, body_timeout=0.5
+        nursery,
+        engine,
+        server=http_server,
+        upload_dir=str(root),
+        max_body_bytes=64 * 1024,
+        body_timeout=0.5,
     )
     return frontend, root
 

@@ -11,7 +11,7 @@ import orjson
 import pytest
 import trio
 
-from tests.http.helpers import capture_submits
+from tests.helpers.frontends import capture_submits
 from trioserve.http.bodies import media
 from trioserve.http.bodies.openai import MAX_CONTENT_PARTS, MAX_CONTENT_PARTS_TOTAL, MAX_MESSAGES
 from trioserve.http.bodies.validation import MAX_ERRORS, MAX_JSON_COMMAS

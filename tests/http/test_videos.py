@@ -6,8 +6,8 @@ import base64
 
 import pytest
 
-from tests.conftest import start_engine, start_frontend, wait_until
-from tests.http.helpers import capture_submits
+from tests.helpers.frontends import capture_submits, start_engine, start_frontend
+from tests.helpers.waiting import wait_until
 from trioserve.http.writers import stream as writers
 from trioserve.sdk.mock import mock_video
 
@@ -105,9 +105,9 @@ async def test_an_answer_too_large_to_collect_is_502_and_aborted_once(frontend, 
     [("/v1/audio/speech", "speech synthesis"), ("/v1/images/generations", "image generation"),
      ("/v1/images/edits", "image editing"), ("/v1/videos/generations", "video generation")],
 )  # fmt: skip
-async def test_routes_the_engines_do_not_support_are_404(nursery, path, name):
+async def test_routes_the_engines_do_not_support_are_404(nursery, path, name, http_server):
     engine = await start_engine(nursery, capabilities=["chat", "completion"])
-    frontend = await start_frontend(nursery, engine)
+    frontend = await start_frontend(nursery, engine, server=http_server)
     async with frontend.client() as client:
         response = await client.post(path, json={"prompt": "x", "input": "x"})
         chat = await client.post(

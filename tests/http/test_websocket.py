@@ -14,41 +14,11 @@ from trio_websocket import (
     wrap_client_stream,
 )
 
-from tests.conftest import HANG_GUARD, start_engine, start_frontend, wait_until
+from tests.helpers.frontends import start_engine, start_frontend
+from tests.helpers.waiting import HANG_GUARD, wait_until
+from tests.helpers.websocket import collect, receive, request, ws_url
 from trioserve import metrics
 from trioserve.sdk.mock import expected_text
-
-
-def ws_url(frontend) -> str:
-    return f"ws://{frontend.host}:{frontend.port}/v1/ws"
-
-
-def request(client_id: str, prompt: str, max_tokens: int = 5, **body: object) -> str:
-    return json.dumps(
-        {
-            "type": "request",
-            "id": client_id,
-            "endpoint": "completions",
-            "body": {"prompt": prompt, "max_tokens": max_tokens, **body},
-        }
-    )
-
-
-async def receive(ws) -> dict:
-    with trio.fail_after(HANG_GUARD):
-        return json.loads(await ws.get_message())
-
-
-async def collect(ws, ids: set[str]) -> dict[str, list[dict]]:
-    """Read until every id in ``ids`` has ended (done or error)."""
-    seen: dict[str, list[dict]] = {i: [] for i in ids}
-    open_ids = set(ids)
-    while open_ids:
-        message = await receive(ws)
-        seen[message["id"]].append(message)
-        if message["type"] in ("done", "error"):
-            open_ids.discard(message["id"])
-    return seen
 
 
 def text_of(messages: list[dict]) -> str:
@@ -182,8 +152,8 @@ async def test_application_ping(frontend):
         assert await receive(ws) == {"type": "pong", "id": "p1"}
 
 
-async def test_per_connection_limit_refuses_the_extra_request_only(nursery, engine):
-    frontend = await start_frontend(nursery, engine, ws_max_requests=2)
+async def test_per_connection_limit_refuses_the_extra_request_only(nursery, engine, http_server):
+    frontend = await start_frontend(nursery, engine, server=http_server, ws_max_requests=2)
     async with open_websocket_url(ws_url(frontend)) as ws:
         await ws.send_message(request("a", "p", max_tokens=100_000))
         await ws.send_message(request("b", "p", max_tokens=100_000))
@@ -200,8 +170,8 @@ async def test_per_connection_limit_refuses_the_extra_request_only(nursery, engi
                 break
 
 
-async def test_a_message_over_the_size_limit_closes_with_1009(nursery, engine):
-    frontend = await start_frontend(nursery, engine, ws_max_message_bytes=1000)
+async def test_a_message_over_the_size_limit_closes_with_1009(nursery, engine, http_server):
+    frontend = await start_frontend(nursery, engine, server=http_server, ws_max_message_bytes=1000)
     async with open_websocket_url(ws_url(frontend)) as ws:
         await ws.send_message(request("big", "x" * 2000))
         with pytest.raises(ConnectionClosed) as info:
@@ -209,9 +179,9 @@ async def test_a_message_over_the_size_limit_closes_with_1009(nursery, engine):
     assert info.value.reason.code == 1009
 
 
-async def test_a_reader_that_stops_is_bounded_and_its_requests_aborted(nursery):
+async def test_a_reader_that_stops_is_bounded_and_its_requests_aborted(nursery, http_server):
     engine = await start_engine(nursery)
-    frontend = await start_frontend(nursery, engine, stream_buffer=8)
+    frontend = await start_frontend(nursery, engine, server=http_server, stream_buffer=8)
     before = metrics.REGISTRY.get_sample_value(
         "trioserve_engine_aborts_total", {"reason": "slow_client"}
     )
@@ -239,8 +209,10 @@ async def test_a_reader_that_stops_is_bounded_and_its_requests_aborted(nursery):
         client_nursery.cancel_scope.cancel()
 
 
-async def test_drain_deadline_closes_with_1001_and_aborts(nursery, engine):
-    frontend = await start_frontend(nursery, engine, drain_delay=0.0, graceful_timeout=0.3)
+async def test_drain_deadline_closes_with_1001_and_aborts(nursery, engine, http_server):
+    frontend = await start_frontend(
+        nursery, engine, server=http_server, drain_delay=0.0, graceful_timeout=0.3
+    )
     async with open_websocket_url(ws_url(frontend)) as ws:
         await ws.send_message(request("d1", "p", max_tokens=100_000))
         await ws.send_message(request("d2", "p", max_tokens=100_000))
@@ -317,7 +289,7 @@ async def test_a_browser_of_another_origin_cannot_open_the_socket(
     nursery, http_server, settings, origin, status
 ):
     engine = await start_engine(nursery)
-    frontend = await start_frontend(nursery, engine, **settings)
+    frontend = await start_frontend(nursery, engine, server=http_server, **settings)
     if origin == "SAME":
         origin = f"http://{frontend.host}:{frontend.port}"
     assert await _handshake(frontend, origin) == status

@@ -9,15 +9,13 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.conftest import _current_server
-from tests.http.test_openai_routes import sse_events
-from trioserve.http.channel import RequestHead
+from tests.helpers.http import sse_events
 from trioserve.http.exchange import Exchange, ServerState
 from trioserve.http.writers.openai import StreamFormat
 from trioserve.http.writers.stream import SSE_HEADERS, SSEWriter
 from trioserve.protocol import ErrorInfo, OutputItem
 from trioserve.sdk.mock import expected_text
-from trioserve.server.http1 import serve as h11_server
+from trioserve.server.http1 import serve as http1_serve
 
 
 class FakeServer:
@@ -234,18 +232,20 @@ async def test_without_the_servers_synchronous_start_the_first_delta_waits_for_t
 
 @pytest.mark.parametrize("tokens", [1, 6])
 @pytest.mark.parametrize("kind", ["chat", "completion"])
-async def test_a_stream_whose_tokens_come_one_step_at_a_time(frontend, kind, tokens, monkeypatch):
+async def test_a_stream_whose_tokens_come_one_step_at_a_time(
+    frontend, http_server, kind, tokens, monkeypatch
+):
     # One token per engine step: every delta reaches the client through the synchronous
     # path on trioserve's server (the first one starting the response, even when it is
     # also the last), through the relay task on hypercorn. Same bytes either way.
     starts = []
-    original = h11_server._HTTPExchange.try_start
+    original = http1_serve._HTTPExchange.try_start
 
     def counting(self, status, headers, body):
         starts.append(body)
         return original(self, status, headers, body)
 
-    monkeypatch.setattr(h11_server._HTTPExchange, "try_start", counting)
+    monkeypatch.setattr(http1_serve._HTTPExchange, "try_start", counting)
     params = {"max_tokens": tokens, "stream": True, "mock_tokens_per_second": 200}
     if kind == "chat":
         url, body = "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}
@@ -274,7 +274,7 @@ async def test_a_stream_whose_tokens_come_one_step_at_a_time(frontend, kind, tok
         assert chunks[-1]["choices"][0]["finish_reason"] == "length"
         assert text == expected_text("hi", tokens)
     # On trioserve's server both responses were started by their first token's sink.
-    assert len(starts) == (2 if _current_server["name"] == "builtin" else 0)
+    assert len(starts) == (2 if http_server == "builtin" else 0)
 
 
 @pytest.mark.parametrize("text", ["hi", "é ü", 'a"b\\c', "line\nbreak\t", "\x00\x1f", "😀", ""])

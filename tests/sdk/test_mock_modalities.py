@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import struct
 
-from tests.http.helpers import png_info
+from tests.helpers.media import png_info
 from trioserve.protocol import OutputItem, decode, encode
 from trioserve.protocol.messages import Outputs
 from trioserve.sdk.mock import (

@@ -20,11 +20,11 @@ import pytest
 import trio
 import trio_websocket
 
-from tests.conftest import HANG_GUARD, raw_request, read_until
-from tests.processes import Proc
-
-from .conftest import Vllm
-from .helpers import LONG, MAX_TOKENS, client, frontend_on, running_in_vllm, settled
+from tests.helpers.http import raw_request, read_until
+from tests.helpers.processes import Proc
+from tests.helpers.vllm import LONG, MAX_TOKENS, client, frontend_on, running_in_vllm, settled
+from tests.helpers.vllm_session import Vllm
+from tests.helpers.waiting import HANG_GUARD
 
 pytestmark = pytest.mark.integration
 

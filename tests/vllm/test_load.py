@@ -9,10 +9,9 @@ import re
 import pytest
 import trio
 
-from tests.conftest import raw_request, read_until
-
-from .conftest import Vllm
-from .helpers import LONG, SETTLE_GUARD, client, figures, frontend_on, settled
+from tests.helpers.http import raw_request, read_until
+from tests.helpers.vllm import LONG, SETTLE_GUARD, client, figures, frontend_on, settled
+from tests.helpers.vllm_session import Vllm
 
 pytestmark = pytest.mark.integration
 

@@ -15,10 +15,7 @@ import pytest
 import trio
 import trio_websocket
 
-from tests.conftest import HANG_GUARD
-
-from .conftest import MODEL, Vllm
-from .helpers import (
+from tests.helpers.vllm import (
     client,
     essentials,
     frontend_on,
@@ -26,6 +23,8 @@ from .helpers import (
     stream_essentials,
     stream_logprobs,
 )
+from tests.helpers.vllm_session import MODEL, Vllm
+from tests.helpers.waiting import HANG_GUARD
 
 pytestmark = pytest.mark.integration
 

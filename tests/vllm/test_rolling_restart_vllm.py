@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.rolling import roll_under_load
-
-from .conftest import MODEL, Vllm
-from .helpers import settled
+from tests.helpers.rolling import roll_under_load
+from tests.helpers.vllm import settled
+from tests.helpers.vllm_session import MODEL, Vllm
 
 pytestmark = pytest.mark.integration
 

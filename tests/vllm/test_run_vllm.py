@@ -8,9 +8,8 @@ import openai
 import pytest
 import trio
 
-from tests.processes import Proc
-
-from .conftest import MODEL, START_GUARD, VLLM_OPTIONS, Vllm, vllm_env
+from tests.helpers.processes import Proc
+from tests.helpers.vllm_session import MODEL, START_GUARD, VLLM_OPTIONS, Vllm, vllm_env
 
 pytestmark = pytest.mark.integration
 

@@ -1,0 +1,107 @@
+"""Helpers for tests that run trioserve as real processes (engine, frontend)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+
+import trio
+
+from tests.helpers.waiting import HANG_GUARD
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Proc:
+    """A trioserve subprocess (or a tool's: ``program``) whose stderr is collected as it
+    runs."""
+
+    def __init__(self, process: trio.Process) -> None:
+        self.process = process
+        self.output = b""
+        self._lines = trio.Event()
+
+    @classmethod
+    async def start(
+        cls,
+        nursery: trio.Nursery,
+        *args: str,
+        program: tuple[str, ...] = ("-m", "trioserve"),
+        python: str = sys.executable,
+        env: dict[str, str] | None = None,
+    ) -> Proc:
+        process = await trio.lowlevel.open_process(
+            [python, *program, *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env={**(env or os.environ), "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,
+        )
+        proc = cls(process)
+        nursery.start_soon(proc._read)
+        return proc
+
+    async def _read(self) -> None:
+        """Collect stderr; when the test's nursery ends, kill the process (no leftovers)."""
+        assert self.process.stderr is not None
+        try:
+            async for chunk in self.process.stderr:
+                self.output += chunk
+                self._lines.set()
+                self._lines = trio.Event()
+            await trio.sleep_forever()
+        finally:
+            if self.process.returncode is None:
+                os.killpg(self.process.pid, signal.SIGKILL)  # its children too
+
+    async def wait_for_output(self, pattern: str, guard: float = HANG_GUARD) -> re.Match[bytes]:
+        with trio.fail_after(guard):
+            while (match := re.search(pattern.encode(), self.output)) is None:
+                if self.process.returncode is not None:
+                    raise AssertionError(f"process exited: {self.output.decode()[-2000:]}")
+                await self._lines.wait()
+        return match
+
+    def signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+    async def wait(self) -> int:
+        with trio.fail_after(HANG_GUARD):
+            return await self.process.wait()
+
+    async def stop(self) -> None:
+        if self.process.returncode is None:
+            self.process.send_signal(signal.SIGKILL)
+            await self.process.wait()
+
+
+async def start_engine_process(nursery: trio.Nursery, port: int, *extra: str) -> Proc:
+    engine = await Proc.start(
+        nursery,
+        "engine",
+        "mock",
+        "--bind",
+        f"tcp://127.0.0.1:{port}",
+        "--tokens-per-second",
+        "200",
+        "--ttft-ms",
+        "2",
+        "--allow-fault-injection",  # the tests drive faults through the mock's knobs
+        *extra,
+    )
+    await engine.wait_for_output("mock engine serving")
+    return engine
+
+
+async def start_frontend_process(nursery: trio.Nursery, *args: str) -> tuple[Proc, str]:
+    frontend = await Proc.start(nursery, "run", "--port", "0", *args)
+    match = await frontend.wait_for_output(r"Running on (http://127\.0\.0\.1:\d+)")
+    return frontend, match.group(1).decode()

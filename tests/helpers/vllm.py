@@ -1,0 +1,122 @@
+"""What the vLLM tests share: a frontend on the session's engine, and reading answers."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import trio
+
+from tests.helpers.frontends import start_frontend
+from tests.helpers.vllm_session import FRONTEND_TIMEOUT, MODEL, Vllm
+from tests.helpers.waiting import HANG_GUARD
+from trioserve.http.writers.openai import merge_logprobs
+
+#: An answer that runs for seconds on the tiny model.
+MAX_TOKENS = 4000
+LONG = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": MAX_TOKENS, "ignore_eos": True}
+
+#: Ceiling on waiting for vLLM to settle (a hang guard, not a measurement).
+SETTLE_GUARD = 120.0
+
+
+async def figures(vllm: Vllm) -> dict[str, float]:
+    return await trio.to_thread.run_sync(vllm.metrics)
+
+
+def _idle(f: dict[str, float]) -> bool:
+    ended = f["trioserve_engine_finished_total"] + f["trioserve_engine_aborted_total"]
+    ended += f["trioserve_engine_orphaned_total"]
+    return (
+        f["vllm:num_requests_running"] == 0
+        and f["vllm:num_requests_waiting"] == 0
+        and f["vllm:kv_cache_usage_perc"] == 0
+        and ended == f["trioserve_engine_submitted_total"]
+    )
+
+
+async def settled(vllm: Vllm) -> dict[str, float]:
+    """vLLM's figures once it runs nothing and every submitted request has ended."""
+    with trio.fail_after(SETTLE_GUARD):
+        while not _idle(f := await figures(vllm)):
+            await trio.sleep(0.1)
+    return f
+
+
+async def running_in_vllm(vllm: Vllm, count: int = 1) -> None:
+    with trio.fail_after(SETTLE_GUARD):
+        while (await figures(vllm))["vllm:num_requests_running"] < count:
+            await trio.sleep(0.05)
+
+
+async def frontend_on(nursery: trio.Nursery, vllm: Vllm, **settings: object):
+    """A trioserve frontend (in-process, built-in server) on the session's vLLM engine."""
+    settings.setdefault("engines", [vllm.address])
+    settings.setdefault("heartbeat_timeout", FRONTEND_TIMEOUT)
+    return await start_frontend(nursery, None, server="builtin", **settings)
+
+
+def client(url: str) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=url, timeout=HANG_GUARD * 3)
+
+
+async def post_json(url: str, path: str, body: dict[str, Any]) -> httpx.Response:
+    async with client(url) as http:
+        return await http.post(path, json={"model": MODEL, **body})
+
+
+def text_of(answer: dict[str, Any]) -> str:
+    choice = answer["choices"][0]
+    return choice["message"]["content"] if "message" in choice else choice["text"]
+
+
+def essentials(answer: dict[str, Any]) -> dict[str, Any]:
+    """What a client of either server reads from a JSON answer."""
+    usage = answer["usage"]
+    return {
+        "text": text_of(answer),
+        "finish_reason": answer["choices"][0]["finish_reason"],
+        "usage": [usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]],
+    }
+
+
+async def stream_essentials(url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The same, read from an SSE stream (with the usage chunk asked for)."""
+    body = {"model": MODEL, **body, "stream": True, "stream_options": {"include_usage": True}}
+    text, finish, usage = [], None, None
+    async with client(url) as http, http.stream("POST", path, json=body) as response:
+        assert response.status_code == 200, await response.aread()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                u = chunk["usage"]
+                usage = [u["prompt_tokens"], u["completion_tokens"], u["total_tokens"]]
+            for choice in chunk["choices"]:
+                delta = choice.get("delta", {}).get("content") or choice.get("text") or ""
+                text.append(delta)
+                finish = choice.get("finish_reason") or finish
+    return {"text": "".join(text), "finish_reason": finish, "usage": usage}
+
+
+async def stream_logprobs(url: str, path: str, body: dict[str, Any]) -> Any:
+    """The log probabilities of a streamed answer, merged across its chunks."""
+    merged: Any = None
+    async with (
+        client(url) as http,
+        http.stream("POST", path, json={"model": MODEL, **body, "stream": True}) as response,
+    ):
+        assert response.status_code == 200, await response.aread()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            for choice in json.loads(line[6:])["choices"]:
+                piece = choice.get("logprobs")
+                if piece is None:
+                    continue
+                if "content" in piece:
+                    piece = piece["content"] or []
+                merged = merge_logprobs(merged, piece)
+    return merged

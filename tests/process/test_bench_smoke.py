@@ -1,0 +1,69 @@
+"""Smoke run of the benchmark (tools/bench.py --quick): it runs and reports every figure.
+
+No thresholds: timings belong to the tool's output, not to tests. This only keeps the
+measuring instrument (bench.py, loadgen.py, reference_server.py) from rotting.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+TOOLS = Path(__file__).resolve().parents[2] / "tools"
+
+
+def test_bench_quick_reports_every_figure(tmp_path):
+    out = tmp_path / "bench.json"
+    docs = tmp_path / "benchmarks.md"
+    docs.write_text("# Benchmarks\n\nSome text that must survive.\n")
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(TOOLS / "bench.py"),
+            "--quick",
+            "--json",
+            str(out),
+            "--write-docs",
+            str(docs),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+    figures = json.loads(out.read_text())
+    assert figures["failures"] == []
+    assert [check["case"] for check in figures["byte_check"]], "the byte comparison ran"
+    labels = {"trioserve", "reference"}
+    expected = {
+        "json_c1_rps",
+        "json_c32_rps",
+        "json_c1_p99",
+        "ttft_added_p50",
+        "rss_idle",
+        "rss_per_stream",
+        "idle_aborted_s",
+    }
+    assert expected <= set(figures["figures"])
+    assert any(key.startswith("stream_") and key.endswith("_cpu_ev") for key in figures["figures"])
+    for key, figure in figures["figures"].items():
+        assert set(figure["values"]) == labels, key
+        for label, series in figure["values"].items():
+            assert len(series) == 1, (key, label)
+            assert not math.isnan(series[0]), f"{key} missing for {label}"
+    assert "loadgen_cpu_pct" in figures["load_side_worst"]
+
+    # The markdown table names every figure, and --write-docs kept the rest of the file.
+    for figure in figures["figures"].values():
+        assert figure["label"] in result.stdout
+    text = docs.read_text()
+    assert text.startswith("# Benchmarks\n\nSome text that must survive.\n")
+    assert text.count("<!-- bench:begin -->") == 1
+    assert text.count("<!-- bench:end -->") == 1

@@ -1,0 +1,132 @@
+"""Smoke runs of the measuring tools (seconds, no thresholds), so they cannot rot."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import trio
+
+from tests.helpers.waiting import HANG_GUARD
+
+pytestmark = pytest.mark.integration
+TOOLS = Path(__file__).resolve().parents[2] / "tools"
+
+
+def run_tool(name: str, out: Path, *args: str, timeout: float) -> str:
+    """Run ``tools/<name>`` quietly with its figures written to ``out``; its stdout."""
+    result = subprocess.run(
+        [sys.executable, str(TOOLS / name), *args, "--quiet", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_abort_latency_tool_runs_and_reports_both_kinds(tmp_path):
+    out = tmp_path / "figures.json"
+    stdout = run_tool("abort_latency.py", out, "--count", "3", timeout=120)
+    assert "| streaming (SSE) | 3 |" in stdout
+    assert "| non-streaming (JSON) | 3 |" in stdout
+    assert out.exists()
+
+
+def test_instruction_count_tool_runs_and_reports_both_frontends(tmp_path):
+    out = tmp_path / "figures.json"
+    args = ("--requests", "6", "--warmup", "2", "--concurrency", "2")
+    stdout = run_tool("instructions.py", out, *args, timeout=600)
+    assert "| non-streaming (JSON), 16 tokens |" in stdout
+    assert "| streaming (SSE), 16 tokens |" in stdout
+    figures = json.loads(out.read_text())["results"]
+    assert set(figures) == {"trioserve", "reference"}
+
+
+def test_wakeup_tool_runs_and_reports_every_transport(tmp_path):
+    out = tmp_path / "figures.json"
+    stdout = run_tool("wakeups.py", out, "--count", "5", "--gaps", "0,1", timeout=120)
+    rows = ("TCP loopback", "ZeroMQ DEALER-ROUTER", "ZeroMQ, the caller parked in trio")
+    assert all(f"| {row} |" in stdout for row in rows)
+    figures = json.loads(out.read_text())["results"]
+    assert set(figures) == set(rows)
+    assert all(set(cells) == {"0", "1"} for cells in figures.values())
+
+
+def test_a_capacity_only_bench_run_writes_its_own_section_not_the_main_table(tmp_path):
+    sys.path.insert(0, str(TOOLS))
+    try:
+        import bench
+    finally:
+        sys.path.remove(str(TOOLS))
+    doc = tmp_path / "benchmarks.md"
+    main_table = f"{bench.BEGIN}\nthe main table\n{bench.END}"
+    doc.write_text(
+        f"# B\n\n{main_table}\n\n### Capacity\n\n{bench.CAPACITY_BEGIN}\nold\n"
+        f"{bench.CAPACITY_END}\n"
+    )
+    for scenarios, text in ((["capacity"], "new capacity"), (["json", "capacity"], "new main")):
+        begin, end = bench.markers(SimpleNamespace(scenarios=scenarios))
+        bench.write_docs(doc, f"{begin}\n{text}\n{end}", begin, end)
+        if text == "new capacity":
+            assert main_table in doc.read_text()  # the main table survives a capacity run
+    written = doc.read_text()
+    assert f"{bench.BEGIN}\nnew main\n{bench.END}" in written
+    assert f"{bench.CAPACITY_BEGIN}\nnew capacity\n{bench.CAPACITY_END}" in written
+
+
+async def test_the_floor_relay_relays_tokens_and_loadgen_measures_it(nursery):
+    from tests.helpers.processes import Proc, free_port, start_engine_process
+    from trioserve.sdk.mock import expected_text
+
+    port = free_port()
+    engine = f"tcp://127.0.0.1:{port}"
+    await start_engine_process(nursery, port)
+    relay = await Proc.start(nursery, "--engine", engine, program=(str(TOOLS / "floor_relay.py"),))
+    match = await relay.wait_for_output(r"Running on http://127\.0\.0\.1:(\d+)")
+    relay_port = int(match.group(1))
+    # The tokens of the engine's answer, in order, then [DONE] and the last chunk; and the
+    # connection serves the next request.
+    body = json.dumps(
+        {"messages": [{"role": "user", "content": "floor"}], "stream": True, "max_tokens": 3}
+    ).encode()
+    request = b"POST / HTTP/1.1\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+    stream = await trio.open_tcp_stream("127.0.0.1", relay_port)
+    for _ in range(2):
+        await stream.send_all(request)
+        data = b""
+        with trio.fail_after(HANG_GUARD):
+            while not data.endswith(b"0\r\n\r\n"):
+                data += await stream.receive_some(65536)
+        assert data.startswith(b"HTTP/1.1 200 OK\r\n")
+        lines = [line.strip() for line in data.split(b"\r\n")]
+        events = [json.loads(line[6:]) for line in lines if line.startswith(b"data: {")]
+        text = "".join(e["choices"][0]["delta"]["content"] for e in events)
+        assert text == expected_text("floor", 3) and b"data: [DONE]" in data
+    await stream.aclose()
+    result = await trio.run_process(
+        [
+            sys.executable,
+            str(TOOLS / "loadgen.py"),
+            "ttft",
+            "--engine",
+            engine,
+            "--url",
+            f"http://127.0.0.1:{relay_port}",
+            "--count",
+            "3",
+            "--warmup-count",
+            "1",
+            "--ttft-ms",
+            "5",
+            "--ttft-tokens",
+            "2",
+        ],
+        capture_stdout=True,
+    )
+    figures = json.loads(result.stdout)
+    assert figures["count"] == 3 and figures["frontend_p50_ms"] >= 5
