@@ -10,6 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from tests.helpers.http import sse_events
+from trioserve.http.channel import RequestHead
 from trioserve.http.exchange import Exchange, ServerState
 from trioserve.http.writers.openai import StreamFormat
 from trioserve.http.writers.stream import SSE_HEADERS, SSEWriter
