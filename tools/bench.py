@@ -37,6 +37,7 @@ in the JSON (``meta.logs``).
     python tools/bench.py --quick                  # a seconds-long smoke run
     python tools/bench.py --trioserve-args "--server builtin" --trioserve-args "--server hypercorn"
     python tools/bench.py --json figures.json --write-docs docs/benchmarks.md
+    git worktree add /tmp/before COMMIT && python tools/bench.py --baseline /tmp/before
 
 All traffic is on 127.0.0.1; every step is bounded in time.
 """
@@ -259,8 +260,11 @@ def trioserve_options() -> str:
     return result.stdout
 
 
-def frontend_specs(trioserve_args: list[str], most_requests: int) -> list[FrontendSpec]:
-    """trioserve once per ``--trioserve-args``, then the reference.
+def frontend_specs(
+    trioserve_args: list[str], most_requests: int, baselines: list[str] = ()
+) -> list[FrontendSpec]:
+    """trioserve once per ``--trioserve-args``, then once per ``--baseline`` checkout,
+    then the reference.
 
     trioserve's admission bound (``--max-concurrent-requests``, where it exists) is raised
     to what the plan opens at once, unless the arguments set it: the reference has none.
@@ -273,6 +277,19 @@ def frontend_specs(trioserve_args: list[str], most_requests: int) -> list[Fronte
         if admission and not any(a.startswith("--max-concurrent-requests") for a in argv):
             argv += ["--max-concurrent-requests", str(most_requests)]
         specs.append(FrontendSpec(label, [sys.executable, "-m", "trioserve", "run", *argv]))
+    for checkout in baselines:
+        # Another version of trioserve, from a checkout's src/ (a git worktree of an earlier
+        # commit, say), against the same engine in the same run: before/after figures.
+        src = Path(checkout).resolve() / "src"
+        commit = subprocess.run(
+            ["git", "-C", str(src), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
+        argv = ["--max-concurrent-requests", str(most_requests)] if admission else []
+        command = ["env", f"PYTHONPATH={src}", sys.executable, "-m", "trioserve", "run", *argv]
+        specs.append(FrontendSpec(f"trioserve@{commit or checkout}", command))
     specs.append(FrontendSpec("reference", [sys.executable, str(TOOLS / "reference_server.py")]))
     return specs
 
@@ -1104,6 +1121,14 @@ def main() -> int:
         metavar="ARGS",
         help="extra arguments of `trioserve run` (repeatable: one trioserve per use)",
     )
+    parser.add_argument(
+        "--baseline",
+        action="append",
+        default=[],
+        metavar="CHECKOUT",
+        help="also run the trioserve of this source checkout (a git worktree of an earlier "
+        "commit), for before/after figures in one run (repeatable)",
+    )
     parser.add_argument("--json-levels", type=levels, default=[1, 32], help="concurrencies")
     parser.add_argument("--json-duration", type=float, default=5.0, help="seconds per run")
     parser.add_argument(
@@ -1174,7 +1199,7 @@ def main() -> int:
     _raise_fd_limit()
     most = max(plan.idle_levels + plan.stream_levels + plan.json_levels)
     most = max(most, plan.capacity_streams) + 64
-    specs = frontend_specs(args.trioserve_args, most)
+    specs = frontend_specs(args.trioserve_args, most, args.baseline)
     labels = [spec.label for spec in specs]
     steps = plan.steps()
     total = plan.rounds * (len(specs) * (sum(plan.estimate(step) for step in steps) + 2) + 3) + 5
