@@ -52,13 +52,13 @@ from urllib.parse import urlsplit
 import uvloop
 import zmq
 
+from trioserve.errors import PeerProtocolError
 from trioserve.protocol import (
     PROTOCOL_VERSION,
     Hello,
     Outputs,
     Ping,
     Pong,
-    ProtocolError,
     Submit,
     Welcome,
     decode,
@@ -566,7 +566,7 @@ class EngineProbe:
             raise TimeoutError("the engine did not answer")
         try:
             return decode(self.sock.recv())
-        except ProtocolError:
+        except PeerProtocolError:
             return None
 
     def running(self) -> int:

@@ -61,6 +61,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from trioserve.errors import PeerProtocolError
 from trioserve.protocol import (
     PROTOCOL_VERSION,
     Abort,
@@ -69,7 +70,6 @@ from trioserve.protocol import (
     Outputs,
     Ping,
     Pong,
-    ProtocolError,
     Reject,
     Submit,
     Usage,
@@ -256,7 +256,7 @@ class EngineClient:
                 continue
             try:
                 message = decode(frames[0])
-            except ProtocolError as exc:
+            except PeerProtocolError as exc:
                 log.warning("dropping malformed frame: %s", exc)
                 continue
             self._last_heard = loop.time()

@@ -648,11 +648,10 @@ def _tune_gc() -> None:
     """Keep the garbage collector's full passes off the relay path.
 
     A full collection walks every tracked object, and after start-up most of them are
-    modules, classes and functions that live as long as the process. With 512 streams at
-    10 tokens/s on a quarter of a core, collections were a quarter of the frontend's CPU
-    (13% of a core against 9-10% without them) and put the inter-token p99 at 320-350 ms
-    instead of about 130 ms. So what is alive at start-up moves to the permanent
-    generation, and the young generation is collected every GC_GEN0_THRESHOLD allocations.
+    modules, classes and functions that live as long as the process; under a CPU quota
+    its passes became inter-token stalls for every open stream (the figures are in
+    docs/benchmarks.md). So what is alive at start-up moves to the permanent generation,
+    and the young generation is collected every GC_GEN0_THRESHOLD allocations.
     """
     gc.collect()
     gc.freeze()

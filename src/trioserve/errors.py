@@ -1,6 +1,27 @@
-"""trioserve's error tree: one place, each name saying whose fault it was."""
+"""trioserve's error tree: one place, each name saying whose fault it was.
+
+::
+
+    TrioserveError
+      HTTPError               an answer to the client: status, message, machine-readable code
+      ClientGone              the client went away (its request ends quietly)
+      HttpProtocolError       the client broke HTTP/1.1 (the built-in server answers 4xx, closes)
+      PeerProtocolError       an engine-link message the protocol does not allow (the peer's)
+      ZmtpProtocolError       the engine link broke ZeroMQ's wire protocol (the peer's)
+      EngineError             about an engine: the request did not complete (503 family)
+        NoEngineError, EngineLostError, EngineOverloadedError, UnencodableRequestError,
+        EngineFailedError > ProtocolVersionError
+      EngineItemError         the engine ended the request with an error item
+      WriterRefused           the response cannot take what the engine sends
+      SlowClientError         the client fell behind its buffer bound
+      WriterFailedError       a bug in one response's writer
+      RequestError            raised by an engine backend (SDK) to end a request with a status
+"""
 
 from __future__ import annotations
+
+import json
+from typing import Any
 
 
 class TrioserveError(Exception):
@@ -68,3 +89,123 @@ class WriterFailedError(TrioserveError):
 
     status = 500
     code = "internal_error"
+
+
+class ClientGone(TrioserveError):
+    """The client disconnected (or was dropped: a write that could not finish)."""
+
+
+class HttpProtocolError(TrioserveError):
+    """The client broke HTTP/1.1: answer ``status`` (4xx) and close the connection."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+class PeerProtocolError(TrioserveError, ValueError):
+    """A frame from the other end of an engine link (engine or frontend) that is not a
+    valid message of this protocol version: the peer's fault."""
+
+
+class ZmtpProtocolError(TrioserveError):
+    """The engine link's peer broke ZeroMQ's wire protocol (greeting, handshake, framing)."""
+
+
+class RequestError(TrioserveError):
+    """Raised by an engine backend (the SDK) to end a request with an HTTP status the
+    client will see."""
+
+    def __init__(self, status: int, message: str, type: str = "engine_error") -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+
+
+_TYPES = {
+    400: "invalid_request_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    408: "timeout_error",
+    409: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    422: "invalid_request_error",
+    499: "cancelled",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
+
+
+class HTTPError(TrioserveError):
+    """An error answer. ``details`` (optional) lists ``{"loc", "msg"}`` per bad field."""
+
+    def __init__(  # (an instance's status and code shadow the class defaults)
+        self,
+        status: int,
+        message: str,
+        code: str,
+        *,
+        type: str | None = None,
+        param: str | None = None,
+        details: list[dict[str, str]] | None = None,
+        headers: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.type = type or _TYPES.get(status) or ("server_error" if status >= 500 else "error")
+        self.param = param
+        self.details = details
+        self.headers = headers or []
+
+    def payload(self) -> dict[str, Any]:
+        error: dict[str, Any] = {
+            "message": self.message,
+            "type": self.type,
+            "code": self.code,
+            "param": self.param,
+        }
+        if self.details is not None:
+            error["details"] = self.details
+        return {"error": error}
+
+    def body(self) -> bytes:
+        return json.dumps(self.payload(), separators=(",", ":")).encode()
+
+    def detail_payload(self) -> dict[str, Any]:
+        """The ``{"detail": ...}`` shape of the native routes (FastAPI's): the message, or
+        for 422 the list of ``{"loc", "msg"}``; plus the machine-readable ``code``."""
+        detail: Any = self.details if self.details is not None else self.message
+        return {"detail": detail, "code": self.code}
+
+    def detail_body(self) -> bytes:
+        return json.dumps(self.detail_payload(), separators=(",", ":")).encode()
+
+
+def from_engine(status: int, message: str, type: str) -> HTTPError:
+    """An engine error item as the client will see it: the engine's own status."""
+    if not 400 <= status <= 599:
+        status = 500
+    return HTTPError(status, message, code=type, type=_TYPES.get(status) or type)
+
+
+class EngineItemError(TrioserveError):
+    """The engine ended the request with an error item (no abort is owed)."""
+
+    def __init__(self, error: HTTPError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+class WriterRefused(TrioserveError):
+    """The writer cannot take what the engine sends; the request ends with ``reason``."""
+
+    def __init__(self, error: HTTPError, reason: str) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.reason = reason

@@ -5,7 +5,7 @@ them unseeded for as long as asked).
 Generated requests (heads, bodies, chunked framing, pipelining, WebSocket upgrades),
 then mutated (bytes flipped, dropped, inserted) and cut into arbitrary reads:
 
-- at the sans-io parser (``http1.RequestParser``): no exception but its ``ProtocolError``,
+- at the sans-io parser (``http1.RequestParser``): no exception but its ``HttpProtocolError``,
   and the events it gives are the ones it documents;
 - at the running server (a real socket on 127.0.0.1): no fault of its own (the connection
   barrier's log line), no 5xx, and the next normal request on a new connection is served.
@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from tests.helpers.http import read_to_end
 from tests.helpers.waiting import HANG_GUARD
+from trioserve.errors import HttpProtocolError
 from trioserve.http.channel import AsgiHandler
 from trioserve.server.http1 import protocol as http1
 from trioserve.server.http1.serve import Http1Config, serve_http1
@@ -188,7 +189,7 @@ def reads(draw: st.DrawFn, data: bytes) -> list[bytes]:
 
 
 def check_parser(pieces: list[bytes]) -> None:
-    """The parser raises nothing but ProtocolError, gives only documented events, and
+    """The parser raises nothing but HttpProtocolError, gives only documented events, and
     stops at a fault or at the end of the stream."""
     parser = http1.RequestParser(1024)
     done = False
@@ -197,7 +198,7 @@ def check_parser(pieces: list[bytes]) -> None:
         while not done:
             try:
                 event = parser.next_event()
-            except http1.ProtocolError as exc:
+            except HttpProtocolError as exc:
                 assert 400 <= exc.status < 600 and exc.reason
                 done = True
                 break

@@ -7,6 +7,7 @@ import random
 import msgpack
 import pytest
 
+from trioserve.errors import PeerProtocolError
 from trioserve.protocol import (
     PROTOCOL_VERSION,
     Abort,
@@ -18,7 +19,6 @@ from trioserve.protocol import (
     Outputs,
     Ping,
     Pong,
-    ProtocolError,
     Reject,
     Submit,
     Usage,
@@ -99,7 +99,7 @@ def test_binary_data_stays_binary():
     ],
 )
 def test_malformed_frames_raise_protocol_error_naming_the_problem(frame, says):
-    with pytest.raises(ProtocolError, match=None) as info:
+    with pytest.raises(PeerProtocolError, match=None) as info:
         decode(frame)
     assert says in str(info.value)
 
@@ -113,7 +113,7 @@ def test_random_bytes_never_raise_anything_but_protocol_error():
             base[rng.randrange(len(base))] = rng.randrange(256)
         try:
             decode(bytes(base))
-        except ProtocolError:
+        except PeerProtocolError:
             pass
 
 
@@ -125,7 +125,7 @@ def test_nil_means_the_fields_default():
     assert decode(frame).params == {}
     item = {"request_id": "r", "seq": 0, "modality": None, "data": "x", "usage": None}
     assert decode(msgpack.packb(["outputs", {"items": [item]}])).items[0].modality == "text"
-    with pytest.raises(ProtocolError, match=r"ping\.seq"):
+    with pytest.raises(PeerProtocolError, match=r"ping\.seq"):
         decode(msgpack.packb(["ping", {"seq": None}]))
 
 
@@ -174,7 +174,7 @@ def test_the_outputs_fast_path_agrees_with_the_converter():
             assert fast == slow  # whatever the fast path accepts, it builds identically
         frame = msgpack.packb(["outputs", body])
         if slow is None:
-            with pytest.raises(ProtocolError):
+            with pytest.raises(PeerProtocolError):
                 decode(frame)
         else:
             assert decode(frame) == slow

@@ -29,6 +29,7 @@ from ..errors import (
     EngineFailedError,
     EngineLostError,
     EngineOverloadedError,
+    PeerProtocolError,
     ProtocolVersionError,
     TrioserveError,
     UnencodableRequestError,
@@ -40,7 +41,6 @@ from ..protocol import (
     Outputs,
     Ping,
     Pong,
-    ProtocolError,
     Reject,
     Submit,
     Welcome,
@@ -241,7 +241,7 @@ class EngineConnection:
             return
         try:
             message = decode(frames[0])
-        except ProtocolError as exc:
+        except PeerProtocolError as exc:
             log.warning("engine %s: dropping malformed frame: %s", self.address, exc)
             return
         self._unanswered_since = None

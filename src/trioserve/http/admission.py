@@ -9,7 +9,7 @@ Operations routes (health, liveness, metrics, models) never take a slot.
 from __future__ import annotations
 
 from .. import metrics
-from .errors import HTTPError
+from ..errors import HTTPError
 
 #: Seconds a refused client is asked to wait before trying again.
 RETRY_AFTER = 1

@@ -15,10 +15,10 @@ import trio
 
 from ..config import Settings
 from ..engine import EngineClient
+from ..errors import HTTPError
 from .auth import ApiKeys, header_values, select_subprotocol
 from .channel import AsgiChannel, Receive, RequestHead, ResponseChannel, Send, head_of
 from .cors import CorsPolicy
-from .errors import HTTPError
 from .exchange import JSON_HEADERS, ClientGone, Exchange
 from .routes import generate, images, openai, operations, speech, videos
 from .services import Services

@@ -14,8 +14,8 @@ from typing import Any
 import attrs
 import trio
 
+from ..errors import ClientGone, HTTPError
 from .channel import Headers, RequestHead, ResponseChannel
-from .errors import HTTPError
 
 _REQUEST_ID_RE = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
 
@@ -45,10 +45,6 @@ def new_request_id() -> str:
 
 def body_too_large(limit: int) -> HTTPError:
     return HTTPError(413, f"the body exceeds {limit} bytes", "body_too_large")
-
-
-class ClientGone(Exception):
-    """The client disconnected before its request was read."""
 
 
 class Exchange:

@@ -19,8 +19,8 @@ from functools import partial
 import attrs
 import trio
 
+from ..errors import HTTPError
 from ..protocol import OutputItem, Submit, Usage
-from .errors import HTTPError
 from .exchange import Exchange
 from .lifecycle import RequestHandle, connection_watches, run_generation
 from .services import Services
@@ -46,7 +46,6 @@ class GroupHandle:
     id: str
     members: list[RequestHandle] = attrs.Factory(list)
     end_reason: str | None = None
-    completed: bool = False
     #: The index of the API key that started it (see ``RequestHandle.owner``).
     owner: int | None = None
 
@@ -126,7 +125,6 @@ async def run_group(
         return
     collected = [c for c in result.collected if c is not None]
     if len(collected) == len(submits):
-        group.completed = True
         await answer(collected)
 
 

@@ -37,12 +37,12 @@ from ..engine import EngineClient, Subscription
 from ..errors import (
     EngineError,
     EngineFailedError,
+    HTTPError,
     SlowClientError,
     TrioserveError,
     WriterFailedError,
 )
 from ..protocol import Submit
-from .errors import HTTPError
 from .writers.stream import EngineItemError, Writer, WriterRefused
 
 log = logging.getLogger("trioserve.request")
@@ -306,9 +306,9 @@ async def _relay(
         # here, with one abort, and tell the client.
         handle.end(exc.reason)
         return exc.error
-    except TrioserveError as exc:
-        # The subscription failed (slow client, engine lost, a writer's bug); its
-        # on_failure has already ended the request with that reason.
+    except (EngineError, SlowClientError, WriterFailedError) as exc:
+        # The subscription failed (engine lost or failed, slow client, a writer's bug);
+        # its on_failure has already ended the request with that reason.
         return HTTPError(exc.status, str(exc), exc.code) if exc.status == 500 else None
 
 

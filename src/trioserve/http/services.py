@@ -13,13 +13,13 @@ import attrs
 
 from ..config import Settings
 from ..engine import EngineClient
+from ..errors import HTTPError
 from ..protocol import Submit
 from .admission import Admission
 from .bodies.forms import JSON, MULTIPART, URLENCODED, Body, read_body
 from .bodies.media import MediaFetcher
 from .bodies.uploads import Uploads
 from .bodies.validation import invalid, parse_json
-from .errors import HTTPError
 from .exchange import Exchange, ServerState
 from .lifecycle import Registry, RequestHandle, run_generation
 from .writers.stream import Writer

@@ -19,10 +19,10 @@ from typing import Any
 import orjson
 import trio
 
+from ..errors import HTTPError
 from .bodies.multimodal import resolve_chat_media
 from .bodies.openai import ENDPOINTS, parse_generation
 from .channel import Receive, Send
-from .errors import HTTPError
 from .exchange import new_request_id
 from .lifecycle import RequestHandle, connection_watches, run_generation
 from .services import Services

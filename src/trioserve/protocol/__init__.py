@@ -1,6 +1,6 @@
 """The engine wire protocol: messages and codec, free of I/O (see docs/protocol.md)."""
 
-from .codec import ProtocolError, decode, encode
+from .codec import decode, encode
 from .messages import (
     PROTOCOL_VERSION,
     Abort,
@@ -31,7 +31,6 @@ __all__ = [
     "Outputs",
     "Ping",
     "Pong",
-    "ProtocolError",
     "Reject",
     "Submit",
     "Usage",

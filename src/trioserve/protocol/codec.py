@@ -5,7 +5,7 @@ string naming the message (see :data:`~trioserve.protocol.messages.TAGS`), ``bod
 of the message's fields. Fields whose value is nil/None may be left out. Unknown fields are
 ignored, so a newer peer may add optional fields without a version bump.
 
-Sans-io: no sockets, no event loop. :func:`decode` raises :class:`ProtocolError` on
+Sans-io: no sockets, no event loop. :func:`decode` raises :class:`PeerProtocolError` on
 anything it cannot turn into a message; peers log and drop such frames.
 """
 
@@ -18,6 +18,7 @@ import cattrs
 import msgpack
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn
 
+from ..errors import PeerProtocolError
 from .messages import (
     TAGS,
     ErrorInfo,
@@ -32,10 +33,6 @@ from .messages import (
 
 _CLASSES = {tag: cls for cls, tag in TAGS.items()}
 _SUBMIT_TAG = TAGS[Submit]
-
-
-class ProtocolError(ValueError):
-    """A frame that is not a valid message of this protocol version."""
 
 
 def strict_collections(conv: cattrs.Converter) -> None:
@@ -208,19 +205,19 @@ def _fast_outputs(body: dict) -> Outputs | None:
 
 
 def decode(frame: bytes) -> Message:
-    """Parse one frame. Raises :class:`ProtocolError` for anything malformed."""
+    """Parse one frame. Raises :class:`PeerProtocolError` for anything malformed."""
     try:
         obj = msgpack.unpackb(frame, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types
-        raise ProtocolError(f"not msgpack ({type(exc).__name__}: {exc})") from None
+        raise PeerProtocolError(f"not msgpack ({type(exc).__name__}: {exc})") from None
     if not isinstance(obj, list) or len(obj) != 2 or not isinstance(obj[0], str):
-        raise ProtocolError("a frame must be a msgpack array [tag, body]")
+        raise PeerProtocolError("a frame must be a msgpack array [tag, body]")
     tag, body = obj
     cls = _CLASSES.get(tag)
     if cls is None:
-        raise ProtocolError(f"unknown message tag {tag!r}")
+        raise PeerProtocolError(f"unknown message tag {tag!r}")
     if not isinstance(body, dict):
-        raise ProtocolError(f"body of {tag!r} must be a map")
+        raise PeerProtocolError(f"body of {tag!r} must be a map")
     if cls is Outputs:
         fast = _fast_outputs(body)
         if fast is not None:
@@ -229,4 +226,4 @@ def decode(frame: bytes) -> Message:
         return converter.structure(body, cls)
     except Exception as exc:
         details = "; ".join(cattrs.transform_error(exc, path=tag))
-        raise ProtocolError(f"malformed {tag!r}: {details}") from None
+        raise PeerProtocolError(f"malformed {tag!r}: {details}") from None

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import attrs
 
+from ..errors import PeerProtocolError, RequestError
 from ..protocol import (
     PROTOCOL_VERSION,
     Abort,
@@ -29,7 +30,6 @@ from ..protocol import (
     Outputs,
     Ping,
     Pong,
-    ProtocolError,
     Reject,
     Submit,
     Usage,
@@ -57,16 +57,6 @@ class Output:
     mime_type: str | None = None
     #: This delta's log probabilities, in the OpenAI shape of the request's task.
     logprobs: Any = None
-
-
-class RequestError(Exception):
-    """Raised by a backend to end a request with an HTTP status the client will see."""
-
-    def __init__(self, status: int, message: str, type: str = "engine_error") -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
 
 
 @attrs.frozen
@@ -173,7 +163,7 @@ class EngineCore:
         """One frame from a frontend; returns what the shell must start or cancel."""
         try:
             message = decode(frame)
-        except ProtocolError as exc:
+        except PeerProtocolError as exc:
             self.stats.malformed_frames += 1
             log.warning("dropping malformed frame from %r: %s", identity, exc)
             return []

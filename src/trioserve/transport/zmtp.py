@@ -51,6 +51,7 @@ from typing import Any
 
 import trio
 
+from ..errors import ZmtpProtocolError
 from .owner import OUTBOX_LIMIT, RECV_BUDGET, SocketOwner
 
 log = logging.getLogger(__name__)
@@ -77,10 +78,6 @@ MAX_PARTS = 64
 RECV_SIZE = 256 * 1024
 #: Frames from this size on are copied out of the receive buffer through a view.
 LARGE = 64 * 1024
-
-
-class ZmtpError(Exception):
-    """The peer broke the protocol, or refused us; the connection is dropped."""
 
 
 def frame(data: bytes, flags: int = 0) -> bytes:
@@ -120,11 +117,11 @@ def parse_properties(data: bytes) -> dict[bytes, bytes]:
         name = data[pos + 1 : pos + 1 + size]
         pos += 1 + size
         if len(name) != size or pos + 4 > len(data):
-            raise ZmtpError("malformed READY metadata")
+            raise ZmtpProtocolError("malformed READY metadata")
         value_size = int.from_bytes(data[pos : pos + 4], "big")
         value = data[pos + 4 : pos + 4 + value_size]
         if len(value) != value_size:
-            raise ZmtpError("malformed READY metadata")
+            raise ZmtpProtocolError("malformed READY metadata")
         pos += 4 + value_size
         props[name.lower()] = value
     return props
@@ -132,13 +129,13 @@ def parse_properties(data: bytes) -> dict[bytes, bytes]:
 
 def check_greeting(greeting: bytes | bytearray) -> None:
     if greeting[0] != 0xFF or greeting[9] != 0x7F:
-        raise ZmtpError("the peer is not speaking ZMTP 3 (bad greeting signature)")
+        raise ZmtpProtocolError("the peer is not speaking ZMTP 3 (bad greeting signature)")
     major, minor = greeting[10], greeting[11]
     if major < 3:
-        raise ZmtpError(f"the peer speaks ZMTP {major}.{minor}; 3.0 or later is needed")
+        raise ZmtpProtocolError(f"the peer speaks ZMTP {major}.{minor}; 3.0 or later is needed")
     mechanism = bytes(greeting[12:32]).rstrip(b"\0")
     if mechanism != b"NULL":
-        raise ZmtpError(
+        raise ZmtpProtocolError(
             f"the peer requires the {mechanism.decode('ascii', 'replace')} security "
             "mechanism; this frontend speaks NULL only"
         )
@@ -186,7 +183,7 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
         self.address = address
         #: The largest message accepted from the peer (bytes, all frames together).
         self.max_message = MAX_MESSAGE if max_message is None else max_message
-        #: Told why the peer broke the protocol (a :class:`ZmtpError`); returns the seconds
+        #: Told why the peer broke the protocol (a :class:`ZmtpProtocolError`); returns the seconds
         #: to wait before connecting again, and logs (without it: a warning per new reason,
         #: and the next attempt after :data:`RECONNECT_INTERVAL`).
         self._on_error = on_error
@@ -275,7 +272,7 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
                 refused = None
                 self._send_available()
                 await self._own()
-            except ZmtpError as exc:
+            except ZmtpProtocolError as exc:
                 if self._on_error is not None:
                     delay = self._on_error(str(exc))
                 elif str(exc) != refused:
@@ -323,7 +320,7 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
             try:
                 await self._handshake(sock)
             except OSError as exc:
-                raise ZmtpError(
+                raise ZmtpProtocolError(
                     f"the peer closed the connection during the handshake ({exc}): trioserve "
                     "speaks to ZeroMQ ROUTER sockets with no security mechanism (NULL)"
                 ) from None
@@ -427,9 +424,9 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
                     size = buf[pos + 1]
                     start = pos + 2
                 if flags & ~(MORE | LONG | COMMAND):
-                    raise ZmtpError(f"reserved frame flags set ({flags:#x})")
+                    raise ZmtpProtocolError(f"reserved frame flags set ({flags:#x})")
                 if size > self.max_message - self._parts_size:
-                    raise ZmtpError(f"a message larger than {self.max_message} bytes")
+                    raise ZmtpProtocolError(f"a message larger than {self.max_message} bytes")
                 if end - start < size:
                     break
                 if size < LARGE:
@@ -443,13 +440,13 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
                         return True
                     continue
                 if not self._ready:
-                    raise ZmtpError("a message before the handshake ended")
+                    raise ZmtpProtocolError("a message before the handshake ended")
                 parts = self._parts
                 parts.append(body)
                 if flags & MORE:
                     self._parts_size += size
                     if len(parts) >= MAX_PARTS:
-                        raise ZmtpError(f"a message of more than {MAX_PARTS} frames")
+                        raise ZmtpProtocolError(f"a message of more than {MAX_PARTS} frames")
                     continue
                 self._parts, self._parts_size = [], 0
                 self._handle(parts)
@@ -465,20 +462,20 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
         name, data = body[1 : 1 + size], body[1 + size :]
         if name == b"READY":
             if self._ready:
-                raise ZmtpError("a second READY")
+                raise ZmtpProtocolError("a second READY")
             peer = parse_properties(data).get(b"socket-type", b"?")
             if peer not in (b"ROUTER", b"DEALER"):
-                raise ZmtpError(f"the peer is a {peer.decode('ascii', 'replace')} socket")
+                raise ZmtpProtocolError(f"the peer is a {peer.decode('ascii', 'replace')} socket")
             self._ready = True
             return True
         if name == b"ERROR":
             reason = data[1 : 1 + data[0]] if data else b""
-            raise ZmtpError(f"the peer refused us: {reason.decode('utf-8', 'replace')}")
+            raise ZmtpProtocolError(f"the peer refused us: {reason.decode('utf-8', 'replace')}")
         if name == b"PING":
             if self._ready:  # answer with the context it carries (after a 2-byte TTL)
                 self.send_raw(command(b"PONG", data[2:18]))
         elif not self._ready:
-            raise ZmtpError(f"{name!r} before READY")
+            raise ZmtpProtocolError(f"{name!r} before READY")
         # PONG and anything unknown: ignored, as the spec asks.
         return False
 

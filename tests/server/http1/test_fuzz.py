@@ -1,5 +1,5 @@
 """Property-based fuzzing of HTTP/1.1 on the built-in server (hypothesis), seeded and bounded:
-the sans-io parser raises only its ``ProtocolError``; the running server survives each
+the sans-io parser raises only its ``HttpProtocolError``; the running server survives each
 connection, HTTP or WebSocket frames, and serves the next request. The traffic and the
 properties are in tests/helpers/http1_fuzz.py; ``tools/fuzz_http.py`` runs the same
 properties for as long as asked, unseeded.

@@ -7,8 +7,9 @@ import random
 
 import pytest
 
+from trioserve.errors import HttpProtocolError
 from trioserve.server.http1 import protocol as http1
-from trioserve.server.http1.protocol import CLOSED, END, NEED_DATA, ProtocolError, Request
+from trioserve.server.http1.protocol import CLOSED, END, NEED_DATA, Request
 
 
 def events(parser: http1.RequestParser) -> list[object]:
@@ -100,7 +101,7 @@ def test_a_head_in_many_pieces_is_one_request():
     ],
 )
 def test_malformed_heads_are_400(head):
-    with pytest.raises(ProtocolError) as caught:
+    with pytest.raises(HttpProtocolError) as caught:
         parse(head)
     assert caught.value.status == 400 and caught.value.reason
 
@@ -109,13 +110,13 @@ def test_a_fault_comes_after_the_requests_before_it():
     parser = http1.RequestParser(16384)
     parser.receive_data(b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\nBROKEN\r\n\r\n")
     assert summary([parser.next_event(), parser.next_event()]) == [(b"GET", b"/ok"), END]
-    with pytest.raises(ProtocolError):
+    with pytest.raises(HttpProtocolError):
         parser.next_event()
 
 
 def test_a_head_over_the_limit_is_431_whole_or_still_arriving():
     big = b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 2000 + b"\r\n\r\n"
-    with pytest.raises(ProtocolError) as caught:
+    with pytest.raises(HttpProtocolError) as caught:
         parse(big, max_head_bytes=1024)
     assert caught.value.status == 431
     # A head that never ends: refused once it holds more than the limit past its first
@@ -127,7 +128,7 @@ def test_a_head_over_the_limit_is_431_whole_or_still_arriving():
         parser.receive_data(b"a" * 100)
         received += 100
         assert received <= 1024 + 100
-    with pytest.raises(ProtocolError) as caught:
+    with pytest.raises(HttpProtocolError) as caught:
         parser.next_event()
     assert caught.value.status == 431
     parser.receive_data(b"a" * 100)  # ignored after the fault
@@ -170,7 +171,7 @@ def test_another_upgrade_is_ignored_and_the_connection_stays_http():
         b"POST /a HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n"
         b"Content-Length: 2\r\n\r\nhi"
     )
-    with pytest.raises(ProtocolError) as caught:
+    with pytest.raises(HttpProtocolError) as caught:
         parser.next_event()
     assert caught.value.status == 400 and "Upgrade" in caught.value.reason
 
@@ -333,7 +334,7 @@ def test_how_the_bytes_are_split_into_reads_changes_nothing():
 def test_host_rules_and_http_versions_are_h11s(head, status):
     parser = http1.RequestParser(16384)
     parser.receive_data(head)
-    with pytest.raises(ProtocolError) as caught:
+    with pytest.raises(HttpProtocolError) as caught:
         parser.next_event()
     assert caught.value.status == status
 

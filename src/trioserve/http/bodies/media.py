@@ -9,7 +9,8 @@ files, which live under ``--upload-dir`` until the request ends.
 Data URIs are decoded leniently (whitespace inside base64 is ignored, padding may be
 missing, the URL-safe alphabet is accepted); anything else that is not base64 is a 400.
 Large payloads are decoded :data:`DECODE_STEP` characters at a time, letting other tasks
-run in between: the lenient path costs about 15 ms per MiB, and a body may hold 128 MiB.
+run in between: the lenient path is slow (docs/security.md has its cost per MiB), and a
+body may hold 128 MiB.
 Remote URLs are fetched only with ``--allow-remote-media`` (off by default: a server that
 fetches any URL a client names is an SSRF hole), within a byte budget per request and a
 timeout per fetch.
@@ -28,7 +29,7 @@ import attrs
 import httpx
 import trio
 
-from ..errors import HTTPError
+from ...errors import HTTPError
 
 #: Media type assumed when neither the client nor the URL says one.
 DEFAULT_MIME = {"image": "image/png", "audio": "audio/wav", "video": "video/mp4"}

@@ -11,8 +11,8 @@ from typing import Any, TypeVar
 
 import attrs
 
+from ...errors import HTTPError
 from ...protocol import Submit
-from ..errors import HTTPError
 from ..writers.openai import StreamFormat
 from .validation import INT_MAX, INT_MIN, TOO_LARGE, Errors, _json_type, invalid, structure
 

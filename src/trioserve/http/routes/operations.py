@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ... import metrics
-from ..errors import HTTPError
+from ...errors import HTTPError
 from ..exchange import Exchange
 from ..services import Services
 

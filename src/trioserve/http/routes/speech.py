@@ -12,10 +12,10 @@ from typing import Any
 
 import attrs
 
+from ...errors import HTTPError
 from ...protocol import Submit
 from ..bodies.forms import JSON, extra_params, structure_fields
 from ..bodies.validation import invalid
-from ..errors import HTTPError
 from ..exchange import Exchange
 from ..services import Services
 from ..writers.audio import AudioStreamWriter, content_type, pcm_format, wav_header

@@ -17,10 +17,10 @@ from typing import Any
 
 import attrs
 
+from ...errors import HTTPError
 from ...protocol import Submit
 from ..bodies.forms import JSON, MULTIPART, Body, extra_params, invalid_fields, structure_fields
 from ..bodies.media import Media
-from ..errors import HTTPError
 from ..exchange import JSON_HEADERS, Exchange
 from ..services import Services
 from ..writers.stream import Collected, CollectingWriter, EngineItemError

@@ -6,8 +6,8 @@ import base64
 import json
 from typing import Any
 
+from ...errors import HTTPError
 from ...protocol import OutputItem
-from ..errors import HTTPError
 from ..exchange import Exchange
 from .openai import usage_dict
 from .stream import EngineItemError, WriterBase, end_batch, engine_error

@@ -13,8 +13,8 @@ from typing import Any, Protocol
 
 import attrs
 
+from ...errors import EngineItemError, HTTPError, WriterRefused, from_engine
 from ...protocol import OutputItem, Usage
-from ..errors import HTTPError, from_engine
 from ..exchange import JSON_HEADERS, Exchange
 from .openai import StreamFormat, merge_logprobs
 
@@ -31,23 +31,6 @@ SSE_KEEPALIVE = b": keepalive\n\n"
 #: Largest payload (text and media together) a non-streaming response collects for one
 #: engine request; past it, the request ends with 502 ``response_too_large`` and an abort.
 MAX_COLLECTED_BYTES = 256 * 2**20
-
-
-class EngineItemError(Exception):
-    """The engine ended the request with an error item (no abort is owed)."""
-
-    def __init__(self, error: HTTPError) -> None:
-        super().__init__(error.message)
-        self.error = error
-
-
-class WriterRefused(Exception):
-    """The writer cannot take what the engine sends; the request ends with ``reason``."""
-
-    def __init__(self, error: HTTPError, reason: str) -> None:
-        super().__init__(error.message)
-        self.error = error
-        self.reason = reason
 
 
 def text_of(data: str | bytes) -> str:

@@ -31,14 +31,7 @@ from typing import Final
 
 import httptools
 
-
-class ProtocolError(Exception):
-    """The client broke HTTP/1.1: answer ``status`` (4xx) and close the connection."""
-
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
+from ...errors import HttpProtocolError
 
 
 class Request:
@@ -141,7 +134,7 @@ class RequestParser:
     """Bytes in (:meth:`receive_data`), events out (:meth:`next_event`): a
     :class:`Request`, then its body as ``bytes`` pieces, then :data:`END`; per request,
     in order, pipelined ones included. :data:`CLOSED` once the client closed its side;
-    a :class:`ProtocolError` is raised where the client broke the protocol (after the
+    a :class:`HttpProtocolError` is raised where the client broke the protocol (after the
     events before the fault).
 
     Buffers: the events of what was received (the server bounds what it reads ahead);
@@ -200,7 +193,8 @@ class RequestParser:
         version = parser.get_http_version()
         if version not in ("1.1", "1.0"):
             # llhttp takes HTTP/0.9 and 2.0 request lines; neither is served on this port.
-            raise ProtocolError(505, f"HTTP/{version} is not supported; this port speaks HTTP/1.1")
+            reason = f"HTTP/{version} is not supported; this port speaks HTTP/1.1"
+            raise HttpProtocolError(505, reason)
         expect = False
         hosts = 0
         for name, value in headers:
@@ -210,9 +204,9 @@ class RequestParser:
                 hosts += 1
         # As h11 (RFC 9112 section 3.2): exactly one Host on HTTP/1.1, at most one before.
         if hosts > 1:
-            raise ProtocolError(400, "more than one Host header")
+            raise HttpProtocolError(400, "more than one Host header")
         if hosts == 0 and version == "1.1":
-            raise ProtocolError(400, "an HTTP/1.1 request needs a Host header")
+            raise HttpProtocolError(400, "an HTTP/1.1 request needs a Host header")
         request = Request(
             parser.get_method(),
             self._url,
@@ -226,7 +220,7 @@ class RequestParser:
                 # llhttp hands a body after an Upgrade head over as the new protocol's
                 # bytes; served as plain HTTP (we upgrade only to WebSocket), it would be
                 # lost.
-                raise ProtocolError(400, "an Upgrade request with a body is not supported")
+                raise HttpProtocolError(400, "an Upgrade request with a body is not supported")
         self.awaiting_continue = expect
         self._events.append(request)
 
@@ -266,12 +260,12 @@ class RequestParser:
                     continue
             except httptools.HttpParserCallbackError as exc:
                 cause = exc.__context__
-                if isinstance(cause, ProtocolError):
+                if isinstance(cause, HttpProtocolError):
                     self._stop(cause)
                     return
                 raise
             except httptools.HttpParserError as exc:
-                self._stop(ProtocolError(400, str(exc) or type(exc).__name__))
+                self._stop(HttpProtocolError(400, str(exc) or type(exc).__name__))
                 return
             break
         if self.head_open and not self._began:
@@ -281,8 +275,8 @@ class RequestParser:
             if self._open_head_bytes > self.max_head_bytes:
                 self._stop(self._head_too_large())
 
-    def _head_too_large(self) -> ProtocolError:
-        return ProtocolError(431, f"the request head exceeds {self.max_head_bytes} bytes")
+    def _head_too_large(self) -> HttpProtocolError:
+        return HttpProtocolError(431, f"the request head exceeds {self.max_head_bytes} bytes")
 
     def _stop(self, last: object) -> None:
         self._stopped = True
@@ -299,8 +293,8 @@ class RequestParser:
             self.buffered_body -= len(event)  # type: ignore[arg-type]  # kind is bytes
         elif kind is Request:
             self._handed_out += 1
-        elif kind is ProtocolError:
-            raise event  # type: ignore[misc]  # kind is ProtocolError
+        elif kind is HttpProtocolError:
+            raise event  # type: ignore[misc]  # kind is HttpProtocolError
         return event
 
     @property

@@ -62,10 +62,11 @@ import wsproto.events as ws_events
 from wsproto.utilities import LocalProtocolError as WSLocalProtocolError
 from wsproto.utilities import RemoteProtocolError as WSRemoteProtocolError
 
+from ...errors import ClientGone, HttpProtocolError
 from ...http.channel import Headers, HttpHandler, RequestHead
 from . import hangups
 from . import protocol as http1
-from .protocol import END, NEED_DATA, ProtocolError, Request
+from .protocol import END, NEED_DATA, Request
 
 log = logging.getLogger("trioserve.http1")
 
@@ -171,10 +172,6 @@ class _Shared:
         self.log_accept = _Throttled("accept: %s; trying again shortly")
 
 
-class _Gone(Exception):
-    """The peer is gone (or too slow and was dropped)."""
-
-
 class _HTTPConnection:
     def __init__(self, stream: trio.SocketStream, app: HttpHandler, shared: _Shared) -> None:
         self.stream = stream
@@ -202,7 +199,7 @@ class _HTTPConnection:
     # -- socket --------------------------------------------------------------------------
 
     async def write(self, data: bytes) -> None:
-        """Write all of ``data`` or drop the connection (raising :class:`_Gone`).
+        """Write all of ``data`` or drop the connection (raising :class:`ClientGone`).
 
         The common case, a socket with room in its buffer, is one ``send(2)`` and no
         scheduling: the per-event cost that matters when relaying tokens. Only a full
@@ -211,7 +208,7 @@ class _HTTPConnection:
         of it through the ``SSLStream``, under the write timeout.
         """
         if self.closed:
-            raise _Gone
+            raise ClientGone
         self.answering = True
         view = memoryview(data)
         if self.tls is None:
@@ -224,7 +221,7 @@ class _HTTPConnection:
                 pass
             except OSError:
                 self.close()
-                raise _Gone from None
+                raise ClientGone from None
         completed = False
         try:
             with trio.move_on_after(self.config.write_timeout) as scope:
@@ -250,7 +247,7 @@ class _HTTPConnection:
             if not completed:
                 self.close()
         if not completed:
-            raise _Gone
+            raise ClientGone
 
     async def read(self) -> bytes:
         """The next bytes from the client; b"" at EOF, on an error, or once closed.
@@ -380,7 +377,7 @@ class _HTTPConnection:
                 await exchange.run()
                 if not await self._next_cycle(exchange):
                     return
-        except _Gone:
+        except ClientGone:
             pass
         except Exception:
             log.exception("unexpected error on the connection from %s; closing it", self.client)
@@ -419,7 +416,7 @@ class _HTTPConnection:
                 if heads.cancelled_caught:
                     await self.refuse(408, "request head not received in time")
                     return None
-        except ProtocolError as exc:
+        except HttpProtocolError as exc:
             await self.refuse(exc.status, exc.reason)
             return None
         if type(event) is Request:
@@ -458,7 +455,7 @@ class _HTTPConnection:
             await self.write(_error_response(status, reason, code, headers))
             if linger:
                 await self._linger()
-        except _Gone:
+        except ClientGone:
             pass
         self.close()
 
@@ -478,7 +475,7 @@ class _HTTPConnection:
             try:
                 while parser.next_event() is not END:
                     pass
-            except ProtocolError:
+            except HttpProtocolError:
                 return False
         return not self.closed
 
@@ -508,7 +505,7 @@ class _HTTPExchange:
         #: Body bytes still owed (LENGTH framing).
         self._remaining = 0
         #: A fault in the body found by receive_nowait, for receive() to report.
-        self._fault: ProtocolError | None = None
+        self._fault: HttpProtocolError | None = None
         self._head: bytes = b""
         #: Bytes try_send accepted but the socket did not take yet: a flush task (see
         #: _flush) writes them, and every later send waits for it.
@@ -603,7 +600,7 @@ class _HTTPExchange:
             return
         try:
             await self.connection.app.handle_http(self.head(), self)
-        except _Gone:
+        except ClientGone:
             return
         except Exception:
             log.exception("error in the application")
@@ -717,7 +714,7 @@ class _HTTPExchange:
             while self._pending and not self.connection.closed:
                 data, self._pending = self._pending, b""
                 await self.connection.write(data)
-        except _Gone:
+        except ClientGone:
             self.disconnected = True
         finally:
             self._pending = b""
@@ -746,7 +743,7 @@ class _HTTPExchange:
     def _body_received(self) -> tuple[bytes, bool] | None:
         """All of the body the parser has at hand, as one piece, and whether more follows
         (the whole of a body that came in one read); None when it has nothing. Bounded by
-        what one read buffered. Raises :class:`_Gone` if the client left mid-body."""
+        what one read buffered. Raises :class:`ClientGone` if the client left mid-body."""
         parser = self.connection.parser
         chunks: list[bytes] = []
         while True:
@@ -762,7 +759,7 @@ class _HTTPExchange:
                 return b"".join(chunks), True
             else:  # CLOSED mid-body
                 self.disconnected = True
-                raise _Gone
+                raise ClientGone
 
     def body_at_hand(self) -> tuple[bytes, bool] | None:
         """The body bytes already received, without waiting (None: nothing at hand): the
@@ -771,10 +768,10 @@ class _HTTPExchange:
             return None
         try:
             return self._body_received()
-        except ProtocolError as exc:
+        except HttpProtocolError as exc:
             self._fault = exc  # receive_body() reports it
             return None
-        except _Gone:
+        except ClientGone:
             return None  # receive_body() reports it
 
     async def receive_body(self) -> tuple[bytes, bool] | None:
@@ -794,9 +791,9 @@ class _HTTPExchange:
             if piece is None:  # the body deadline passed
                 await self._body_too_slow(self._deadline_reason())
             return piece
-        except _Gone:
+        except ClientGone:
             return None
-        except ProtocolError as exc:
+        except HttpProtocolError as exc:
             # A body that cannot be parsed (chunk framing, a size that is not hex, ...):
             # the client gets a 400 of its own unless a response has started, the
             # connection closes (nothing after the fault can be framed), and the app
@@ -870,7 +867,7 @@ class _HTTPExchange:
         if out:
             try:
                 await connection.write(out)
-            except _Gone:
+            except ClientGone:
                 self.disconnected = True
 
 
@@ -977,7 +974,7 @@ class _WebSocketConnection:
         try:
             if code is not None and self.ws.state is wsproto.connection.ConnectionState.OPEN:
                 await self._write(ws_events.CloseConnection(code=code))
-        except (_Gone, WSLocalProtocolError):
+        except (ClientGone, WSLocalProtocolError):
             pass
         self.connection.close()
 
@@ -993,7 +990,7 @@ class _WebSocketConnection:
             self._heard = False
             try:
                 await self._write(ws_events.Ping())
-            except (_Gone, WSLocalProtocolError):
+            except (ClientGone, WSLocalProtocolError):
                 return  # the peer is gone, or the socket closing: receive() reports it
 
     async def receive(self) -> dict[str, Any]:
@@ -1025,7 +1022,7 @@ class _WebSocketConnection:
                     self.close_code = event.code
                     try:
                         await self._write(event.response())
-                    except (_Gone, WSLocalProtocolError):
+                    except (ClientGone, WSLocalProtocolError):
                         pass
                     self.closed = True
                     self.connection.close()
@@ -1074,7 +1071,7 @@ class _WebSocketConnection:
                 self._response_body.append(message.get("body", b""))
                 if not message.get("more_body", False):
                     await self._reject(*self._response, b"".join(self._response_body))
-        except (WSLocalProtocolError, _Gone):
+        except (WSLocalProtocolError, ClientGone):
             self.closed = True
 
     async def _reject(
@@ -1091,7 +1088,7 @@ class _WebSocketConnection:
             if body:
                 data += self.ws.send(ws_events.RejectData(data=body))
             await self.connection.write(data)
-        except (_Gone, WSLocalProtocolError):
+        except (ClientGone, WSLocalProtocolError):
             pass
         self.connection.close()
 
@@ -1214,10 +1211,10 @@ async def _close_idle(shared: _Shared) -> None:
 
 
 def _only_gone(exc: BaseException) -> bool:
-    """``exc`` is :class:`_Gone`, or a group of nothing else."""
+    """``exc`` is :class:`ClientGone`, or a group of nothing else."""
     if isinstance(exc, BaseExceptionGroup):
-        return exc.split(_Gone)[1] is None
-    return isinstance(exc, _Gone)
+        return exc.split(ClientGone)[1] is None
+    return isinstance(exc, ClientGone)
 
 
 def _no_op() -> None:
