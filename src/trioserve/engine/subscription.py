@@ -18,7 +18,7 @@ from __future__ import annotations
 import collections
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import trio
 
@@ -26,13 +26,23 @@ from .. import metrics
 from ..errors import EngineLostError, SlowClientError, TrioserveError, WriterFailedError
 from ..protocol import OutputItem
 
-if TYPE_CHECKING:
-    from .connection import EngineConnection
-
 log = logging.getLogger("trioserve.request")
 
 #: Default bound of a subscription's channel, in output items (one token each for text).
 DEFAULT_BUFFER = 256
+
+
+class EngineLink(Protocol):
+    """What a subscription needs of its engine's connection (``EngineConnection``)."""
+
+    def forget(self, request_id: str) -> None:
+        """Deliver nothing more for ``request_id``."""
+
+    def queue_abort(self, request_id: str) -> None:
+        """Queue one abort of ``request_id`` (it leaves with the next flush)."""
+
+    def hold(self, sub: Subscription) -> None:
+        """Call ``sub.release()`` when the current read pass ends."""
 
 
 class Subscription:
@@ -55,7 +65,7 @@ class Subscription:
 
     def __init__(
         self,
-        engine: EngineConnection,
+        engine: EngineLink,
         request_id: str,
         buffer: int = DEFAULT_BUFFER,
         on_failure: Callable[[TrioserveError], None] | None = None,
