@@ -9,7 +9,7 @@ from functools import partial
 import trio
 
 from trioserve.http.channel import AsgiHandler
-from trioserve.server.http1.serve import Http1Config, serve_http1
+from trioserve.server.http1 import Http1Config, serve_http1
 
 
 class EchoApp:

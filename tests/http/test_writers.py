@@ -240,13 +240,13 @@ async def test_a_stream_whose_tokens_come_one_step_at_a_time(
     # path on trioserve's server (the first one starting the response, even when it is
     # also the last), through the relay task on hypercorn. Same bytes either way.
     starts = []
-    original = http1_serve._HTTPExchange.try_start
+    original = http1_serve.HttpExchange.try_start
 
     def counting(self, status, headers, body):
         starts.append(body)
         return original(self, status, headers, body)
 
-    monkeypatch.setattr(http1_serve._HTTPExchange, "try_start", counting)
+    monkeypatch.setattr(http1_serve.HttpExchange, "try_start", counting)
     params = {"max_tokens": tokens, "stream": True, "mock_tokens_per_second": 200}
     if kind == "chat":
         url, body = "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}

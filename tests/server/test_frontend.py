@@ -9,7 +9,7 @@ from tests.helpers.frontends import start_engine, start_frontend
 from trioserve.cli import build_parser
 from trioserve.config import Settings
 from trioserve.server.frontend import http1_config
-from trioserve.server.http1 import serve as http1_serve
+from trioserve.server.http1 import config as http1_limits
 
 
 async def test_the_engine_frame_bound_setting_reaches_the_link(nursery):
@@ -37,4 +37,4 @@ def test_the_bounds_reach_the_server_from_the_settings_and_the_cli(monkeypatch):
     assert config.body_preread_bytes == 1000  # never more than the app takes
     # The default: three quarters of the descriptor limit, the rest kept for the others.
     monkeypatch.setattr(resource, "getrlimit", lambda which: (1024, 4096))
-    assert http1_serve.default_max_connections() == 768
+    assert http1_limits.default_max_connections() == 768

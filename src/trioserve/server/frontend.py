@@ -1,12 +1,11 @@
-"""Serving the application: engines, hypercorn's trio worker, signals and the drain."""
+"""Serving the application: engines, the HTTP server (built-in or hypercorn), signals and
+the drain."""
 
 from __future__ import annotations
 
 import logging
 
 import trio
-from hypercorn.config import Config
-from hypercorn.trio import serve as hypercorn_serve
 
 from ..config import Settings
 from ..engine import HeartbeatConfig, open_engine_client
@@ -14,29 +13,11 @@ from ..http import App
 from ..http.lifecycle import ERROR_WRITE_TIMEOUT
 from . import tls
 from .drain import DrainController
-from .http1.serve import BODY_PREREAD_BYTES, Http1Config, serve_http1
+from .http1 import Http1Config, serve_http1
+from .http1.config import BODY_PREREAD_BYTES
+from .hypercorn import serve_hypercorn
 
 log = logging.getLogger("trioserve")
-
-
-def hypercorn_config(settings: Settings) -> Config:
-    config = Config()
-    config.bind = [f"{settings.host}:{settings.port}"]
-    config.accesslog = None
-    config.errorlog = logging.getLogger("hypercorn.error")
-    config.include_server_header = False
-    config.keep_alive_timeout = settings.keep_alive_timeout
-    config.websocket_max_message_size = settings.ws_max_message_bytes
-    config.websocket_ping_interval = settings.ws_ping_interval or None
-    config.graceful_timeout = hard_stop_after(settings)
-    if tls.enabled(settings):
-        # hypercorn builds its context from these (TLS 1.2+, ALPN h2 and http/1.1).
-        config.certfile = settings.ssl_certfile
-        config.keyfile = settings.ssl_keyfile
-        if settings.ssl_ca_certs:
-            config.ca_certs = settings.ssl_ca_certs
-            config.verify_mode = tls.CLIENT_CERT_MODES[settings.ssl_client_cert]
-    return config
 
 
 def hard_stop_after(settings: Settings) -> float:
@@ -96,12 +77,11 @@ async def serve_frontend(
 
             async def serve_http(task_status: trio.TaskStatus[list[str]]) -> None:
                 if settings.server == "hypercorn":
-                    # App speaks ASGI in plain dicts; hypercorn types each message as a
-                    # TypedDict, which no callable taking dict[str, Any] matches.
-                    await hypercorn_serve(
-                        app,  # type: ignore[arg-type]
-                        hypercorn_config(settings),
-                        shutdown_trigger=drain.stop_accepting.wait,
+                    await serve_hypercorn(
+                        app,
+                        settings,
+                        stop_accepting=drain.stop_accepting,
+                        hard_stop_after=hard_stop_after(settings),
                         task_status=task_status,
                     )
                 else:

@@ -1,7 +1,7 @@
 """TLS options: the server's ``ssl.SSLContext``, built once from the settings.
 
 The built-in server wraps each accepted connection in ``trio.SSLStream`` with this
-context; hypercorn builds its own from the same files (``server.hypercorn_config``), and
+context; hypercorn builds its own from the same files (``server/hypercorn.py``), and
 offers HTTP/2 on it through ALPN. With ``ssl_ca_certs``, clients are asked for a
 certificate signed by one of those CAs (mutual TLS): required, or optional.
 """

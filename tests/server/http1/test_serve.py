@@ -20,6 +20,7 @@ from tests.helpers.http import read_to_end, read_until
 from tests.helpers.http1 import EchoApp, get, serve
 from tests.helpers.waiting import HANG_GUARD, wait_until
 from trioserve.http.channel import RequestHead, ResponseChannel
+from trioserve.server.http1 import connection as http1_connection
 from trioserve.server.http1 import serve as http1_serve
 
 
@@ -358,14 +359,14 @@ async def test_a_failure_before_any_answer_is_a_500_and_the_server_goes_on(
     # A bug in the server's own code on one connection (injected: the exchange cannot be
     # set up for one path): that client gets a 500, one traceback is logged, and the
     # server goes on serving.
-    real_init = http1_serve._HTTPExchange.__init__
+    real_init = http1_serve.HttpExchange.__init__
 
     def failing_init(self, connection, request):
         if request.target == b"/boom":
             raise RuntimeError("injected failure")
         real_init(self, connection, request)
 
-    monkeypatch.setattr(http1_serve._HTTPExchange, "__init__", failing_init)
+    monkeypatch.setattr(http1_serve.HttpExchange, "__init__", failing_init)
     port, _ = await serve(nursery)
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     await stream.send_all(get("/boom"))
@@ -391,7 +392,7 @@ async def test_a_failure_after_an_answer_began_closes_only_that_connection(
     other = await trio.open_tcp_stream("127.0.0.1", port)
     await other.send_all(get("/before"))
     assert b'"/before"' in await read_responses(other, 1)
-    monkeypatch.setattr(http1_serve._HTTPConnection, "_next_cycle", failing_cycle)
+    monkeypatch.setattr(http1_serve, "_next_cycle", failing_cycle)
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     await stream.send_all(get("/one"))
     with trio.fail_after(HANG_GUARD):
@@ -460,7 +461,7 @@ async def test_a_body_that_does_not_arrive_within_the_deadline_is_408(nursery):
 async def test_past_max_connections_a_new_connection_gets_503_and_is_closed(
     nursery, monkeypatch, caplog
 ):
-    monkeypatch.setattr(http1_serve, "LOG_INTERVAL", 3600.0)  # the whole test in one interval
+    monkeypatch.setattr(http1_connection, "LOG_INTERVAL", 3600.0)  # the whole test in one interval
     port, _ = await serve(nursery, max_connections=2, keep_alive_timeout=3600)
     held = []
     for n in range(2):
@@ -497,7 +498,7 @@ async def test_accept_out_of_descriptors_logs_one_line_and_the_server_recovers(
     nursery, monkeypatch, caplog
 ):
     monkeypatch.setattr(http1_serve, "ACCEPT_BACKOFF", 0.001)
-    monkeypatch.setattr(http1_serve, "LOG_INTERVAL", 3600.0)  # the whole test in one interval
+    monkeypatch.setattr(http1_connection, "LOG_INTERVAL", 3600.0)  # the whole test in one interval
     real_accept = trio.SocketListener.accept
     failures = {"left": 50}
 

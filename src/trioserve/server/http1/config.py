@@ -1,0 +1,71 @@
+"""The built-in server's settings and limits."""
+
+from __future__ import annotations
+
+import logging
+
+import attrs
+
+log = logging.getLogger("trioserve.http1")
+
+
+RECEIVE_SIZE = 65536
+#: Bytes of a pipelined next request buffered while a response is in progress; past it the
+#: server stops reading that connection until the response is done.
+PIPELINE_BUFFER = 65536
+#: Connections turned away at once (past ``max_connections``) that are given a moment to
+#: read their 503 before the socket closes; past it, further ones are closed at once.
+TURN_AWAY_LINGERING = 64
+#: Seconds a turned-away connection is given to read its 503 and close.
+TURN_AWAY_LINGER = 1.0
+#: Seconds between two log lines about connections refused or accept(2) failing.
+LOG_INTERVAL = 10.0
+#: Seconds the accept loop waits after accept(2) ran out of descriptors or memory.
+ACCEPT_BACKOFF = 0.1
+#: After an early answer (a body not read), how long and how much of the body the server
+#: still reads off before it closes (nginx's lingering close).
+LINGER_SECONDS = 2.0
+LINGER_BYTES = 1024 * 1024
+#: Default of ``Http1Config.body_preread_bytes``: a generation request's JSON fits.
+BODY_PREREAD_BYTES = 1024 * 1024
+
+
+@attrs.define
+class Http1Config:
+    #: Largest request head (request line + headers), bytes.
+    max_header_bytes: int = 16 * 1024
+    #: Seconds to receive a whole request head once its first byte arrived.
+    header_timeout: float = 10.0
+    #: Seconds an idle keep-alive connection stays open.
+    keep_alive_timeout: float = 5.0
+    #: Seconds one socket write may take before the connection is dropped.
+    write_timeout: float = 30.0
+    ws_max_message_bytes: int = 1024 * 1024
+    #: Seconds between WebSocket pings (0: none).
+    ws_ping_interval: float = 20.0
+    #: Seconds from a request head to the end of its body (408 past it; 0: no limit).
+    body_deadline: float = 120.0
+    #: Seconds a body read before the app is called may stall between two pieces (408
+    #: past it; 0: no limit). Later pieces are the app's to time (``body_timeout``).
+    body_timeout: float = 30.0
+    #: A request body up to this size is read whole before the app is called, so a
+    #: client that sends it slowly holds a connection but no admission slot (0: never;
+    #: multipart bodies never: the app streams uploads to disk).
+    body_preread_bytes: int = BODY_PREREAD_BYTES
+    #: Connections open at once; past it, a new one is answered 503 and closed (0: three
+    #: quarters of the process's descriptor limit, see :func:`default_max_connections`).
+    max_connections: int = 0
+
+
+def default_max_connections() -> int:
+    """Three quarters of ``RLIMIT_NOFILE``: the rest is for engine sockets, uploads,
+    logs and the connections being turned away, so accept(2) never meets EMFILE."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return 1024
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        return 65536
+    return max(soft * 3 // 4, 16)
