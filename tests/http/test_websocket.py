@@ -7,6 +7,7 @@ import re
 
 import pytest
 import trio
+import trio.testing
 from trio_websocket import (
     ConnectionClosed,
     ConnectionRejected,
@@ -18,6 +19,7 @@ from tests.helpers.frontends import start_engine, start_frontend
 from tests.helpers.waiting import HANG_GUARD, wait_until
 from tests.helpers.websocket import collect, receive, request, ws_url
 from trioserve import metrics
+from trioserve.http.websocket import WebSocketConnection
 from trioserve.sdk.mock import expected_text
 
 
@@ -162,6 +164,9 @@ async def test_per_connection_limit_refuses_the_extra_request_only(nursery, engi
         refused = [m for m in messages if m["type"] == "error"]
         assert [(m["id"], m["error"]["code"]) for m in refused] == [("c", "too_many_requests")]
         await ws.send_message(json.dumps({"type": "cancel", "id": "a"}))
+        # "a" counts until its end has been written; then "d" has a place.
+        while not ((m := await receive(ws))["id"] == "a" and m["type"] == "error"):
+            pass
         await ws.send_message(request("d", "p", max_tokens=2))
         while True:
             message = await receive(ws)
@@ -294,3 +299,41 @@ async def test_a_browser_of_another_origin_cannot_open_the_socket(
         origin = f"http://{frontend.host}:{frontend.port}"
     assert await _handshake(frontend, origin) == status
     assert engine.core.stats.submitted == 0
+
+
+async def test_cancelled_requests_count_against_the_limits_until_they_have_ended(
+    nursery, engine, http_server
+):
+    # A client that never reads and sends request+cancel pairs: each cancelled request
+    # waits to write its end. It used to leave the connection's count at the cancel while
+    # still holding a server-wide admission slot, so one socket could take them all.
+    frontend = await start_frontend(nursery, engine, server=http_server, ws_max_requests=3)
+    services = frontend.app.services
+    incoming = [{"type": "websocket.connect"}]
+    for i in range(10):
+        incoming.append({"type": "websocket.receive", "text": request(f"r{i}", "p")})
+        incoming.append(
+            {"type": "websocket.receive", "text": json.dumps({"type": "cancel", "id": f"r{i}"})}
+        )
+    send_channel, receive_channel = trio.open_memory_channel(len(incoming))
+    for message in incoming:
+        send_channel.send_nowait(message)
+
+    async def receive():
+        return await receive_channel.receive()
+
+    reads = trio.Event()
+
+    async def send(message):
+        if message["type"] != "websocket.accept":
+            await reads.wait()  # a client that does not read: every write waits
+
+    connection = WebSocketConnection(services, receive, send)
+    async with trio.open_nursery() as client:
+        client.start_soon(connection.serve)
+        try:
+            await trio.testing.wait_all_tasks_blocked()
+            assert services.admission.in_use <= 3
+        finally:
+            reads.set()  # (the connection's sends are shielded: let them finish)
+            client.cancel_scope.cancel()

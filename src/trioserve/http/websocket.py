@@ -63,6 +63,8 @@ class WebSocketConnection:
         self._send = send
         self.number = next(_connection_numbers)
         self.requests: dict[str, RequestHandle] = {}
+        #: Requests not ended yet (cancelled ones included, until their end is written).
+        self.running = 0
         self._send_lock = trio.Lock()
         self._reader_scope = trio.CancelScope()
         self.close_code: int | None = None
@@ -169,7 +171,9 @@ class WebSocketConnection:
             )
             return
         if kind == "cancel":
-            # The slot and the id are free at once; the request finishes on its own.
+            # The id is free at once; the request counts against the limits (this
+            # connection's and the server's admission slot) until it has really ended,
+            # its error written: cancels cannot stack up requests still ending.
             handle = self.requests.pop(client_id, None)
             if handle is None:
                 await self.send_error(
@@ -190,6 +194,7 @@ class WebSocketConnection:
             return
         handle = RequestHandle(generation.submit.request_id, owner=self.key_index)
         self.requests[client_id] = handle
+        self.running += 1
         nursery.start_soon(self._run, client_id, handle, generation, timeout)
 
     def _prepare(self, client_id: str, message: dict[str, Any]) -> Any:
@@ -197,7 +202,7 @@ class WebSocketConnection:
         services.check_accepting()
         if client_id in self.requests:
             raise HTTPError(409, f"request {client_id!r} is already running", "duplicate_id")
-        if len(self.requests) >= services.settings.ws_max_requests:
+        if self.running >= services.settings.ws_max_requests:
             raise HTTPError(
                 429,
                 f"at most {services.settings.ws_max_requests} requests may run at once on one "
@@ -244,6 +249,7 @@ class WebSocketConnection:
         except HTTPError as error:  # refused before it started (duplicate id, bad media)
             await self.send_error(client_id, error)
         finally:
+            self.running -= 1
             self.services.admission.release()
             if self.requests.get(client_id) is handle:
                 del self.requests[client_id]
