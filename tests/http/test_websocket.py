@@ -337,3 +337,32 @@ async def test_cancelled_requests_count_against_the_limits_until_they_have_ended
         finally:
             reads.set()  # (the connection's sends are shielded: let them finish)
             client.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    ("keys", "authorization", "status", "code"),
+    [
+        ([], None, 404, "not_found"),
+        (["sk-a"], None, 401, "invalid_api_key"),  # unknown paths are not probed without a key
+        (["sk-a"], "Bearer sk-a", 404, "not_found"),
+    ],
+)
+@pytest.mark.parametrize("path", ["/v1/models", "/ws", "/nope"])
+async def test_an_upgrade_on_another_path_is_refused_before_the_upgrade(
+    nursery, http_server, keys, authorization, status, code, path
+):
+    # docs/websocket.md: a 404 (as the same path over HTTP) with the error body, never a
+    # socket opened and closed; both servers alike.
+    engine = await start_engine(nursery)
+    frontend = await start_frontend(nursery, engine, server=http_server, api_keys=keys)
+    headers = [(b"authorization", authorization.encode())] if authorization else []
+    url = f"ws://{frontend.host}:{frontend.port}{path}"
+    with pytest.raises(ConnectionRejected) as rejected, trio.fail_after(HANG_GUARD):
+        async with open_websocket_url(url, extra_headers=headers):
+            pass
+    assert rejected.value.status_code == status
+    error = json.loads(rejected.value.body)["error"]
+    assert error["code"] == code
+    if status == 404:
+        assert error["message"] == f"no WebSocket route at {path} (it is /v1/ws)"
+    assert engine.core.stats.submitted == 0

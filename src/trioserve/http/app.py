@@ -87,7 +87,7 @@ class App:
             if scope["path"] == "/v1/ws":
                 await self._websocket(scope, receive, send)
             else:
-                await send({"type": "websocket.close", "code": POLICY_VIOLATION})
+                await self._no_websocket_route(scope, receive, send)
 
     async def _websocket(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         headers = scope["headers"]
@@ -118,6 +118,22 @@ class App:
             subprotocol=select_subprotocol(protocols),
         )
         await connection.serve()
+
+    async def _no_websocket_route(
+        self, scope: dict[str, Any], receive: Receive, send: Send
+    ) -> None:
+        """A WebSocket handshake on another path: 404, as an HTTP request there gets, before
+        any upgrade; with API keys, a 401 first without one (unknown paths are not probed)."""
+        error = HTTPError(404, f"no WebSocket route at {scope['path']} (it is /v1/ws)", "not_found")
+        headers = scope["headers"]
+        try:
+            self.api_keys.authenticate_websocket(
+                header_values(headers, b"authorization"),
+                header_values(headers, b"sec-websocket-protocol"),
+            )
+        except HTTPError as refused:
+            error = refused
+        await _refuse_websocket(scope, receive, send, error)
 
     def _websocket_origin_allowed(self, headers: list[tuple[bytes, bytes]]) -> bool:
         """Browsers say where a page came from (``Origin``); other clients send none. A
