@@ -206,6 +206,24 @@ async def test_engine_error_mid_stream_ends_sse_with_an_error_event_and_no_done(
     assert frontend.engine.stats.aborts_received == 0
 
 
+# docs/api.md, "Engine parameters": the knobs are unknown fields, passed uncoerced; the
+# mock refuses a value of the wrong type with a 400 that names it.
+@pytest.mark.parametrize(
+    ("knob", "says"),
+    [
+        ({"mock_ttft_ms": "5"}, "mock_ttft_ms must be a number"),
+        ({"mock_error_after": "1"}, "mock_error_after must be a number of tokens"),
+        ({"mock_hang_after": "1"}, "mock_hang_after must be a number of tokens"),
+    ],
+)
+async def test_a_mock_knob_of_the_wrong_type_is_a_400_engine_error(frontend, knob, says):
+    async with frontend.client() as client:
+        response = await client.post("/v1/chat/completions", json={**CHAT, **knob})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["code"], error["message"]) == ("engine_error", says)
+
+
 async def test_engine_error_mid_json_keeps_its_status(frontend):
     body = {**CHAT, "mock_error_after": 2, "mock_error_status": 503}
     async with frontend.client() as client:
