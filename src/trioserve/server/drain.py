@@ -8,14 +8,19 @@
                                                       in-flight finish     left: "drain"   │
                                                                            aborts, exit 0 ◀┘
 
-A second signal skips straight to the last step. The HTTP server is told to stop
-accepting through :attr:`DrainController.stop_accepting`; the application reads ``services.state``.
+SIGINT (Ctrl-C at a terminal) skips the drain delay: the delay is there for load balancers
+to stop routing here, and a person who pressed Ctrl-C wants the server gone. The rest of the
+sequence keeps its length (in-flight requests get ``graceful_timeout - drain_delay``), so the
+HTTP servers' own hard stop, counted from the listener's closing, still comes after ours. A
+second signal skips straight to the last step. The HTTP server is told to stop accepting
+through :attr:`DrainController.stop_accepting`; the application reads ``services.state``.
 """
 
 from __future__ import annotations
 
 import logging
 import signal
+from functools import partial
 
 import trio
 
@@ -38,8 +43,9 @@ class DrainController:
         self._started = False
         metrics.DRAINING.set(0)
 
-    def begin(self) -> None:
-        """Start draining (first call), or skip to the deadline (any later call)."""
+    def begin(self, *, skip_delay: bool = False) -> None:
+        """Start draining (first call), or skip to the deadline (any later call).
+        ``skip_delay``: close the listener at once (Ctrl-C) instead of after the delay."""
         if self._started:
             log.warning("second signal: ending what is left now")
             self._skip.set()
@@ -47,6 +53,14 @@ class DrainController:
         self._started = True
         self.services.state.draining = True
         metrics.DRAINING.set(1)
+        if skip_delay:
+            log.info(
+                "draining on SIGINT: readiness is now 503; skipping the drain delay (it is for "
+                "load balancers; SIGTERM waits it); "
+                "finishing in-flight requests for up to %g s (Ctrl-C again to stop now)",
+                max(self.graceful_timeout - self.drain_delay, 0.0),
+            )
+            return
         log.info(
             "draining: readiness is now 503; serving for %g s more, then finishing in-flight "
             "requests for up to %g s in all (signal again to stop now)",
@@ -58,16 +72,18 @@ class DrainController:
         """Wait for signals and run the sequence. Never returns; cancel it."""
         with trio.open_signal_receiver(*signals) as receiver:
             async with trio.open_nursery() as nursery:
-                async for _ in receiver:
+                async for signum in receiver:
                     if not self._started:
-                        nursery.start_soon(self.drain)
+                        nursery.start_soon(partial(self.drain, skip_delay=signum == signal.SIGINT))
                     else:
                         self.begin()
 
-    async def drain(self) -> None:
+    async def drain(self, *, skip_delay: bool = False) -> None:
         """The whole sequence, from the first signal to the end of the grace period."""
-        self.begin()
+        self.begin(skip_delay=skip_delay)
         t0 = trio.current_time()
+        if skip_delay:
+            t0 -= self.drain_delay  # as if the delay were over
         with trio.move_on_at(t0 + self.drain_delay):
             await self._skip.wait()
         self.services.state.closing = True

@@ -1,0 +1,83 @@
+"""Ctrl-C and SIGTERM on a real `trioserve run`: SIGINT skips --drain-delay (it is for load
+balancers, and a person at a terminal wants the server gone), SIGTERM waits it. Asserted on
+the log and on what the server still answers, never on durations."""
+
+from __future__ import annotations
+
+import signal
+
+import httpx
+import pytest
+
+from tests.helpers.frontends import SERVERS
+from tests.helpers.processes import start_frontend_process
+from tests.helpers.waiting import HANG_GUARD
+
+pytestmark = pytest.mark.integration
+
+#: Longer than any test may run: a drain that waited it could not pass.
+FOREVER = "3600"
+
+
+@pytest.mark.parametrize("server", SERVERS)
+async def test_ctrl_c_on_an_idle_server_skips_the_drain_delay_and_exits_0(nursery, server):
+    frontend, url = await start_frontend_process(
+        nursery, "--server", server, "--drain-delay", FOREVER, "--graceful-timeout", FOREVER
+    )
+    async with httpx.AsyncClient(base_url=url, timeout=HANG_GUARD) as client:
+        assert (await client.get("/health")).status_code == 200
+    frontend.signal(signal.SIGINT)
+    assert await frontend.wait() == 0
+    log = frontend.output.decode()
+    skipped = log.index("draining on SIGINT: readiness is now 503; skipping the drain delay")
+    closed = log.index("draining: listener closed; 0 request(s) in flight")
+    stopped = log.index("the mock engine stopped (exit code 0)")
+    assert skipped < closed < stopped
+    assert "second signal" not in log  # one Ctrl-C was enough
+
+
+async def test_sigterm_keeps_serving_through_the_drain_delay(nursery):
+    frontend, url = await start_frontend_process(
+        nursery, "--drain-delay", FOREVER, "--graceful-timeout", FOREVER
+    )
+    frontend.signal(signal.SIGTERM)
+    await frontend.wait_for_output(f"draining: readiness is now 503; serving for {FOREVER} s more")
+    # Within the delay: readiness says draining, and the listener still takes new
+    # connections and serves them (what load balancers still send here).
+    async with httpx.AsyncClient(base_url=url, timeout=HANG_GUARD) as client:
+        assert (await client.get("/health")).json() == {"status": "draining"}
+        fresh = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        assert fresh.status_code == 200
+    async with httpx.AsyncClient(base_url=url, timeout=HANG_GUARD) as another:
+        assert (await another.get("/live")).status_code == 200
+    assert b"listener closed" not in frontend.output
+    frontend.signal(signal.SIGTERM)  # the operator's way out of the wait
+    assert await frontend.wait() == 0
+    log = frontend.output.decode()
+    assert log.index("second signal: ending what is left now") < log.index(
+        "draining: listener closed"
+    )
+
+
+async def test_ctrl_c_with_a_stream_in_flight_gives_it_the_rest_of_the_grace_period(nursery):
+    # SIGINT skips the delay, not the grace: what remains after the delay (here 1 s of
+    # 3601) is the stream's to finish, and it is then ended as at any drain deadline.
+    frontend, url = await start_frontend_process(
+        nursery, "--drain-delay", FOREVER, "--graceful-timeout", str(int(FOREVER) + 1)
+    )
+    body = {"prompt": "x", "max_tokens": 1_000_000, "stream": True}
+    async with (
+        httpx.AsyncClient(base_url=url, timeout=HANG_GUARD) as client,
+        client.stream("POST", "/v1/completions", json=body) as response,
+    ):
+        chunks = response.aiter_text()
+        assert "data: " in await anext(chunks)  # streaming
+        frontend.signal(signal.SIGINT)
+        rest = "".join([chunk async for chunk in chunks])
+    assert '"code":"server_shutting_down"' in rest and "[DONE]" not in rest
+    assert await frontend.wait() == 0
+    log = frontend.output.decode()
+    assert "finishing in-flight requests for up to 1 s" in log
+    assert log.index("listener closed; 1 request(s) in flight") < log.index(
+        "drain deadline: ended 1 request(s) still in flight"
+    )
