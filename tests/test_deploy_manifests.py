@@ -12,10 +12,10 @@ import pytest
 import yaml
 
 from trioserve.cli import build_parser
+from trioserve.config import Settings
+from trioserve.server.frontend import hard_stop_after
 
 DEPLOY = Path(__file__).parent.parent / "deploy" / "kubernetes"
-#: Seconds of slack required beyond preStop + drain delay + graceful timeout.
-MARGIN = 5
 
 
 def documents() -> dict[tuple[str, str], dict]:
@@ -61,12 +61,15 @@ def test_frontend_probes_and_ports_match_the_cli(docs):
     assert port_number(frontend, ready["port"]) == port_number(frontend, live["port"]) == args.port
 
 
-def test_termination_grace_covers_prestop_drain_delay_and_graceful_timeout(docs):
+def test_termination_grace_covers_prestop_and_the_drain_to_the_hard_stop(docs):
+    # cli.GRACE_RULE, in numbers: the server's hard stop comes hard_stop_after() seconds
+    # after the listener closes, which is drain_delay seconds after the signal.
     pod = docs[("Deployment", "trioserve")]["spec"]["template"]["spec"]
     frontend = container(docs[("Deployment", "trioserve")])
     args = build_parser().parse_args(frontend["args"])
     pre_stop = frontend["lifecycle"]["preStop"]["sleep"]["seconds"]
-    needed = pre_stop + args.drain_delay + args.graceful_timeout + MARGIN
+    settings = Settings(drain_delay=args.drain_delay, graceful_timeout=args.graceful_timeout)
+    needed = pre_stop + args.drain_delay + hard_stop_after(settings)
     assert pod["terminationGracePeriodSeconds"] > needed
 
 

@@ -16,28 +16,78 @@ import logging
 import os
 import shlex
 import signal
+import socket
 import sys
 import tempfile
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from urllib.parse import urlsplit
 
 import trio
 
+from . import __version__
 from .config import Settings
 from .transport.zmtp import parse_address
+
+if TYPE_CHECKING:
+    import zmq
+
+    from .sdk.asyncio_shell import AsyncioEngine
 
 log = logging.getLogger("trioserve")
 
 DEFAULTS = Settings()
+
+#: Exit statuses: the command line is wrong (fix what was typed), or something it names
+#: cannot be used (a port, a host, a file, a server, an engine address).
+USAGE_ERROR = 2
+ENVIRONMENT_ERROR = 1
+#: After Ctrl-C before the server could take it over, as shells report a SIGINT.
+INTERRUPTED = 130
+
+#: How long Kubernetes must give a frontend pod, the one formula of the help and of
+#: docs/deployment.md: ``--graceful-timeout`` counts from the signal, and the last error
+#: events have ERROR_WRITE_TIMEOUT (5 s) plus a second to leave (``hard_stop_after``).
+GRACE_RULE = "terminationGracePeriodSeconds > preStop + max(--drain-delay, --graceful-timeout) + 6"
+
+
+class CommandError(Exception):
+    """A usage or environment error: one line that names the cause and the fix, and the
+    exit status, without a traceback (but with it under ``--log-level debug``)."""
+
+    def __init__(self, message: str, status: int = ENVIRONMENT_ERROR) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error in one line that says where the help is (argparse
+    prints the whole usage first: for ``run``, thirty lines above the one that matters)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(USAGE_ERROR, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each default said once: not appended where the help already tells it, nor when
+    there is none to tell (None, off, empty)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        nothing = action.default is None or action.default is False or action.default in ([], "")
+        if "default" in text or nothing:
+            return text
+        return super()._get_help_string(action) or text
+
 
 _Number = TypeVar("_Number", int, float)
 
 
 def _positive(kind: type[_Number]) -> Callable[[str], _Number]:
     def parse(text: str) -> _Number:
-        value = kind(text)
+        value = _number(kind, text)
         if value <= 0:
             raise argparse.ArgumentTypeError(f"must be positive, got {text}")
         return value
@@ -46,13 +96,31 @@ def _positive(kind: type[_Number]) -> Callable[[str], _Number]:
     return parse
 
 
+def _number(kind: type[_Number], text: str) -> _Number:
+    try:
+        value = kind(text)
+    except ValueError:
+        what = "a whole number" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _number(int, text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port, 0-65535 (0: any free one), got {text}")
+    return value
+
+
 def _server_name(value: str) -> str:
     """``--server``: ``h11`` is the built-in server's name before it left h11 for httptools."""
     return "builtin" if value == "h11" else value
 
 
 def _non_negative(text: str) -> float:
-    value = float(text)
+    value = _number(float, text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be zero or more, got {text}")
     return value
@@ -67,34 +135,85 @@ def _engine_address(text: str) -> str:
     return text
 
 
+def _api_key(text: str) -> str:
+    from .http.auth import check_key
+
+    try:
+        check_key(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _server_url(text: str) -> str:
+    """``client --url``: http(s)://HOST[:PORT]; ``HOST:PORT`` alone is taken as http://."""
+    url = text if "://" in text else f"http://{text}"
+    parts = urlsplit(url)
+    try:
+        parts.port  # noqa: B018 - raises on a port that is not a number 0-65535
+    except ValueError:
+        parts = parts._replace(netloc="")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(
+            f"expected http://HOST:PORT or https://HOST:PORT (e.g. http://127.0.0.1:8000), "
+            f"got {text!r}"
+        )
+    return url
+
+
+def _log_level_option(parser: argparse.ArgumentParser, default: str) -> None:
+    """``--log-level``, before the command or after it: the top level sets the default,
+    the commands' copies leave the value alone unless given."""
+    parser.add_argument(
+        "--log-level",
+        default=default,
+        choices=["debug", "info", "warning", "error"],
+        help="how much to log (debug: also the traceback of an error reported in one line)"
+        + (" (default: info)" if default is argparse.SUPPRESS else ""),
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="trioserve",
         description=(
             "An HTTP frontend for model-inference engines, on Trio: OpenAI-compatible routes "
             "to clients, ZeroMQ to engines, and exactly one abort for every request that "
             "ends early."
         ),
+        epilog="Exit status: 0 when done; 1 when something the command names cannot be used "
+        "(a port, a host, a file, a server, an engine address); 2 when the command line is "
+        "wrong. Either is one line on stderr, with the traceback under --log-level debug.",
+        formatter_class=_HelpFormatter,
     )
-    parser.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    parser.add_argument("--version", action="version", version=f"trioserve {__version__}")
+    _log_level_option(parser, "info")
+    commands = parser.add_subparsers(
+        dest="command",
+        required=True,
+        metavar="COMMAND",
+        help="what to do; `trioserve COMMAND --help` for its options",
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = commands.add_parser(
         "run",
         help="serve the HTTP API (starts the mock engine when no --engine is given)",
         description=(
             "Serve the HTTP API. With no --engine, a mock engine is started as a child "
-            "process and stopped with the server. SIGTERM or SIGINT drains: readiness turns "
-            "503 at once, requests are still served for --drain-delay seconds, then the "
-            "listener closes and in-flight requests may finish until --graceful-timeout "
-            "(counted from the signal). A second signal ends what is left at once."
+            "process and stopped with the server. SIGTERM drains: readiness turns 503 at "
+            "once, requests are still served for --drain-delay seconds (so load balancers "
+            "stop sending any), then the listener closes and in-flight requests may finish "
+            "until --graceful-timeout (counted from the signal). SIGINT (Ctrl-C) drains the "
+            "same way but skips --drain-delay: with nothing in flight, the server stops at "
+            "once. A second signal ends what is left at once."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
+    _log_level_option(run, argparse.SUPPRESS)
     run.add_argument("--host", default=DEFAULTS.host, help="address to listen on")
-    run.add_argument("--port", type=int, default=DEFAULTS.port, help="port to listen on")
+    run.add_argument(
+        "--port", type=_port, default=DEFAULTS.port, help="port to listen on (0: any free one)"
+    )
     run.add_argument(
         "--engine",
         action="append",
@@ -174,6 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--api-key",
         action="append",
         default=[],
+        type=_api_key,
         metavar="KEY",
         help="require 'Authorization: Bearer KEY' on every route but /health, /live and "
         "/metrics (repeatable: any listed key passes; on the command line a key is "
@@ -292,14 +412,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=_non_negative,
         default=DEFAULTS.drain_delay,
         help="seconds to keep serving after SIGTERM, so load balancers stop routing here "
-        "before the listener closes",
+        "before the listener closes (SIGINT, Ctrl-C at a terminal, skips it)",
     )
     run.add_argument(
         "--graceful-timeout",
         type=_non_negative,
         default=DEFAULTS.graceful_timeout,
-        help="seconds from SIGTERM until requests still running are ended (Kubernetes' "
-        "terminationGracePeriodSeconds must exceed preStop + this + a margin)",
+        help="seconds from SIGTERM (or SIGINT) until requests still running are ended; it "
+        f"includes --drain-delay. In Kubernetes: {GRACE_RULE} (docs/deployment.md)",
     )
     tls_options = run.add_argument_group("TLS (both servers; hypercorn adds HTTP/2 over it)")
     tls_options.add_argument(
@@ -340,9 +460,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to wait for the model to load before giving up",
     )
     mock = run.add_argument_group("built-in mock engine (only without --engine or --vllm)")
-    mock.add_argument("--mock-tokens-per-second", type=_positive(float), default=50.0)
-    mock.add_argument("--mock-ttft-ms", type=_non_negative, default=20.0)
-    mock.add_argument("--mock-model", default="mock")
+    mock.add_argument(
+        "--mock-tokens-per-second",
+        type=_positive(float),
+        default=50.0,
+        help="tokens the mock generates per second, per request",
+    )
+    mock.add_argument(
+        "--mock-ttft-ms",
+        type=_non_negative,
+        default=20.0,
+        help="the mock's time to first token, in milliseconds",
+    )
+    mock.add_argument("--mock-model", default="mock", help="the model name the mock serves")
     mock.add_argument(
         "--mock-fault-injection",
         action="store_true",
@@ -355,41 +485,63 @@ def build_parser() -> argparse.ArgumentParser:
         help="send a prompt and print the answer as it streams",
         description="Send a prompt to a trioserve server and print tokens as they arrive, "
         "over WebSocket (default) or SSE. Ctrl-C cancels the request cleanly.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
+    _log_level_option(client, argparse.SUPPRESS)
     client.add_argument("prompt", help="the prompt (a user message for chat)")
-    client.add_argument("--url", default="http://127.0.0.1:8000", help="the server")
+    client.add_argument(
+        "--url",
+        type=_server_url,
+        default=f"http://127.0.0.1:{DEFAULTS.port}",
+        help="the server, http(s)://HOST:PORT (HOST:PORT alone means http://)",
+    )
     client.add_argument("--sse", action="store_true", help="use SSE instead of WebSocket")
     client.add_argument(
         "--completion", action="store_true", help="use the completions endpoint, not chat"
     )
-    client.add_argument("--max-tokens", type=_positive(int), default=None)
+    client.add_argument(
+        "--max-tokens",
+        type=_positive(int),
+        default=None,
+        help="the most tokens to generate (default: the engine's limit)",
+    )
     client.add_argument("--model", default=None, help="model name (default: the server's first)")
     client.add_argument(
         "--api-key",
-        default=os.environ.get("TRIOSERVE_API_KEY") or None,
         metavar="KEY",
         help="send 'Authorization: Bearer KEY' (default: $TRIOSERVE_API_KEY)",
     )
 
-    engine = commands.add_parser("engine", help="run an engine")
-    kinds = engine.add_subparsers(dest="engine_kind", required=True, metavar="KIND")
+    engine = commands.add_parser(
+        "engine", help="run an engine", description="Run an engine that frontends connect to."
+    )
+    _log_level_option(engine, argparse.SUPPRESS)
+    kinds = engine.add_subparsers(
+        dest="engine_kind",
+        required=True,
+        metavar="KIND",
+        help="which engine; `trioserve engine KIND --help` for its options",
+    )
     mock_engine = kinds.add_parser(
         "mock",
         help="the deterministic mock engine",
         description="Run the mock engine: deterministic text at a fixed token rate, with "
         "faults on demand per request (see docs/protocol.md).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
+    _log_level_option(mock_engine, argparse.SUPPRESS)
     mock_engine.add_argument(
         "--bind", default="tcp://127.0.0.1:5555", help="ZeroMQ address to bind (ROUTER)"
     )
     mock_engine.add_argument("--model", default="mock", help="model name to serve")
     mock_engine.add_argument(
-        "--tokens-per-second", type=_positive(float), default=50.0, help="token rate"
+        "--tokens-per-second",
+        type=_positive(float),
+        default=50.0,
+        help="tokens generated per second, per request",
     )
     mock_engine.add_argument(
-        "--ttft-ms", type=_non_negative, default=20.0, help="time to first token"
+        "--ttft-ms", type=_non_negative, default=20.0, help="time to first token, in milliseconds"
     )
     mock_engine.add_argument(
         "--frontend-timeout",
@@ -409,12 +561,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     # Everything after `engine vllm` is the vLLM engine's: trioserve's own options and
     # vLLM's (see sdk/vllm_engine.py, whose parser is vLLM's own).
-    kinds.add_parser(
+    vllm_engine = kinds.add_parser(
         "vllm",
         help="a vLLM engine (needs vllm installed): trioserve engine vllm MODEL --bind "
         "ADDRESS [vLLM's options]; `trioserve engine vllm --help` lists them",
         add_help=False,
+        allow_abbrev=False,  # vLLM's options pass through: none may be taken for ours
     )
+    _log_level_option(vllm_engine, argparse.SUPPRESS)
     mock_engine.add_argument(
         "--exit-with-parent",
         nargs="?",
@@ -429,40 +583,71 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command ``argv`` names; returns the exit status. A usage error (the command
+    line is wrong) is one line and status 2; an environment error (something the command
+    line names cannot be used) one line and status 1; a traceback only for a bug, or
+    under ``--log-level debug``."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if args.command == "engine" and args.engine_kind == "vllm":
-        logging.basicConfig(
-            level=args.log_level.upper(),
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-            stream=sys.stderr,
-        )
-        return _engine_vllm(extra)
-    if extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    command = _command_parser(parser, args)
+    if extra and not (args.command == "engine" and args.engine_kind == "vllm"):
+        command.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    if args.command == "run":
-        return _run(args)
-    if args.command == "client":
-        from .terminal_client import run_client
+    try:
+        if args.command == "run":
+            return _run(args)
+        if args.command == "client":
+            return _client(args)
+        if args.engine_kind == "vllm":
+            return _engine_vllm(extra)
+        return _engine_mock(args)
+    except CommandError as exc:
+        if args.log_level == "debug":
+            log.debug("the error below, with its traceback", exc_info=exc)
+        log.error("%s", exc)
+        return exc.status
+    except KeyboardInterrupt:
+        # Ctrl-C before the command took signals over (the server then drains instead).
+        return INTERRUPTED
 
-        return trio.run(
-            partial(
-                run_client,
-                args.url,
-                args.prompt,
-                sse=args.sse,
-                endpoint="completion" if args.completion else "chat",
-                max_tokens=args.max_tokens,
-                model=args.model,
-                api_key=args.api_key,
-            )
+
+def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> _Parser:
+    """The parser of the (sub)command ``args`` holds, for its usage errors."""
+    names = [args.command, getattr(args, "engine_kind", None)]
+    for name in names:
+        subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subparsers or name is None:
+            break
+        parser = subparsers[0].choices[name]
+    assert isinstance(parser, _Parser)
+    return parser
+
+
+def _client(args: argparse.Namespace) -> int:
+    from .terminal_client import run_client
+
+    if args.sse and not args.url.startswith("http://"):
+        raise CommandError(
+            "--sse speaks plain http:// only: use an http:// --url, or leave --sse out "
+            "(the WebSocket speaks https:// too)",
+            USAGE_ERROR,
         )
-    return _engine_mock(args)
+    return trio.run(
+        partial(
+            run_client,
+            args.url,
+            args.prompt,
+            sse=args.sse,
+            endpoint="completion" if args.completion else "chat",
+            max_tokens=args.max_tokens,
+            model=args.model,
+            api_key=args.api_key or os.environ.get("TRIOSERVE_API_KEY") or None,
+        )
+    )
 
 
 # -- trioserve run --------------------------------------------------------------------------
@@ -479,11 +664,11 @@ def _tls_usage_error(args: argparse.Namespace) -> str | None:
     return None
 
 
-def _tls_files_error(args: argparse.Namespace, settings: Settings) -> str | None:
-    """What is wrong with the TLS files, if anything: checked before serving (each
-    server builds its own context from them)."""
+def _check_tls_files(args: argparse.Namespace, settings: Settings) -> None:
+    """Refuse TLS files that cannot be used: checked before serving (each server builds
+    its own context from them)."""
     if not settings.ssl_certfile:
-        return None
+        return
     import ssl
 
     from .server import tls
@@ -494,25 +679,38 @@ def _tls_files_error(args: argparse.Namespace, settings: Settings) -> str | None
             if path:
                 open(path, "rb").close()  # only: can it be read?
         except OSError as exc:
-            return f"--{option.replace('_', '-')} {path}: {exc.strerror or exc}"
+            raise CommandError(
+                f"--{option.replace('_', '-')} {path}: {exc.strerror or exc}; give the path "
+                "of a readable PEM file"
+            ) from exc
     try:
         tls.server_context(settings)
     except (OSError, ssl.SSLError) as exc:
-        return f"TLS: the certificate, key or CA file cannot be used: {exc}"
-    return None
+        raise CommandError(
+            f"TLS: the certificate, key or CA file cannot be used: {exc}; give PEM files: "
+            "a certificate (chain), its own private key, and CA certificates"
+        ) from exc
 
 
 def _run(args: argparse.Namespace) -> int:
     if args.cors_allow_credentials and "*" in args.cors_origin:
-        log.error("--cors-allow-credentials needs explicit --cors-origin values, not '*'")
-        return 2
+        raise CommandError(
+            "--cors-allow-credentials needs explicit --cors-origin values, not '*': name "
+            "the origins, or leave --cors-allow-credentials out",
+            USAGE_ERROR,
+        )
     from .http import auth
 
     try:
-        api_keys = auth.load_keys(args.api_key, args.api_key_file, os.environ)
+        auth.load_keys([], None, os.environ)  # the --api-key values are checked when parsed
     except ValueError as exc:
-        log.error("%s", exc)
-        return 2
+        raise CommandError(f"{exc}: set it to a valid key, or unset it", USAGE_ERROR) from exc
+    try:
+        api_keys = auth.load_keys(args.api_key, args.api_key_file, os.environ)
+    except ValueError as exc:  # the key file
+        raise CommandError(
+            f"{exc}; --api-key-file takes a readable file of keys, one a line"
+        ) from exc
     if api_keys:
         log.info("API keys required: %d configured", len(api_keys))
         for index, key in enumerate(api_keys):
@@ -524,8 +722,7 @@ def _run(args: argparse.Namespace) -> int:
                 )
     tls_error = _tls_usage_error(args)
     if tls_error:
-        log.error("%s", tls_error)
-        return 2
+        raise CommandError(tls_error, USAGE_ERROR)
     from .server.frontend import serve_frontend
 
     settings = Settings(
@@ -566,10 +763,11 @@ def _run(args: argparse.Namespace) -> int:
         ssl_ca_certs=args.ssl_ca_certs or "",
         ssl_client_cert=args.ssl_client_cert or "required",
     )
-    tls_error = _tls_files_error(args, settings)
-    if tls_error:
-        log.error("%s", tls_error)
-        return 2
+    _check_tls_files(args, settings)
+    _check_upload_dir(args.upload_dir)
+    if args.vllm and not args.engine:
+        _check_vllm_installed()
+    _check_can_listen(args.host, args.port)
     status = 0
 
     async def main_task() -> None:
@@ -615,16 +813,71 @@ def _run(args: argparse.Namespace) -> int:
     try:
         trio.run(main_task)
     except* OSError as group:
-        # A port in use (or not ours to take) is the operator's to fix: one line, no
-        # traceback. Any other OSError is a bug worth its traceback.
+        # A port taken after _check_can_listen let it go is still the operator's to fix:
+        # one line, no traceback. Any other OSError is a bug worth its traceback.
         cannot_listen, others = group.split(lambda e: getattr(e, "errno", None) in LISTEN_ERRORS)
         if others is not None:
             raise others from None
         assert cannot_listen is not None
-        reasons = {str(exc.strerror) for exc in _leaves(cannot_listen)}
-        log.error("cannot listen on %s port %s: %s", args.host, args.port, "; ".join(reasons))
-        status = 2
+        [first, *_] = _leaves(cannot_listen)
+        raise CommandError(_listen_error(args.host, args.port, first)) from cannot_listen
     return status
+
+
+def _check_upload_dir(path: str) -> None:
+    """An ``--upload-dir`` that cannot hold files fails now, not at the first upload (the
+    server would make it then: it is made now instead)."""
+    if not path:
+        return
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+    except OSError as exc:
+        raise CommandError(
+            f"--upload-dir {path}: {exc.strerror or exc}; give a directory this user may "
+            "write to, or leave the option out (a private directory is then made)"
+        ) from exc
+
+
+def _check_can_listen(host: str, port: int) -> None:
+    """Bind what the server will bind, and let it go: a port in use or a host that is not
+    this machine's is then one line before anything starts (the server binds for real once
+    its engine is ready)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise CommandError(
+            f"cannot listen on {host}: {exc.strerror}; --host takes an address or name of "
+            "this machine (127.0.0.1, or 0.0.0.0 for every interface)"
+        ) from exc
+    for family, kind, proto, _, address in infos:
+        try:
+            sock = socket.socket(family, kind, proto)
+        except OSError as exc:
+            if exc.errno == errno.EAFNOSUPPORT:  # no IPv6 here: the servers skip it too
+                continue
+            raise
+        with sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers do
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                if exc.errno not in LISTEN_ERRORS:
+                    raise
+                raise CommandError(_listen_error(host, port, exc)) from exc
+
+
+def _listen_error(host: str, port: int, exc: OSError) -> str:
+    fix = {
+        errno.EADDRINUSE: "another process listens there: stop it, or choose another --port",
+        errno.EACCES: "ports below 1024 need privileges: choose --port 1024 or above",
+        errno.EADDRNOTAVAIL: f"{host} is not an address of this machine: give --host one "
+        "of its addresses (127.0.0.1, or 0.0.0.0 for every interface)",
+    }.get(exc.errno or 0, "check --host and --port")
+    return f"cannot listen on {host} port {port}: {exc.strerror}; {fix}"
 
 
 def _leaves(group: BaseExceptionGroup) -> list[Any]:
@@ -748,17 +1001,31 @@ def _engine_vllm(argv: list[str]) -> int:
     except ImportError as exc:
         if exc.name is None or not exc.name.startswith("vllm"):
             raise
-        log.error(
-            "the vLLM engine needs vllm installed beside trioserve (%s); see docs/engines.md",
-            exc,
-        )
-        return 2
+        raise CommandError(_no_vllm(str(exc))) from exc
+
+
+def _check_vllm_installed() -> None:
+    """``run --vllm`` starts its engine with this interpreter: without vllm, say so before
+    anything starts rather than after the child has failed."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise CommandError(_no_vllm(f"{sys.executable} has no module named 'vllm'"))
+
+
+def _no_vllm(reason: str) -> str:
+    return (
+        f"the vLLM engine needs vllm installed beside trioserve ({reason}): install it "
+        "(docs/engines.md), or run this trioserve from vLLM's environment"
+    )
 
 
 # -- trioserve engine mock ---------------------------------------------------------------
 
 
 def _engine_mock(args: argparse.Namespace) -> int:
+    import zmq
+
     from .sdk import MockBackend, serve_engine, serve_engine_asyncio
 
     backend = MockBackend(
@@ -770,13 +1037,18 @@ def _engine_mock(args: argparse.Namespace) -> int:
     options = {"frontend_timeout": args.frontend_timeout, "log_aborts": args.log_aborts}
     watch_parent = args.exit_with_parent is not None
     parent = args.exit_with_parent or os.getppid()
-    log.info("mock engine serving model %r on %s (%s)", args.model, args.bind, args.loop)
+    bound = False  # until then, a ZeroMQ error is the --bind address's
 
     if args.loop == "trio":
 
         async def main_trio() -> None:
+            nonlocal bound
             async with trio.open_nursery() as nursery:
                 await nursery.start(partial(serve_engine, backend, args.bind, **options))
+                bound = True
+                log.info(
+                    "mock engine serving model %r on %s (%s)", args.model, args.bind, args.loop
+                )
                 if watch_parent:
                     nursery.start_soon(_exit_with_parent_trio, parent, nursery.cancel_scope)
                 with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -784,7 +1056,13 @@ def _engine_mock(args: argparse.Namespace) -> int:
                         break
                 nursery.cancel_scope.cancel()
 
-        trio.run(main_trio)
+        try:
+            trio.run(main_trio)
+        except* zmq.ZMQError as group:
+            [first, *_] = _leaves(group)
+            if bound:
+                raise
+            raise CommandError(_bind_error(args.bind, first)) from first
     else:
 
         async def main_asyncio() -> None:
@@ -796,17 +1074,50 @@ def _engine_mock(args: argparse.Namespace) -> int:
             watcher = None
             if watch_parent:
                 watcher = loop.create_task(_exit_with_parent_asyncio(parent, task))
+            started: asyncio.Future[AsyncioEngine] = loop.create_future()
+
+            def on_bound(_: object) -> None:
+                nonlocal bound
+                bound = True
+                log.info(
+                    "mock engine serving model %r on %s (%s)", args.model, args.bind, args.loop
+                )
+
+            started.add_done_callback(on_bound)
             try:
-                await serve_engine_asyncio(backend, args.bind, **options)
+                await serve_engine_asyncio(backend, args.bind, started=started, **options)
             except asyncio.CancelledError:
                 pass
             finally:
                 if watcher is not None:
                     watcher.cancel()
 
-        asyncio.run(main_asyncio())
+        try:
+            asyncio.run(main_asyncio())
+        except zmq.ZMQError as exc:
+            if bound:
+                raise
+            raise CommandError(_bind_error(args.bind, exc)) from exc
     log.info("mock engine stopped")
     return 0
+
+
+def _bind_error(address: str, exc: zmq.ZMQError) -> str:
+    fix = {
+        errno.EADDRINUSE: "another process is bound there: stop it, or choose another port",
+        errno.EACCES: "permission denied: ports below 1024 need privileges, and an ipc:// "
+        "path a directory this user may write to",
+        errno.ENOENT: "the ipc:// path's directory does not exist: create it, or choose "
+        "another path",
+        errno.EADDRNOTAVAIL: "the host is not an address of this machine: bind one of its "
+        "addresses, or tcp://0.0.0.0:PORT for every interface",
+        errno.ENODEV: "the host is not an address or interface of this machine: bind one of "
+        "its addresses, or tcp://0.0.0.0:PORT for every interface",
+    }.get(exc.errno or 0, "choose another --bind address, tcp://HOST:PORT or ipc://PATH")
+    import zmq
+
+    reason = zmq.strerror(exc.errno) if exc.errno else str(exc)
+    return f"cannot bind the engine to {address}: {reason}; {fix}"
 
 
 async def _exit_with_parent_trio(parent: int, scope: trio.CancelScope) -> None:

@@ -9,6 +9,7 @@ connection (the server notices the disconnect and aborts).
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 from typing import Any, TextIO
@@ -58,12 +59,14 @@ async def run_client(
     out: TextIO = sys.stdout,
     err: TextIO = sys.stderr,
 ) -> int:
-    """Stream one completion to ``out``; returns a process exit status. ``api_key`` goes
-    in an ``Authorization: Bearer`` header."""
+    """Stream one completion to ``out``; returns a process exit status. ``url`` is
+    ``http(s)://HOST:PORT`` (``--sse``: ``http://`` only); ``api_key`` goes in an
+    ``Authorization: Bearer`` header. A server that cannot be reached or that refuses is
+    one line on ``err`` and status 1."""
+    if sse and not url.startswith("http://"):
+        raise ValueError(f"SSE is spoken over http:// only, not {url}")
     body = _body(prompt, endpoint, max_tokens, model)
     auth = [(b"authorization", b"Bearer " + api_key.encode())] if api_key else []
-    if "://" not in url:  # "127.0.0.1:8000", as one would type it
-        url = f"http://{url}"
     async with trio.open_nursery() as nursery:
         interrupted = trio.Event()
 
@@ -82,11 +85,29 @@ async def run_client(
         except ConnectionRejected as exc:  # a 401 (API keys), say: no traceback
             status = _refused(exc, err)
         except (OSError, HandshakeError) as exc:  # nobody there: a sentence, not a traceback
-            cause = exc if isinstance(exc, OSError) else (exc.__cause__ or exc)
-            err.write(f"cannot reach {url}: {cause}\n")
+            err.write(
+                f"cannot reach {url}: {_reason(exc)}; is the server running there? Start it "
+                "(trioserve run), or give its address with --url\n"
+            )
             status = 1
         nursery.cancel_scope.cancel()
     return status
+
+
+def _reason(exc: BaseException) -> str:
+    """Why a connection failed, in the system's words ("Connection refused"): trio wraps
+    the attempts' errors in a group, trio-websocket in a HandshakeError."""
+    while not isinstance(exc, OSError) and exc.__cause__ is not None:
+        exc = exc.__cause__
+    if isinstance(exc, OSError) and exc.strerror is None and exc.__cause__ is not None:
+        exc = exc.__cause__  # "all attempts to connect to ... failed"
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    if isinstance(exc, OSError) and exc.errno and exc.errno > 0:  # not a getaddrinfo error
+        return os.strerror(exc.errno)
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc)
 
 
 def _refused(exc: ConnectionRejected, err: TextIO) -> int:
@@ -152,9 +173,6 @@ async def _websocket(url, body, endpoint, interrupted, out, err, auth) -> int:
 
 async def _sse(url, body, endpoint, interrupted, out, err, auth) -> int:
     parts = urlsplit(url)
-    if parts.scheme != "http":
-        err.write("--sse supports http:// URLs only\n")
-        return 2
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
     payload = json.dumps({**body, "stream": True}).encode()

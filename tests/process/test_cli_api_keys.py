@@ -49,21 +49,25 @@ def test_help_describes_the_key_options():
 
 
 @pytest.mark.parametrize(
-    ("make_args", "message"),
+    ("make_args", "status", "message"),
     [
-        (lambda tmp: ["--api-key-file", str(tmp / "missing")], "cannot read the API key file"),
-        (lambda tmp: ["--api-key-file", str(tmp)], "cannot read the API key file"),
-        (lambda tmp: ["--api-key-file", str(tmp / "empty")], "holds no key"),
-        (lambda tmp: ["--api-key", ""], "an API key cannot be empty"),
-        (lambda tmp: ["--api-key", "two words"], "printable ASCII without spaces"),
+        # A file that cannot be used: the environment's fault, status 1.
+        (lambda tmp: ["--api-key-file", str(tmp / "missing")], 1, "cannot read the API key file"),
+        (lambda tmp: ["--api-key-file", str(tmp)], 1, "cannot read the API key file"),
+        (lambda tmp: ["--api-key-file", str(tmp / "empty")], 1, "holds no key"),
+        (lambda tmp: ["--api-key-file", str(tmp / "bad")], 1, "bad, line 1: an API key must"),
+        # A key on the command line that cannot be one: a usage error, status 2.
+        (lambda tmp: ["--api-key", ""], 2, "an API key cannot be empty"),
+        (lambda tmp: ["--api-key", "two words"], 2, "printable ASCII without spaces"),
     ],
 )
-def test_an_unusable_key_is_a_clear_error_not_a_traceback(tmp_path, make_args, message):
+def test_an_unusable_key_is_a_clear_error_not_a_traceback(tmp_path, make_args, status, message):
     (tmp_path / "empty").write_text("# no keys yet\n\n")
+    (tmp_path / "bad").write_text("two words\n")
     result = run(*make_args(tmp_path), "--engine", "tcp://127.0.0.1:1")
-    assert result.returncode == 2
+    assert result.returncode == status
     assert message in result.stderr
-    assert "Traceback" not in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1
 
 
 def test_an_unusable_environment_key_is_a_clear_error():

@@ -336,30 +336,37 @@ async def test_stop_accepting_closes_idle_tls_connections(nursery, certs):
 
 
 @pytest.mark.parametrize(
-    ("make_args", "message"),
+    ("make_args", "status", "message"),
     [
-        (lambda c: ["--ssl-certfile", str(c.certfile)], "--ssl-certfile and --ssl-keyfile go"),
-        (lambda c: ["--ssl-keyfile", str(c.keyfile)], "--ssl-certfile and --ssl-keyfile go"),
+        # Options that do not go together: a usage error, status 2.
+        (lambda c: ["--ssl-certfile", str(c.certfile)], 2, "--ssl-certfile and --ssl-keyfile go"),
+        (lambda c: ["--ssl-keyfile", str(c.keyfile)], 2, "--ssl-certfile and --ssl-keyfile go"),
+        # Files that cannot be used: the environment's fault, status 1.
         (
             lambda c: ["--ssl-certfile", str(c.certfile), "--ssl-keyfile", "/nonexistent.pem"],
+            1,
             "--ssl-keyfile /nonexistent.pem: No such file",
         ),
         (
             lambda c: ["--ssl-certfile", str(c.keyfile), "--ssl-keyfile", str(c.keyfile)],
+            1,
             "cannot be used",
         ),
-        (lambda c: ["--ssl-ca-certs", str(c.ca_certs)], "--ssl-ca-certs (mutual TLS) needs"),
+        (lambda c: ["--ssl-ca-certs", str(c.ca_certs)], 2, "--ssl-ca-certs (mutual TLS) needs"),
         (
             lambda c: [
                 *("--ssl-certfile", str(c.certfile), "--ssl-keyfile", str(c.keyfile)),
                 *("--ssl-client-cert", "optional"),
             ],
+            2,
             "--ssl-client-cert needs --ssl-ca-certs",
         ),
     ],
 )
-def test_unusable_tls_options_are_a_clear_error_not_a_traceback(certs, caplog, make_args, message):
-    assert main(["run", *make_args(certs)]) == 2
+def test_unusable_tls_options_are_a_clear_error_not_a_traceback(
+    certs, caplog, make_args, status, message
+):
+    assert main(["run", *make_args(certs)]) == status
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and message in errors[0].getMessage()
     assert not errors[0].exc_info
