@@ -14,7 +14,15 @@ import attrs
 from ...errors import HTTPError
 from ...protocol import Submit
 from ..writers.openai import StreamFormat
-from .validation import INT_MAX, INT_MIN, TOO_LARGE, Errors, _json_type, invalid, structure
+from .validation import (
+    Errors,
+    _json_type,
+    bounded,
+    check_bounds,
+    documented,
+    invalid,
+    structure,
+)
 
 R = TypeVar("R", bound="_Common")
 
@@ -46,10 +54,21 @@ class StreamOptions:
     include_usage: bool = False
 
 
+#: What ``stop`` takes (checked in :func:`_check_common`).
+STOP_SCHEMA = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
+
+
 @attrs.define
 class ChatMessage:
-    role: str
-    content: Any = None  # str, a list of content parts, or null (checked below)
+    role: str = attrs.field(metadata={"schema": {"enum": sorted(ROLES)}})
+    # str, a list of content parts, or null (checked in _check_messages)
+    content: Any = documented(
+        anyOf=[
+            {"type": "string"},
+            {"type": "array", "items": {"type": "object", "required": ["type"]}},
+            {"type": "null"},
+        ]
+    )
     name: str | None = None
 
 
@@ -58,13 +77,13 @@ class _Common:
     model: str | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    n: int | None = None
-    seed: int | None = None
-    stop: Any = None  # str or list of str
+    max_tokens: int | None = bounded(1, MAX_TOKENS)
+    max_completion_tokens: int | None = bounded(1, MAX_TOKENS)
+    temperature: float | None = bounded(0, 2)
+    top_p: float | None = bounded(0, 1, exclusive_minimum=True)
+    n: int | None = bounded(1, MAX_N)
+    seed: int | None = bounded()  # any int64
+    stop: Any = documented(**STOP_SCHEMA)
     user: str | None = None
 
 
@@ -75,7 +94,17 @@ class ChatCompletionRequest(_Common):
 
 @attrs.define
 class CompletionRequest(_Common):
-    prompt: Any = attrs.field(kw_only=True)  # str, or a list of one str
+    prompt: Any = attrs.field(  # str, or a list of one str
+        kw_only=True,
+        metadata={
+            "schema": {
+                "anyOf": [
+                    {"type": "string"},
+                    {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 1},
+                ]
+            }
+        },
+    )
 
 
 #: Body fields of each request class; everything else is passed to the engine as a param.
@@ -157,24 +186,7 @@ def _plain(body: dict[str, Any], cls: type[R]) -> R | None:
 
 
 def _check_common(req: _Common, errors: list[dict[str, str]]) -> None:
-    for name in ("max_tokens", "max_completion_tokens"):
-        value = getattr(req, name)
-        if value is None:
-            continue
-        if value < 1:
-            errors.append({"loc": f"$.{name}", "msg": "must be at least 1"})
-        elif value > INT_MAX:
-            errors.append({"loc": f"$.{name}", "msg": TOO_LARGE})
-        elif value > MAX_TOKENS:
-            errors.append({"loc": f"$.{name}", "msg": f"must be at most {MAX_TOKENS}"})
-    if req.seed is not None and not INT_MIN <= req.seed <= INT_MAX:
-        errors.append({"loc": "$.seed", "msg": TOO_LARGE})
-    if req.temperature is not None and not 0 <= req.temperature <= 2:
-        errors.append({"loc": "$.temperature", "msg": "must be between 0 and 2"})
-    if req.top_p is not None and not 0 < req.top_p <= 1:
-        errors.append({"loc": "$.top_p", "msg": "must be greater than 0 and at most 1"})
-    if req.n is not None and not 1 <= req.n <= MAX_N:
-        errors.append({"loc": "$.n", "msg": f"must be between 1 and {MAX_N}"})
+    check_bounds(req, errors)
     stop = req.stop
     if not (
         stop is None

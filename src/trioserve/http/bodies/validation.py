@@ -113,6 +113,86 @@ def _any(value: Any, _: Any) -> Any:
     return value
 
 
+@attrs.frozen
+class Bounds:
+    """The range a numeric field must be in, declared on the field (:func:`bounded`): the
+    check below and the OpenAPI schema (``http/openapi.py``) both read it from there."""
+
+    minimum: float | None = None
+    maximum: float | None = None
+    exclusive_minimum: bool = False
+
+    def holds(self, value: float) -> bool:
+        low, high = self.minimum, self.maximum
+        if low is not None and (value <= low if self.exclusive_minimum else value < low):
+            return False
+        return high is None or value <= high
+
+    def message(self) -> str:
+        low, high = _number(self.minimum), _number(self.maximum)
+        if self.minimum is not None and self.maximum is not None:
+            if self.exclusive_minimum:
+                return f"must be greater than {low} and at most {high}"
+            return f"must be between {low} and {high}"
+        if self.minimum is not None:
+            return f"must be {'greater than' if self.exclusive_minimum else 'at least'} {low}"
+        return f"must be at most {high}"
+
+
+def _number(value: float | None) -> str:
+    if value is None:
+        return ""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def bounded(
+    minimum: float | None = None,
+    maximum: float | None = None,
+    *,
+    exclusive_minimum: bool = False,
+    **schema: Any,
+) -> Any:
+    """An optional numeric field (default None) that must lie in a range: checked by
+    :func:`check_bounds`, and stated in the OpenAPI schema. ``schema``: more JSON Schema
+    keywords for the documentation only (``description``, ...)."""
+    return attrs.field(
+        default=None,
+        metadata={"bounds": Bounds(minimum, maximum, exclusive_minimum), "schema": schema},
+    )
+
+
+def documented(default: Any = None, **schema: Any) -> Any:
+    """A field whose type says too little for the OpenAPI schema (``Any``: "a string or a
+    list of strings"): the JSON Schema keywords that describe what the checks accept."""
+    return attrs.field(default=default, metadata={"schema": schema})
+
+
+_BOUNDED: dict[type, tuple[tuple[str, Bounds], ...]] = {}
+
+
+def bounded_fields(cls: type) -> tuple[tuple[str, Bounds], ...]:
+    """The fields of ``cls`` with :class:`Bounds`, in declaration order (cached)."""
+    found = _BOUNDED.get(cls)
+    if found is None:
+        found = _BOUNDED[cls] = tuple(
+            (a.name, a.metadata["bounds"]) for a in attrs.fields(cls) if "bounds" in a.metadata
+        )
+    return found
+
+
+def check_bounds(req: Any, errors: list[dict[str, str]]) -> None:
+    """Append an error for every bounded field of ``req`` out of its range. An integer
+    past 64 bits says so (a body that skipped the converter can hold one)."""
+    for name, bounds in bounded_fields(type(req)):
+        value = getattr(req, name)
+        if value is None:
+            continue
+        if type(value) is int and not INT_MIN <= value <= INT_MAX:
+            errors.append({"loc": f"$.{name}", "msg": TOO_LARGE})
+        elif not bounds.holds(value):
+            errors.append({"loc": f"$.{name}", "msg": bounds.message()})
+
+
 def make_converter() -> cattrs.Converter:
     conv = cattrs.Converter(detailed_validation=True, forbid_extra_keys=False)
     strict_collections(conv)

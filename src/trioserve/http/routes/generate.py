@@ -15,6 +15,8 @@ import attrs
 
 from ...protocol import Submit
 from ..bodies.forms import Body, extra_params, invalid_fields, structure_fields
+from ..bodies.openai import STOP_SCHEMA
+from ..bodies.validation import bounded, check_bounds, documented
 from ..exchange import JSON_HEADERS, Exchange
 from ..services import Services
 from ..writers.ndjson import NDJSONWriter, media_json
@@ -28,11 +30,11 @@ class GenerateRequest:
     model: str | None = None
     stream: bool | None = None
     streaming: bool | None = None  # the same, as the native clients spell it
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    stop: Any = None
+    max_tokens: int | None = bounded(1)
+    temperature: float | None = bounded(0, 2)
+    top_p: float | None = bounded(0, 1, exclusive_minimum=True)
+    seed: int | None = bounded()  # any int64
+    stop: Any = documented(**STOP_SCHEMA)
 
 
 #: Fields about the exchange, not generation: never sent as params.
@@ -41,13 +43,8 @@ _NOT_PARAMS = frozenset({"prompt", "model", "stream", "streaming"})
 
 def parse(body: Body) -> GenerateRequest:
     req = structure_fields(body, GenerateRequest)
-    errors = []
-    if req.max_tokens is not None and req.max_tokens < 1:
-        errors.append({"loc": "$.max_tokens", "msg": "must be at least 1"})
-    if req.temperature is not None and not 0 <= req.temperature <= 2:
-        errors.append({"loc": "$.temperature", "msg": "must be between 0 and 2"})
-    if req.top_p is not None and not 0 < req.top_p <= 1:
-        errors.append({"loc": "$.top_p", "msg": "must be greater than 0 and at most 1"})
+    errors: list[dict[str, str]] = []
+    check_bounds(req, errors)
     if req.stop is not None and not isinstance(req.stop, str | list):
         errors.append({"loc": "$.stop", "msg": "expected a string or a list of strings"})
     if errors:

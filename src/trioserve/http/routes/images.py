@@ -20,6 +20,7 @@ import attrs
 from ...errors import HTTPError
 from ...protocol import Submit
 from ..bodies.forms import JSON, MULTIPART, Body, extra_params, invalid_fields, structure_fields
+from ..bodies.validation import bounded, check_bounds, documented
 from ..exchange import JSON_HEADERS, Exchange
 from ..fanout import run_group
 from ..services import Services
@@ -33,19 +34,21 @@ MAX_N = 10
 class ImageRequest:
     prompt: str
     model: str | None = None
-    n: int | None = None
+    n: int | None = bounded(1, MAX_N)
     size: str | None = None
     quality: str | None = None
     style: str | None = None
-    response_format: str | None = None
-    seed: int | None = None
+    response_format: str | None = documented(enum=list(RESPONSE_FORMATS))
+    seed: int | None = bounded()  # any int64
     user: str | None = None
 
 
 def parse(body: Body) -> ImageRequest:
     req = structure_fields(body, ImageRequest)
-    if req.n is not None and not 1 <= req.n <= MAX_N:
-        raise invalid_fields(body, [{"loc": "$.n", "msg": f"must be between 1 and {MAX_N}"}])
+    errors: list[dict[str, str]] = []
+    check_bounds(req, errors)
+    if errors:
+        raise invalid_fields(body, errors)
     if req.response_format is not None and req.response_format not in RESPONSE_FORMATS:
         raise HTTPError(
             400,

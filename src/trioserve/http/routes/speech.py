@@ -15,7 +15,7 @@ import attrs
 from ...errors import HTTPError
 from ...protocol import Submit
 from ..bodies.forms import JSON, extra_params, structure_fields
-from ..bodies.validation import invalid
+from ..bodies.validation import bounded, check_bounds, documented, invalid
 from ..exchange import Exchange
 from ..services import Services
 from ..writers.audio import AudioStreamWriter, content_type, pcm_format, wav_header
@@ -30,8 +30,8 @@ class SpeechRequest:
     model: str | None = None
     voice: str | None = None
     instructions: str | None = None
-    response_format: str | None = None
-    speed: float | None = None
+    response_format: str | None = documented(enum=list(FORMATS))
+    speed: float | None = bounded(0.25, 4)
     stream: bool | None = None
 
 
@@ -46,8 +46,10 @@ def parse(body: Any) -> tuple[SpeechRequest, str]:
             "unsupported_response_format",
             param="response_format",
         )
-    if req.speed is not None and not 0.25 <= req.speed <= 4.0:
-        raise invalid([{"loc": "$.speed", "msg": "must be between 0.25 and 4"}])
+    errors: list[dict[str, str]] = []
+    check_bounds(req, errors)
+    if errors:
+        raise invalid(errors)
     return req, fmt
 
 

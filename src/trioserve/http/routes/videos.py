@@ -21,33 +21,39 @@ from ...errors import HTTPError
 from ...protocol import Submit
 from ..bodies.forms import JSON, MULTIPART, Body, extra_params, invalid_fields, structure_fields
 from ..bodies.media import Media
+from ..bodies.validation import bounded, check_bounds, documented
 from ..exchange import JSON_HEADERS, Exchange
 from ..services import Services
 from ..writers.stream import Collected, CollectingWriter, EngineItemError
 
 #: Conditioning fields, and the modality each carries.
 CONDITIONING = {"image": "image", "video": "video"}
+_CONDITIONING_SCHEMA = {
+    "anyOf": [
+        {"type": "string", "description": "a data URI, or an http(s) URL"},
+        {"type": "object", "properties": {"url": {"type": "string"}}, "required": ["url"]},
+        {"type": "null"},
+    ]
+}
 
 
 @attrs.define
 class VideoRequest:
     prompt: str
     model: str | None = None
-    num_frames: int | None = None
-    fps: float | None = None
+    num_frames: int | None = bounded(1)
+    fps: float | None = bounded(0, exclusive_minimum=True)
     size: str | None = None
-    seed: int | None = None
-    image: Any = None
-    video: Any = None
+    seed: int | None = bounded()  # any int64
+    # A data URI or URL, as a string or {"url": ...}; or (multipart) an uploaded file.
+    image: Any = documented(**_CONDITIONING_SCHEMA)
+    video: Any = documented(**_CONDITIONING_SCHEMA)
 
 
 def parse(body: Body) -> VideoRequest:
     req = structure_fields(body, VideoRequest)
-    errors = []
-    if req.num_frames is not None and req.num_frames < 1:
-        errors.append({"loc": "$.num_frames", "msg": "must be at least 1"})
-    if req.fps is not None and not req.fps > 0:
-        errors.append({"loc": "$.fps", "msg": "must be greater than 0"})
+    errors: list[dict[str, str]] = []
+    check_bounds(req, errors)
     if errors:
         raise invalid_fields(body, errors)
     return req
