@@ -342,6 +342,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds one remote media fetch may take",
     )
     run.add_argument(
+        "--no-playground",
+        action="store_true",
+        help="serve no chat page at / (it is a 404 then); /docs and /openapi.json stay",
+    )
+    run.add_argument(
         "--ws-max-requests",
         type=_positive(int),
         default=DEFAULTS.ws_max_requests,
@@ -749,6 +754,7 @@ def _run(args: argparse.Namespace) -> int:
         write_timeout=args.write_timeout,
         ws_max_requests=args.ws_max_requests,
         ws_allow_any_origin=args.ws_allow_any_origin,
+        playground=not args.no_playground,
         ws_max_message_bytes=int(args.ws_max_message_kb * 1024),
         ws_ping_interval=args.ws_ping_interval,
         heartbeat_interval=args.heartbeat_interval,

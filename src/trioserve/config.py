@@ -52,6 +52,8 @@ class Settings:
     ws_max_requests: int = 64
     #: Let a browser page of any origin open /v1/ws (see App._websocket_origin_allowed).
     ws_allow_any_origin: bool = False
+    #: Serve the chat page at ``/`` (``--no-playground``: a 404 there).
+    playground: bool = True
     #: Largest WebSocket message accepted; a larger one closes the socket with 1009.
     ws_max_message_bytes: int = 1024 * 1024
     #: Seconds between WebSocket pings (0: none).

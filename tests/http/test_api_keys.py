@@ -27,7 +27,9 @@ PROTECTED = [
     ("POST", "/v1/images/generations"),
     ("POST", "/v1/images/edits"),
     ("POST", "/v1/videos/generations"),
+    ("POST", "/v1/embeddings"),
     ("GET", "/v1/models"),
+    ("GET", "/v1/models/mock"),
     ("DELETE", "/v1/requests/some-id"),
     ("GET", "/no/such/route"),
 ]
@@ -72,10 +74,11 @@ async def test_every_generation_route_models_and_cancel_refuse_a_request_without
         assert answer.json()["choices"][0]["text"] == expected_text("x", 2)
 
 
-async def test_health_live_and_metrics_stay_open(nursery, http_server):
+async def test_health_live_metrics_and_the_pages_stay_open(nursery, http_server):
+    # A browser opening a page cannot send a key; the playground asks for one itself.
     frontend = await keyed_frontend(nursery, server=http_server)
     async with frontend.client() as client:
-        for path in ("/health", "/live", "/metrics"):
+        for path in ("/health", "/live", "/metrics", "/", "/docs", "/openapi.json"):
             assert (await client.get(path)).status_code == 200, path
 
 

@@ -6,6 +6,7 @@ decides which route serves an exchange and under which checks.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -16,11 +17,15 @@ import trio
 from ..config import Settings
 from ..engine import EngineClient
 from ..errors import HTTPError
+from . import openapi as api
 from .auth import ApiKeys, header_values, select_subprotocol
+from .bodies.embeddings import EmbeddingRequest
+from .bodies.openai import ChatCompletionRequest, CompletionRequest
 from .channel import AsgiChannel, Receive, RequestHead, ResponseChannel, Send, head_of
 from .cors import CorsPolicy
 from .exchange import JSON_HEADERS, ClientGone, Exchange
-from .routes import generate, images, openai, operations, speech, videos
+from .openapi import JSON, MULTIPART, URLENCODED, Doc, json_body
+from .routes import embeddings, generate, images, openai, operations, pages, speech, videos
 from .services import Services
 from .websocket import POLICY_VIOLATION, WebSocketConnection
 
@@ -32,27 +37,180 @@ RouteHandler = Callable[[Services, Exchange], Awaitable[None]]
 @attrs.frozen
 class Route:
     handler: RouteHandler
+    #: What ``/openapi.json`` says about it (``openapi.py``).
+    doc: Doc
     #: The engine capability the route needs; generation routes take an admission slot.
     capability: str | None = None
     #: Errors in the native ``{"detail": ...}`` shape.
     detail_errors: bool = False
 
 
+def _generation(operation_id: str, summary: str, body: type, ok: dict, **more: object) -> Doc:
+    return Doc(operation_id, summary, "generation", body, ok=ok, generation=True, **more)  # type: ignore[arg-type]
+
+
 ROUTES: dict[tuple[str, str], Route] = {
-    ("POST", "/v1/chat/completions"): Route(openai.chat_completions, "chat"),
-    ("POST", "/v1/completions"): Route(openai.completions, "completion"),
-    ("POST", "/generate"): Route(generate.handle, "generate", detail_errors=True),
-    ("POST", "/v1/audio/speech"): Route(speech.handle, "speech"),
-    ("POST", "/v1/images/generations"): Route(images.generations, "image_generation"),
-    ("POST", "/v1/images/edits"): Route(images.edits, "image_edit"),
-    ("POST", "/v1/videos/generations"): Route(videos.handle, "video_generation"),
-    ("GET", "/v1/models"): Route(operations.list_models),
-    ("GET", "/health"): Route(operations.health),
-    ("GET", "/live"): Route(operations.live),
-    ("GET", "/metrics"): Route(operations.render_metrics),
+    ("POST", "/v1/chat/completions"): Route(
+        openai.chat_completions,
+        _generation(
+            "createChatCompletion",
+            "Chat completion, JSON or streamed (SSE)",
+            ChatCompletionRequest,
+            {**json_body("ChatCompletion"), "text/event-stream": api.sse("ChatCompletionChunk")},
+        ),
+        "chat",
+    ),
+    ("POST", "/v1/completions"): Route(
+        openai.completions,
+        _generation(
+            "createCompletion",
+            "Text completion, JSON or streamed (SSE)",
+            CompletionRequest,
+            {**json_body("Completion"), "text/event-stream": api.sse("CompletionChunk")},
+        ),
+        "completion",
+    ),
+    ("POST", "/v1/embeddings"): Route(
+        embeddings.handle,
+        _generation(
+            "createEmbedding",
+            "Embeddings of one input or a batch",
+            EmbeddingRequest,
+            json_body("EmbeddingList"),
+        ),
+        "embedding",
+    ),
+    ("POST", "/generate"): Route(
+        generate.handle,
+        _generation(
+            "generate",
+            "Native generation: JSON, form or multipart with uploads; JSON or NDJSON",
+            generate.GenerateRequest,
+            {**json_body("Generation"), "application/x-ndjson": {"schema": api.STREAM}},
+            content=(JSON, URLENCODED, MULTIPART),
+        ),
+        "generate",
+        detail_errors=True,
+    ),
+    ("POST", "/v1/audio/speech"): Route(
+        speech.handle,
+        _generation(
+            "createSpeech",
+            "Text to speech: WAV or raw PCM, whole or streamed",
+            speech.SpeechRequest,
+            {"audio/wav": {"schema": api.BINARY}, "audio/pcm": {"schema": api.BINARY}},
+        ),
+        "speech",
+    ),
+    ("POST", "/v1/images/generations"): Route(
+        images.generations,
+        _generation("createImage", "n images", images.ImageRequest, json_body("Images")),
+        "image_generation",
+    ),
+    ("POST", "/v1/images/edits"): Route(
+        images.edits,
+        _generation(
+            "createImageEdit",
+            "n edits of an uploaded image",
+            images.ImageRequest,
+            json_body("Images"),
+            content=(MULTIPART,),
+            files=("image", "mask"),
+            required_files=("image",),
+        ),
+        "image_edit",
+    ),
+    ("POST", "/v1/videos/generations"): Route(
+        videos.handle,
+        _generation(
+            "createVideo",
+            "Text to video, or video conditioned on an image or a video",
+            videos.VideoRequest,
+            json_body("Videos"),
+            content=(JSON, MULTIPART),
+            files=("image", "video"),
+        ),
+        "video_generation",
+    ),
+    ("GET", "/v1/models"): Route(
+        operations.list_models,
+        Doc("listModels", "Models of the connected engines", "models", ok=json_body("ModelList")),
+    ),
+    ("GET", "/health"): Route(
+        operations.health,
+        Doc(
+            "health",
+            "Readiness: an engine is connected and the server is not draining",
+            "operations",
+            ok=json_body("Status"),
+            others={503: ("draining, or no engine connected", json_body("Status"))},
+        ),
+    ),
+    ("GET", "/live"): Route(
+        operations.live, Doc("live", "Liveness", "operations", ok=json_body("Status"))
+    ),
+    ("GET", "/metrics"): Route(
+        operations.render_metrics,
+        Doc(
+            "metrics",
+            "Prometheus metrics (docs/metrics.md)",
+            "operations",
+            ok={"text/plain": {"schema": {"type": "string"}}},
+        ),
+    ),
+    ("GET", "/openapi.json"): Route(
+        pages.openapi_json,
+        Doc(
+            "openapi",
+            "This description of the API",
+            "pages",
+            ok={JSON: {"schema": {"type": "object"}}},
+        ),
+    ),
+    ("GET", "/docs"): Route(
+        pages.docs,
+        Doc("docs", "The API's documentation, to read and try", "pages", ok=pages.HTML),
+    ),
+    ("GET", "/"): Route(
+        pages.playground,
+        Doc(
+            "playground",
+            "A page to chat with a model (a 404 with --no-playground)",
+            "pages",
+            ok=pages.HTML,
+        ),
+    ),
+}
+#: Routes whose path ends in a parameter: the rest of the path, "/" included (model ids
+#: such as "org/name"), at least one character.
+TEMPLATED: dict[tuple[str, str], Route] = {
+    ("GET", "/v1/models/{id}"): Route(
+        operations.retrieve_model,
+        Doc(
+            "retrieveModel",
+            "One model of the connected engines",
+            "models",
+            ok=json_body("Model"),
+            parameter="the model's id (it may hold '/')",
+            others={404: ("no connected engine serves it (model_not_found)", json_body("Error"))},
+        ),
+    ),
+    ("DELETE", "/v1/requests/{id}"): Route(
+        operations.cancel_request,
+        Doc(
+            "cancelRequest",
+            "Cancel a generation request in flight (its engine request gets one abort)",
+            "operations",
+            ok=json_body("Cancelled"),
+            parameter="the request's X-Request-Id",
+            others={
+                404: ("no request of this id is in flight (request_not_found)", json_body("Error"))
+            },
+        ),
+    ),
 }
 _PATHS = {path for _, path in ROUTES}
-_CANCEL = Route(operations.cancel_request)
+_PREFIXES = {(method, path.partition("{")[0]): route for (method, path), route in TEMPLATED.items()}
 
 
 class App:
@@ -66,9 +224,33 @@ class App:
         self.api_keys = ApiKeys(settings.api_keys)
         #: What a request without a key may reach when there are keys: every other path
         #: (unknown ones too, so they cannot be probed) answers 401 first.
-        self.open_paths = {"/health", "/live"}
+        #: The pages (and the API's description, which the docs page reads) are open too:
+        #: a browser cannot send a key when it opens a page.
+        self.open_paths = {"/health", "/live", "/", "/docs", "/openapi.json"}
         if not settings.metrics_require_key:
             self.open_paths.add("/metrics")
+        self._openapi_json: bytes | None = None
+        services.openapi = self._openapi
+
+    def _openapi(self) -> bytes:
+        """The description of this server's API (``/openapi.json``), built once."""
+        if self._openapi_json is None:
+            spec = self.openapi_spec()
+            self._openapi_json = json.dumps(spec, separators=(",", ":")).encode()
+        return self._openapi_json
+
+    def openapi_spec(self) -> dict[str, Any]:
+        routes = [
+            (method, path, route.doc, route.detail_errors)
+            for table in (ROUTES, TEMPLATED)
+            for (method, path), route in table.items()
+            if path != "/" or self.settings.playground
+        ]
+        return api.build_spec(
+            sorted(routes, key=lambda r: (r[1], r[0])),
+            api_keys=self.api_keys.enabled,
+            open_paths=self.open_paths,
+        )
 
     async def handle_http(self, head: RequestHead, channel: ResponseChannel) -> None:
         """One HTTP request, from the built-in server (or from :meth:`__call__`)."""
@@ -193,12 +375,19 @@ class App:
 
 
 def _fallback(exchange: Exchange) -> Route:
-    """``DELETE /v1/requests/{id}``, else the 405 or 404 for a path no route serves."""
+    """A templated route (``/v1/models/{id}``), else the 405 or 404 for a path no route
+    serves."""
     path = exchange.path
-    if path.startswith("/v1/requests/") and exchange.method == "DELETE":
-        return _CANCEL
-    if path in _PATHS or path.startswith("/v1/requests/"):
-        allowed = sorted(m for m, p in ROUTES if p == path) or ["DELETE"]
+    route = None
+    allowed = sorted(m for m, p in ROUTES if p == path)
+    for (method, prefix), candidate in _PREFIXES.items():
+        if path.startswith(prefix) and len(path) > len(prefix):
+            if method == exchange.method:
+                route = candidate
+            allowed.append(method)
+    if route is not None:
+        return route
+    if allowed:
         raise HTTPError(
             405,
             f"method {exchange.method} not allowed on {path}",

@@ -7,6 +7,7 @@ application (``app.py``) only dispatches to them, so no route reaches into it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import attrs
@@ -33,6 +34,7 @@ CAPABILITY_NAMES = {
     "image_generation": "image generation",
     "image_edit": "image editing",
     "video_generation": "video generation",
+    "embedding": "embeddings",
 }
 
 
@@ -53,6 +55,9 @@ class Services:
     #: Open WebSocket connections (each ends its own requests).
     connections: set[Connection] = attrs.Factory(set)
     admission: Admission = attrs.field(init=False)
+    #: The description of the API as JSON (``/openapi.json``): the application's, which
+    #: knows the route table.
+    openapi: Callable[[], bytes] | None = None
 
     def __attrs_post_init__(self) -> None:
         self.admission = Admission(self.settings.max_concurrent_requests)

@@ -24,8 +24,10 @@ that names one ends with a 400 error item (:data:`FAULT_INJECTION_OFF`):
 Every modality a route can ask for is produced (one task each, see :data:`CAPABILITIES`):
 text for ``chat``, ``completion`` and ``generate``; a sine tone as 16-bit PCM for
 ``speech``; a small valid PNG for ``image_generation`` and ``image_edit``; a small byte
-payload labelled ``video/mp4`` for ``video_generation``. Each output is one step: the
-knobs above count steps, whatever the modality.
+payload labelled ``video/mp4`` for ``video_generation``; for ``embedding``, one unit
+vector per input (:func:`mock_embedding`), all in one step, as one forward pass of a
+batch. Each output is one step (embeddings: one item): the knobs above count them,
+whatever the modality.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ CAPABILITIES = (
     "image_generation",
     "image_edit",
     "video_generation",
+    "embedding",
 )
 TEXT_TASKS = frozenset({"chat", "completion", "generate"})
 
@@ -89,6 +92,9 @@ VIDEO_FRAMES = 8
 VIDEO_FPS = 8.0
 VIDEO_FRAME_BYTES = 32
 VIDEO_MAX_FRAMES = 1_000
+
+#: Embeddings: this many dimensions, fewer with the request's ``dimensions``.
+EMBEDDING_DIMENSIONS = 64
 
 
 async def _sleep(seconds: float) -> None:
@@ -295,6 +301,37 @@ def mock_video(prompt: str, seed: Any, frames: int, fps: float, conditioning: by
     return b"".join(video_chunks(prompt, seed, frames, fps, conditioning))
 
 
+def mock_embedding(text: str, dimensions: int = EMBEDDING_DIMENSIONS) -> bytes:
+    """The mock's embedding of ``text``: packed float32 little-endian, of unit length.
+
+    Component ``i`` of the full vector is ``u_i / 32767.5 - 1``, ``u_i`` the ``i``-th
+    little-endian uint16 of SHAKE-256 of the text's UTF-8 bytes; ``dimensions`` < the full
+    size keeps the first ones (as Matryoshka models shorten theirs); then the vector is
+    scaled to length 1. The same text always gets the same vector."""
+    raw = hashlib.shake_256(text.encode()).digest(2 * EMBEDDING_DIMENSIONS)
+    values = [u / 32767.5 - 1 for (u,) in struct.iter_unpack("<H", raw)][:dimensions]
+    norm = math.sqrt(sum(v * v for v in values)) or 1.0
+    return struct.pack(f"<{len(values)}f", *(v / norm for v in values))
+
+
+def _embedding_steps(inputs: dict[str, Any], params: dict[str, Any]) -> list[Output]:
+    texts = inputs.get("input")
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        raise RequestError(400, "input must be a list of strings", "invalid_request")
+    dimensions = params.get("dimensions", EMBEDDING_DIMENSIONS)
+    if (
+        isinstance(dimensions, bool)
+        or not isinstance(dimensions, int)
+        or not 1 <= dimensions <= EMBEDDING_DIMENSIONS
+    ):
+        raise RequestError(
+            400,
+            f"dimensions must be between 1 and {EMBEDDING_DIMENSIONS} for this model",
+            "invalid_request",
+        )
+    return [Output(mock_embedding(text, dimensions), modality="embedding") for text in texts]
+
+
 def _number(params: dict[str, Any], name: str, default: float) -> float:
     value = params.get(name, default)
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -364,6 +401,8 @@ class MockBackend:
             cond = media_bytes(inputs.get("image")) + media_bytes(inputs.get("video"))
             chunks = video_chunks(prompt, seed, frames, fps, cond)
             return [Output(c, modality="video", mime_type="video/mp4") for c in chunks], "stop"
+        if task == "embedding":
+            return _embedding_steps(inputs, params), "stop"
         raise RequestError(400, f"the mock engine does not do {task!r}", "unsupported_task")
 
     async def generate(self, request: Submit) -> AsyncIterator[Output]:
@@ -382,7 +421,11 @@ class MockBackend:
         hang_after = _optional_int(params, "mock_hang_after")
         stall = _number(params, "mock_stall_s", 0)
 
-        prompt_words = len(prompt_text(request).split())
+        if request.task == "embedding":
+            prompt_words = sum(len(text.split()) for text in request.inputs["input"])
+            rate = 0.0  # one forward pass: every embedding in the same step
+        else:
+            prompt_words = len(prompt_text(request).split())
         if stall > 0:
             time.sleep(stall)  # noqa: ASYNC251 - deliberately blocks the engine's loop: a hung engine
         period = 1.0 / rate if rate > 0 else 0.0
@@ -402,7 +445,7 @@ class MockBackend:
             if index == len(steps) - 1:
                 step = attrs.evolve(
                     step,
-                    usage=Usage(prompt_words, len(steps)),
+                    usage=Usage(prompt_words, 0 if request.task == "embedding" else len(steps)),
                     finish_reason=finish_reason,
                 )
             yield step

@@ -2,18 +2,41 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ... import metrics
 from ...errors import HTTPError
+from ...protocol import ModelCard
 from ..exchange import Exchange
 from ..services import Services
 
+#: ``GET /v1/models/{id}``: the id is the rest of the path ("/" included: "org/name").
+MODEL_PREFIX = "/v1/models/"
+
+
+def _model(card: ModelCard) -> dict[str, Any]:
+    return {"id": card.id, "object": "model", "created": 0, "owned_by": card.owned_by}
+
 
 async def list_models(services: Services, exchange: Exchange) -> None:
-    data = [
-        {"id": card.id, "object": "model", "created": 0, "owned_by": card.owned_by}
-        for card in services.engines.models()
-    ]
+    data = [_model(card) for card in services.engines.models()]
     await exchange.respond_json(200, {"object": "list", "data": data})
+
+
+async def retrieve_model(services: Services, exchange: Exchange) -> None:
+    """``GET /v1/models/{id}``: one model of the connected engines, or 404."""
+    model_id = exchange.path.removeprefix(MODEL_PREFIX)
+    cards = services.engines.models()
+    for card in cards:
+        if card.id == model_id:
+            await exchange.respond_json(200, _model(card))
+            return
+    available = ", ".join(card.id for card in cards) or "none: no engine is connected"
+    raise HTTPError(
+        404,
+        f"model {model_id!r} is not served here (available: {available})",
+        "model_not_found",
+    )
 
 
 async def health(services: Services, exchange: Exchange) -> None:

@@ -1,0 +1,86 @@
+"""``GET /openapi.json``: every route described, request schemas generated from the attrs
+classes that validate them (answers are held to it by tests/process/
+test_openapi_conformance.py)."""
+
+from __future__ import annotations
+
+import attrs
+
+from tests.conftest import start_engine, start_frontend
+from trioserve.http.app import ROUTES, TEMPLATED
+from trioserve.http.bodies.embeddings import EmbeddingRequest
+from trioserve.http.bodies.openai import MAX_N, ChatCompletionRequest
+
+
+async def fetch_spec(frontend) -> dict:
+    async with frontend.client() as client:
+        response = await client.get("/openapi.json")
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/json"
+    return response.json()
+
+
+async def test_every_route_of_the_table_is_described(frontend):
+    spec = await fetch_spec(frontend)
+    assert spec["openapi"] == "3.1.0"
+    described = {(m.upper(), p) for p, ops in spec["paths"].items() for m in ops}
+    assert described == set(ROUTES) | set(TEMPLATED)
+    ids = [op["operationId"] for ops in spec["paths"].values() for op in ops.values()]
+    assert len(ids) == len(set(ids))
+    for ops in spec["paths"].values():
+        for op in ops.values():
+            assert "default" in op["responses"]  # any error: the error body
+            assert "401" not in op["responses"]  # no API keys here
+    assert "security" not in spec
+
+
+async def test_request_schemas_are_the_attrs_classes(frontend):
+    spec = await fetch_spec(frontend)
+    schemas = spec["components"]["schemas"]
+    chat = schemas["ChatCompletionRequest"]
+    assert set(chat["properties"]) == {a.name for a in attrs.fields(ChatCompletionRequest)}
+    assert chat["required"] == ["messages"]
+    assert chat["properties"]["messages"] == {
+        "type": "array",
+        "items": {"$ref": "#/components/schemas/ChatMessage"},
+    }
+    # Ranges declared on the fields, which the checks read too.
+    assert chat["properties"]["n"]["maximum"] == MAX_N
+    assert chat["properties"]["top_p"]["exclusiveMinimum"] == 0
+    assert chat["properties"]["stream"]["type"] == ["boolean", "null"]
+    body = spec["paths"]["/v1/embeddings"]["post"]["requestBody"]["content"]
+    assert body == {
+        "application/json": {"schema": {"$ref": "#/components/schemas/EmbeddingRequest"}}
+    }
+    embedding = schemas["EmbeddingRequest"]
+    assert set(embedding["properties"]) == {a.name for a in attrs.fields(EmbeddingRequest)}
+    assert embedding["properties"]["encoding_format"]["enum"] == ["float", "base64", None]
+    edits = spec["paths"]["/v1/images/edits"]["post"]["requestBody"]["content"]
+    form = edits["multipart/form-data"]["schema"]
+    assert form["required"] == ["prompt", "image"]
+    assert form["properties"]["image"]["contentMediaType"] == "application/octet-stream"
+
+
+async def test_the_native_route_documents_its_own_error_shape(frontend):
+    spec = await fetch_spec(frontend)
+    responses = spec["paths"]["/generate"]["post"]["responses"]
+    assert responses["422"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/DetailError"
+    }
+    chat = spec["paths"]["/v1/chat/completions"]["post"]["responses"]
+    assert chat["422"]["content"]["application/json"]["schema"]["$ref"].endswith("/Error")
+
+
+async def test_with_api_keys_every_route_but_the_open_ones_needs_a_bearer_key(nursery):
+    engine = await start_engine(nursery)
+    frontend = await start_frontend(nursery, engine, api_keys=["k1"], playground=False)
+    spec = await fetch_spec(frontend)
+    assert spec["security"] == [{"bearer": []}]
+    assert "/" not in spec["paths"]  # --no-playground
+    open_paths = {"/health", "/live", "/metrics", "/docs", "/openapi.json"}
+    for path, ops in spec["paths"].items():
+        for op in ops.values():
+            if path in open_paths:
+                assert op["security"] == [] and "401" not in op["responses"], path
+            else:
+                assert "security" not in op and "401" in op["responses"], path
