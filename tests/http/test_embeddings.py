@@ -56,6 +56,17 @@ async def test_a_batch_is_one_engine_request_answered_in_input_order(frontend):
     assert submit.params == {"extra_param": 7}
 
 
+async def test_the_largest_batch_is_answered_whole(frontend):
+    # 2,048 embeddings in one engine step: more items than --stream-buffer holds.
+    texts = [f"text {i}" for i in range(2048)]
+    body = {"input": texts, "encoding_format": "base64", "dimensions": 2}
+    async with frontend.client() as client:
+        response = await client.post("/v1/embeddings", json=body)
+    assert response.status_code == 200, response.text
+    data = response.json()["data"]
+    assert [base64.b64decode(d["embedding"]) for d in data] == [mock_embedding(t, 2) for t in texts]
+
+
 async def test_base64_is_the_float32_little_endian_bytes(frontend):
     body = {"input": ["a", "b"], "encoding_format": "base64", "dimensions": 8}
     async with frontend.client() as client:

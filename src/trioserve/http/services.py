@@ -172,8 +172,11 @@ class Services:
         timeout: float,
         *,
         keepalive: float = 0,
+        buffer: int = 0,
     ) -> None:
-        """One generation request of ``exchange``, through the request lifecycle."""
+        """One generation request of ``exchange``, through the request lifecycle.
+        ``buffer``: outputs the request may have queued, when it needs more than
+        ``--stream-buffer`` (an answer of a known number of items all made in one step)."""
         await run_generation(
             engines=self.engines,
             registry=self.registry,
@@ -181,7 +184,7 @@ class Services:
             capability=capability,
             writer=writer,
             timeout=timeout,
-            buffer=self.settings.stream_buffer,
+            buffer=max(buffer, self.settings.stream_buffer),
             watch_disconnect=exchange.watch_disconnect,
             handle=RequestHandle(submit.request_id, owner=exchange.key_index),
             keepalive=keepalive,

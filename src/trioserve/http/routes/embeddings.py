@@ -17,4 +17,6 @@ async def handle(services: Services, exchange: Exchange) -> None:
     writer = EmbeddingsWriter(
         exchange, submit.model, request.count, request.encoding_format, request.dimensions
     )
-    await services.run(exchange, submit, "embedding", writer, timeout)
+    # Every embedding may come in one engine step, and the writer takes them as they
+    # come: room for all of them (bounded by MAX_INPUTS) and the final item.
+    await services.run(exchange, submit, "embedding", writer, timeout, buffer=request.count + 1)
