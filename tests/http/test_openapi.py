@@ -49,9 +49,7 @@ async def test_request_schemas_are_the_attrs_classes(frontend):
     assert chat["properties"]["top_p"]["exclusiveMinimum"] == 0
     assert chat["properties"]["stream"]["type"] == ["boolean", "null"]
     body = spec["paths"]["/v1/embeddings"]["post"]["requestBody"]["content"]
-    assert body == {
-        "application/json": {"schema": {"$ref": "#/components/schemas/EmbeddingRequest"}}
-    }
+    assert body["application/json"]["schema"] == {"$ref": "#/components/schemas/EmbeddingRequest"}
     embedding = schemas["EmbeddingRequest"]
     assert set(embedding["properties"]) == {a.name for a in attrs.fields(EmbeddingRequest)}
     assert embedding["properties"]["encoding_format"]["enum"] == ["float", "base64", None]

@@ -92,6 +92,8 @@ class Doc:
     generation: bool = False
     #: The path parameter of a templated path, described.
     parameter: str = ""
+    #: An example JSON body (checked against the schema by the conformance run).
+    example: dict[str, Any] | None = None
 
 
 # -- schemas of the attrs classes -----------------------------------------------------
@@ -482,6 +484,8 @@ def operation(doc: Doc, method: str, detail_errors: bool, components: dict[str, 
                 content[kind] = {"schema": form}
             else:
                 content[kind] = {"schema": schema}
+                if kind == JSON and doc.example is not None:
+                    content[kind]["example"] = doc.example
         op["requestBody"] = {"required": True, "content": content}
     responses: dict[str, Any] = {
         str(doc.ok_status): {"description": "success", "headers": {"X-Request-Id": request_id}}
