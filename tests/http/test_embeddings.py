@@ -13,9 +13,10 @@ from functools import partial
 import openai
 import pytest
 
-from tests.conftest import raw_request, start_engine, start_frontend, wait_until
-from tests.http.helpers import capture_submits
-from tests.http.test_cancellation import assert_ended_once_and_still_serving, running
+from tests.helpers.frontends import capture_submits, running, start_engine, start_frontend
+from tests.helpers.http import raw_request
+from tests.helpers.waiting import wait_until
+from tests.http.test_cancellation import assert_ended_once_and_still_serving
 from trioserve.sdk import MockBackend, serve_engine
 from trioserve.sdk.core import Output
 from trioserve.sdk.mock import EMBEDDING_DIMENSIONS, mock_embedding
@@ -134,9 +135,9 @@ async def test_the_official_client_gets_the_same_vectors(frontend):
         await client.embeddings.create(model="nope", input="x")
 
 
-async def test_an_engine_without_the_capability_makes_the_route_404(nursery):
+async def test_an_engine_without_the_capability_makes_the_route_404(nursery, http_server):
     engine = await start_engine(nursery, capabilities=["chat", "completion"])
-    frontend = await start_frontend(nursery, engine)
+    frontend = await start_frontend(nursery, engine, server=http_server)
     async with frontend.client() as client:
         response = await client.post("/v1/embeddings", json={"input": "x"})
     assert response.status_code == 404
@@ -229,12 +230,12 @@ async def trio_sleep_forever() -> None:
     ("wrong", "how"),
     [("too_many", "aborted"), ("ragged", "aborted"), ("text", "aborted"), ("too_few", "finished")],
 )
-async def test_a_wrong_answer_is_502_bad_engine_output(nursery, wrong, how):
+async def test_a_wrong_answer_is_502_bad_engine_output(nursery, wrong, how, http_server):
     backend = WrongEmbeddings(tokens_per_second=400.0, ttft_ms=2.0)
     engine = await nursery.start(
         partial(serve_engine, backend, "tcp://127.0.0.1:*", track_ends=True)
     )
-    frontend = await start_frontend(nursery, engine)
+    frontend = await start_frontend(nursery, engine, server=http_server)
     async with frontend.client() as client:
         response = await client.post(
             "/v1/embeddings",

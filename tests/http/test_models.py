@@ -5,8 +5,8 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.conftest import start_engine, start_frontend
-from tests.http.test_api_keys import ALICE, KEY
+from tests.helpers.api_keys import ALICE, KEY
+from tests.helpers.frontends import start_engine, start_frontend
 
 
 async def test_a_served_model_is_described(frontend):
@@ -32,9 +32,9 @@ async def test_an_unknown_model_is_404_model_not_found(frontend):
     assert "'gpt-4'" in error["message"] and "available: mock" in error["message"]
 
 
-async def test_a_model_id_with_slashes_is_found_encoded_or_not(nursery):
+async def test_a_model_id_with_slashes_is_found_encoded_or_not(nursery, http_server):
     engine = await start_engine(nursery, model="org/name-7b")
-    frontend = await start_frontend(nursery, engine)
+    frontend = await start_frontend(nursery, engine, server=http_server)
     async with frontend.client() as client:
         for path in ("/v1/models/org/name-7b", "/v1/models/org%2Fname-7b"):
             response = await client.get(path)
@@ -66,9 +66,9 @@ async def test_the_official_client_retrieves_and_lists(frontend):
     assert caught.value.code == "model_not_found"
 
 
-async def test_with_api_keys_a_model_needs_a_key_as_the_list_does(nursery):
+async def test_with_api_keys_a_model_needs_a_key_as_the_list_does(nursery, http_server):
     engine = await start_engine(nursery)
-    frontend = await start_frontend(nursery, engine, api_keys=[KEY])
+    frontend = await start_frontend(nursery, engine, server=http_server, api_keys=[KEY])
     async with frontend.client() as client:
         assert (await client.get("/v1/models/mock")).status_code == 401
         # An unknown id is refused the same way: which models exist is not revealed.

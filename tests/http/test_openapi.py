@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import attrs
 
-from tests.conftest import start_engine, start_frontend
+from tests.helpers.frontends import start_engine, start_frontend
 from trioserve.http.app import ROUTES, TEMPLATED
 from trioserve.http.bodies.embeddings import EmbeddingRequest
 from trioserve.http.bodies.openai import MAX_N, ChatCompletionRequest
@@ -69,9 +69,11 @@ async def test_the_native_route_documents_its_own_error_shape(frontend):
     assert chat["422"]["content"]["application/json"]["schema"]["$ref"].endswith("/Error")
 
 
-async def test_with_api_keys_every_route_but_the_open_ones_needs_a_bearer_key(nursery):
+async def test_with_api_keys_every_route_but_the_open_ones_needs_a_bearer_key(nursery, http_server):
     engine = await start_engine(nursery)
-    frontend = await start_frontend(nursery, engine, api_keys=["k1"], playground=False)
+    frontend = await start_frontend(
+        nursery, engine, server=http_server, api_keys=["k1"], playground=False
+    )
     spec = await fetch_spec(frontend)
     assert spec["security"] == [{"bearer": []}]
     assert "/" not in spec["paths"]  # --no-playground

@@ -11,8 +11,9 @@ import re
 
 import pytest
 
-from tests.conftest import start_engine, start_frontend, wait_until
-from tests.http.chromium import open_chromium
+from tests.helpers.chromium import open_chromium
+from tests.helpers.frontends import start_engine, start_frontend
+from tests.helpers.waiting import wait_until
 from trioserve.sdk.mock import expected_text
 
 ANSWERS = "[...document.querySelectorAll('.answer')]"
@@ -44,7 +45,7 @@ async def test_a_prompt_streams_and_stop_ends_it_with_one_abort(
     nursery, tmp_path, transport, http_server
 ):
     engine = await start_engine(nursery)
-    frontend = await start_frontend(nursery, engine)
+    frontend = await start_frontend(nursery, engine, server=http_server)
     async with open_chromium(tmp_path / "profile") as page:
         await page.open(frontend.url + "/")
         await models_loaded(page)
@@ -90,7 +91,7 @@ async def test_with_api_keys_the_page_asks_for_one_and_shows_refusals_as_sent(
     nursery, tmp_path, http_server
 ):
     engine = await start_engine(nursery)
-    frontend = await start_frontend(nursery, engine, api_keys=["sk-play-1"])
+    frontend = await start_frontend(nursery, engine, server=http_server, api_keys=["sk-play-1"])
     async with open_chromium(tmp_path / "profile") as page:
         await page.open(frontend.url + "/")
         notice = await page.wait_for(
@@ -119,9 +120,9 @@ async def test_with_api_keys_the_page_asks_for_one_and_shows_refusals_as_sent(
         await page.screenshot(f"playground-api-key-{http_server}.png")
 
 
-async def test_no_playground_makes_the_root_a_404(nursery):
+async def test_no_playground_makes_the_root_a_404(nursery, http_server):
     engine = await start_engine(nursery)
-    frontend = await start_frontend(nursery, engine, playground=False)
+    frontend = await start_frontend(nursery, engine, server=http_server, playground=False)
     async with frontend.client() as client:
         response = await client.get("/")
         assert response.status_code == 404
@@ -145,7 +146,7 @@ async def test_the_pages_allow_only_their_own_script_and_style(frontend):
 
 async def test_the_docs_page_lists_every_route_and_tries_one(nursery, tmp_path, http_server):
     engine = await start_engine(nursery)
-    frontend = await start_frontend(nursery, engine)
+    frontend = await start_frontend(nursery, engine, server=http_server)
     async with frontend.client() as client:
         spec = (await client.get("/openapi.json")).json()
     count = sum(len(ops) for ops in spec["paths"].values())

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.processes import start_frontend_process
+from tests.helpers.processes import start_frontend_process
 
 SCHEMATHESIS = Path(sys.executable).parent / "schemathesis"
 #: Generated requests per route (and per phase): bounded, so the run takes a minute.

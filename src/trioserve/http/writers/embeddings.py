@@ -17,7 +17,7 @@ import orjson
 from ...protocol import OutputItem, Usage
 from ..errors import HTTPError
 from ..exchange import JSON_HEADERS, Exchange
-from .stream import MAX_COLLECTED_BYTES, EngineItemError, WriterRefused, engine_error
+from .stream import MAX_COLLECTED_BYTES, EngineItemError, WriterBase, WriterRefused, engine_error
 
 MODALITY = "embedding"
 
@@ -35,7 +35,7 @@ def floats(packed: bytes) -> list[float]:
     return values.tolist()
 
 
-class EmbeddingsWriter:
+class EmbeddingsWriter(WriterBase):
     """Collects ``count`` embeddings (each checked: float32s, all of one length, of
     ``dimensions`` if the client asked), then answers with the whole list. An engine that
     sends more than ``count``, or a malformed one, ends the request with a 502 and an

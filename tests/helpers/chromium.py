@@ -24,7 +24,7 @@ import pytest
 import trio
 from trio_websocket import open_websocket_url
 
-from tests.conftest import HANG_GUARD
+from tests.helpers.waiting import HANG_GUARD
 
 #: Where the tests leave their screenshots (ignored by git).
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
