@@ -15,7 +15,7 @@ import hashlib
 import re
 from importlib import resources
 
-from ..errors import HTTPError
+from ...errors import HTTPError
 from ..exchange import JSON_HEADERS, Exchange
 from ..services import Services
 
