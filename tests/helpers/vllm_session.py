@@ -89,16 +89,42 @@ class VllmProcess:
                 self.process.wait()
 
 
+def vllm_cpus() -> set[int] | None:
+    """The CPUs vLLM's processes run on: every CPU this process may use but one, which is
+    left to the frontend under test and to the tests' clients (None with one CPU).
+
+    While vLLM generates, its EngineCore and worker processes keep busy on every CPU they
+    may use, and on a two-core machine they kept the rest off the CPU for seconds at a
+    time: the frontend these tests run in-process sat runnable but unscheduled for up to
+    8 s (its thread's run-queue wait in /proc/self/task/*/schedstat), and a process that
+    only sleeps 10 ms in a loop for up to 7 s. A 4000-token answer then finished before
+    the frontend could run to send its abort (or to notice a disconnect or a deadline),
+    and the abort tests failed for a reason that is not the frontend's. With vLLM kept
+    off one CPU, the longest wait measured was 29 ms.
+    """
+    cpus = sorted(os.sched_getaffinity(0))
+    return set(cpus[:-1]) if len(cpus) > 1 else None
+
+
 def start(python: str, args: list[str], log: Path) -> VllmProcess:
+    cpus = vllm_cpus()
+    # The child inherits the affinity of the thread that starts it, and vLLM's own
+    # children inherit it from there; this thread gets its own back at once.
+    own = os.sched_getaffinity(0)
     with log.open("wb") as out:
-        process = subprocess.Popen(
-            [python, *args],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=vllm_env(),
-            cwd=ROOT,
-            start_new_session=True,  # the whole group (vLLM's EngineCore too) is stopped
-        )
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)
+        try:
+            process = subprocess.Popen(
+                [python, *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=vllm_env(),
+                cwd=ROOT,
+                start_new_session=True,  # the whole group (vLLM's EngineCore too) is stopped
+            )
+        finally:
+            os.sched_setaffinity(0, own)
     return VllmProcess(process, log)
 
 
