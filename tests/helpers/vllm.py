@@ -44,6 +44,14 @@ async def settled(vllm: Vllm) -> dict[str, float]:
     return f
 
 
+async def reached_vllm(vllm: Vllm, before: dict[str, float]) -> None:
+    """Until the engine has received a submit since ``before`` (its own count)."""
+    name = "trioserve_engine_submitted_total"
+    with trio.fail_after(SETTLE_GUARD):
+        while (await figures(vllm))[name] <= before[name]:
+            await trio.sleep(0.05)
+
+
 async def running_in_vllm(vllm: Vllm, count: int = 1) -> None:
     with trio.fail_after(SETTLE_GUARD):
         while (await figures(vllm))["vllm:num_requests_running"] < count:

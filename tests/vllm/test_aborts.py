@@ -22,7 +22,15 @@ import trio_websocket
 
 from tests.helpers.http import raw_request, read_until
 from tests.helpers.processes import Proc
-from tests.helpers.vllm import LONG, MAX_TOKENS, client, frontend_on, running_in_vllm, settled
+from tests.helpers.vllm import (
+    LONG,
+    MAX_TOKENS,
+    client,
+    frontend_on,
+    reached_vllm,
+    running_in_vllm,
+    settled,
+)
 from tests.helpers.vllm_session import Vllm
 from tests.helpers.waiting import HANG_GUARD
 
@@ -134,7 +142,9 @@ async def test_a_client_that_stops_reading_is_ended_and_aborted_in_vllm(vllm, nu
     body = json.dumps({**LONG, "stream": True}).encode()
     head = "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
     await stream.send_all(f"{head}content-length: {len(body)}\r\n\r\n".encode() + body)
-    # Never read: the frontend ends the request itself (slow_client) and aborts it.
+    # Never read: the frontend ends the request itself (slow_client) and aborts it. (Not
+    # settled before the submit has reached the engine: vLLM is idle until it has.)
+    await reached_vllm(vllm, before)
     assert_ended_early(before, await settled(vllm), "aborted")
     await stream.aclose()
 
