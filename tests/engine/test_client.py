@@ -247,6 +247,54 @@ async def test_what_a_pass_holds_for_a_sink_stays_within_the_bound():
         assert [seq for c in calls for _, seq in c] == list(range(total))
 
 
+async def test_a_backlog_read_in_one_pass_does_not_end_a_waiting_consumer():
+    # A frontend whose process was not scheduled for a while (a busy machine: vLLM's
+    # processes on the same cores kept it off the CPU for seconds) finds many engine
+    # steps waiting and handles them in one pass, before any consumer has had a turn.
+    # A consumer that was waiting for outputs is not behind: it gets everything, and its
+    # request is not ended as a slow client (nor aborted at the engine). One that was not
+    # waiting for outputs still is, at its bound.
+    fake = FakeEngine()
+    try:
+        async with open_engine_client([fake.address]) as client, trio.open_nursery() as inner:
+            ident, _ = await receive_a(fake, Hello)
+            fake.send(ident, welcome())
+            await client.wait_ready()
+            waiting = client.submit(completion("waiting"), "completion")
+            busy = client.submit(completion("busy"), "completion")
+            received: list[OutputItem] = []
+
+            async def consume() -> None:
+                received.extend(await collect(waiting))
+
+            inner.start_soon(consume)
+            await wait_until(lambda: waiting._waiter is not None, "a waiting consumer")
+            total = DEFAULT_BUFFER + 44
+            fake.send(
+                ident,
+                encode(
+                    Outputs(
+                        [
+                            OutputItem(
+                                rid, n, data="x", finish_reason="length" if n + 1 == total else None
+                            )
+                            for n in range(total)
+                            for rid in ("waiting", "busy")
+                        ]
+                    )
+                ),
+            )
+            await wait_until(lambda: waiting.done and busy.done, "both requests to end")
+            assert busy.state == "aborted" and isinstance(busy.error, SlowClientError)
+            assert waiting.state == "finished" and waiting.error is None
+            await wait_until(lambda: len(received) == total, "every output")
+            assert [i.seq for i in received] == list(range(total))
+            _, abort = await receive_a(fake, Abort)
+            assert abort.request_ids == ["busy"]
+    finally:
+        fake.close()
+
+
 async def test_two_engines_share_the_load_and_models_are_merged(nursery):
     first = await start_engine(nursery, model="m1")
     second = await start_engine(nursery, model="m2")

@@ -56,6 +56,7 @@ class Subscription:
         "_items",
         "_on_failure",
         "_waiter",
+        "_woken",
         "engine",
         "error",
         "request_id",
@@ -82,6 +83,9 @@ class Subscription:
         self._bound = buffer
         self._closed = False  # no more items will be added
         self._waiter: trio.lowlevel.Task | None = None
+        #: The consumer was woken from :meth:`receive_batch` and has not run since: what
+        #: is queued meanwhile came in the socket owner's pass, not while it was behind.
+        self._woken = False
         #: Optional synchronous consumer (see ``deliver``): given items, it returns what
         #: is left of them for the queue (``[]`` when it took them all). A final item (a
         #: finish) is never taken whole: at most its ``data`` goes, and the rest returns.
@@ -135,7 +139,14 @@ class Subscription:
     def _queue(self, item: OutputItem) -> None:
         # OutputItem.final and _wake, written out: this is the per-token path.
         items = self._items
-        if len(items) >= self._bound:
+        # The bound is on what a consumer leaves unread, not on what one read pass of the
+        # socket owner brings while the consumer, woken, waits for its turn: a frontend
+        # that was kept off the CPU for a while finds many engine steps waiting and
+        # handles them before any consumer runs. Ending those requests as slow clients
+        # would blame the client for the frontend's stall. (What a pass brings is itself
+        # bounded: one read of the engine socket, and the consumer runs before the
+        # owner's pass after next.)
+        if len(items) >= self._bound and not self._woken:
             self.fail(SlowClientError("the client is not reading fast enough"), "slow_client")
             return
         items.append(item)
@@ -146,6 +157,7 @@ class Subscription:
         waiter = self._waiter
         if waiter is not None:
             self._waiter = None
+            self._woken = True
             trio.lowlevel.reschedule(waiter)
 
     def interrupt(self) -> None:
@@ -156,6 +168,7 @@ class Subscription:
     def _wake(self) -> None:
         if self._waiter is not None:
             task, self._waiter = self._waiter, None
+            self._woken = True
             trio.lowlevel.reschedule(task)
 
     def fail(self, error: TrioserveError, reason: str) -> None:
@@ -218,6 +231,7 @@ class Subscription:
                 return trio.lowlevel.Abort.SUCCEEDED
 
             await trio.lowlevel.wait_task_rescheduled(abort)
+            self._woken = False
             if self.error is not None:
                 raise self.error
             if not items:
