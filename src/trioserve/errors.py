@@ -8,6 +8,7 @@
       HttpProtocolError       the client broke HTTP/1.1 (the built-in server answers 4xx, closes)
       PeerProtocolError       an engine-link message the protocol does not allow (the peer's)
       ZmtpProtocolError       the engine link broke ZeroMQ's wire protocol (the peer's)
+        ZmtpRefusedError      the engine refused this frontend (ZMTP ERROR; a CURVE key)
       EngineError             about an engine: the request did not complete (503 family)
         NoEngineError, EngineLostError, EngineOverloadedError, UnencodableRequestError,
         EngineFailedError > ProtocolVersionError
@@ -110,7 +111,13 @@ class PeerProtocolError(TrioserveError, ValueError):
 
 
 class ZmtpProtocolError(TrioserveError):
-    """The engine link's peer broke ZeroMQ's wire protocol (greeting, handshake, framing)."""
+    """The engine link's peer broke ZeroMQ's wire protocol (greeting, handshake, framing,
+    CURVE's boxes and nonces): that connection is dropped."""
+
+
+class ZmtpRefusedError(ZmtpProtocolError):
+    """The engine link's peer refused us with an ERROR command (under CURVE, usually a key
+    its ZAP handler does not authorize)."""
 
 
 class RequestError(TrioserveError):

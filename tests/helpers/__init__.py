@@ -9,6 +9,8 @@
 - ``websocket``, ``api_keys``, ``media``: the WebSocket protocol's messages, keyed
   frontends, PNG checks;
 - ``transport``: checks for a socket owner; ``fake_engine``: an engine driven by hand;
+  ``zmtp_peer``: an engine's side of ZMTP by hand (NULL's bytes, a CurveZMQ server), to
+  drive the frontend's framer without a socket;
 - ``processes``, ``nginx``, ``rolling``: trioserve as real processes, behind nginx;
 - ``vllm``, ``vllm_session``: the real-engine tests of tests/vllm.
 """

@@ -239,18 +239,6 @@ async def test_libzmq_heartbeats_are_answered_so_the_connection_stays(nursery, c
     nursery.cancel_scope.cancel()
 
 
-def test_pings_are_answered_within_the_outbox_bound():
-    # A peer that pings while it reads nothing must not grow the outbox without end.
-    dealer = ZmtpDealer("tcp://127.0.0.1:9", IDENTITY, lambda frames: None, outbox_limit=2)
-    dealer._ready = True  # as after the handshake (the socket is not used here)
-    ping = b"\x04PING" + b"\x00\x00" + b"ctx"
-    assert not dealer._command(ping)
-    assert list(dealer._outbox) == [zmtp.command(b"PONG", b"ctx")]
-    dealer._command(ping)
-    dealer._command(ping)
-    assert dealer.pending == 2
-
-
 async def test_a_message_over_the_bound_drops_the_connection_not_the_frontend(
     nursery, ctx, monkeypatch, caplog
 ):
@@ -280,8 +268,11 @@ async def test_a_message_over_the_bound_drops_the_connection_not_the_frontend(
 @pytest.mark.parametrize(
     ("configure", "expected"),
     [
-        (lambda s: s.setsockopt(zmq.CURVE_SERVER, 1), "with no security mechanism (NULL)"),
-        (None, "the peer is a PUB socket"),
+        (
+            lambda s: s.setsockopt(zmq.CURVE_SERVER, 1),
+            "it most likely requires a security mechanism (CURVE)",
+        ),
+        (None, "the peer is a 'PUB' socket"),
     ],
     ids=["curve", "pub"],
 )

@@ -4,42 +4,42 @@ trio owns, with no ZeroMQ I/O thread.
 Engines bind a libzmq ROUTER (the SDK uses pyzmq, as any engine may). libzmq on the
 frontend's side would put its I/O thread between every request and the engine: a submit
 waits for that thread to be scheduled before it leaves, and an output wakes that thread
-first, then the event loop. Measured against that (docs/benchmarks.md): 0.29-0.45 ms
-less added to every first token and 9-11% less CPU per request, with the event loop and
-that thread sharing a core. Here a submit is one ``send(2)`` in the submitting task, and an
-output is read by the event loop itself.
+first, then the event loop (docs/benchmarks.md has the measurements). Here a submit is
+one ``send(2)`` in the submitting task, and an output is read by the event loop itself.
 
-What is spoken: ZMTP 3.0 (https://rfc.zeromq.org/spec/23/) with the NULL mechanism, as a
-DEALER: the 64-byte greeting, a READY command carrying ``Socket-Type`` and ``Identity``
-(the engine's ROUTER routes by it, so a stable identity lets the engine know the frontend
-again after a reconnect), then messages of one or more frames. PING commands (ZMTP 3.1
-heartbeats, should an engine turn them on) are answered; an ERROR command, a peer that is
-not a ROUTER or DEALER, a security mechanism other than NULL, or a malformed frame ends the
-connection with a logged reason. Addresses are ``tcp://host:port`` (a name, an IPv4
-address or ``[IPv6]``) and ``ipc://path`` (``ipc://@name``: Linux's abstract namespace).
+What is spoken is in ``zmtp_protocol.py`` (ZMTP 3 without I/O: greeting, handshake,
+frames; the NULL mechanism, or CURVE with ``curve.py``); this module does the I/O around
+it. A frontend given CURVE keys (:class:`~trioserve.transport.curve.CurveClientKeys`)
+speaks CURVE only: an engine that answers in NULL is refused, never spoken to in clear
+text. Addresses are ``tcp://host:port`` (a name, an IPv4 address or ``[IPv6]``) and
+``ipc://path`` (``ipc://@name``: Linux's abstract namespace).
 
 Like libzmq it reconnects on its own (every :data:`RECONNECT_INTERVAL`) when the connection
 drops or cannot be made, and like libzmq with ``ZMQ_IMMEDIATE`` what was queued for a
 connection that dropped is dropped with it: frames meant for a dead engine must not reach
-its successor. Frames queued while no connection is up leave once one is.
+its successor. Messages sent while no connection is up wait (as frames, not yet encoded:
+under CURVE each connection has its own keys and nonces) and leave once one is.
 
 One task owns the socket (:meth:`ZmtpDealer.run`), in the loop it shares with
-:class:`~trioserve.zmq_trio.ZmqPump` (:class:`~trioserve.owner.SocketOwner`): it reads,
-hands each message to ``on_message``, calls ``after_receive`` and ``before_flush``, sends
-what is queued and parks. Other tasks :meth:`~ZmtpDealer.send` without waiting: with
-nothing queued before it a message leaves at once, in the caller's task; what the kernel
-does not take is queued, in order, for the owner.
+:class:`~trioserve.transport.zmq_pump.ZmqPump`
+(:class:`~trioserve.transport.owner.SocketOwner`): it reads, hands each message to
+``on_message``, calls ``after_receive`` and ``before_flush``, sends what is queued and
+parks. Other tasks :meth:`~ZmtpDealer.send` without waiting: with nothing queued before it
+a message leaves at once, in the caller's task; what the kernel does not take is queued,
+in order, for the owner.
 
 Bounds: one message (all its frames) is at most ``max_message`` bytes (default
-:data:`MAX_MESSAGE`) and
-:data:`MAX_PARTS` frames, so the receive buffer holds at most one message plus one read;
-the outbox holds at most ``outbox_limit`` messages; connecting and the handshake take at
-most :data:`HANDSHAKE_TIMEOUT`; a pass reads once and handles what it read within
-:data:`~trioserve.owner.RECV_BUDGET` of CPU time before other tasks run.
+:data:`~trioserve.transport.zmtp_protocol.MAX_MESSAGE`) and
+:data:`~trioserve.transport.zmtp_protocol.MAX_PARTS` frames, so the receive buffer holds
+at most one message plus one read; the outbox holds at most ``outbox_limit`` messages;
+connecting and the handshake take at most :data:`HANDSHAKE_TIMEOUT`; a pass reads once and
+handles what it read within :data:`~trioserve.transport.owner.RECV_BUDGET` of CPU time
+before other tasks run.
 """
 
 from __future__ import annotations
 
+import collections
 import errno
 import logging
 import math
@@ -52,93 +52,36 @@ from typing import Any
 import trio
 
 from ..errors import ZmtpProtocolError
+from .curve import CurveClient, CurveClientKeys
 from .owner import OUTBOX_LIMIT, RECV_BUDGET, SocketOwner
+from .zmtp_protocol import (
+    MAX_MESSAGE,
+    MAX_PARTS,
+    Ready,
+    ZmtpConnection,
+    command,
+    message,
+)
 
 log = logging.getLogger(__name__)
-
-#: The greeting: signature, version 3.0, mechanism NULL, as-server 0, filler.
-GREETING = b"\xff" + bytes(8) + b"\x7f" + bytes((3, 0)) + b"NULL".ljust(20, b"\0") + bytes(32)
-MORE, LONG, COMMAND = 1, 2, 4
 
 #: Seconds between connection attempts (libzmq's default ``ZMQ_RECONNECT_IVL``).
 RECONNECT_INTERVAL = 0.1
 #: Seconds a connection may take from ``connect(2)`` to the peer's READY.
 HANDSHAKE_TIMEOUT = 5.0
-#: The largest message accepted from an engine by default, all frames together (bytes;
-#: ``--engine-max-frame-mb``). What the protocol needs: one engine step's outputs for one
-#: frontend, where a step yields one delta per request. Text steps are kilobytes; the
-#: largest item is a media payload, and engines send media larger than this in several
-#: items (docs/protocol.md §2). A larger message is a protocol error: it ends the
-#: connection before its body is read, so the buffer never holds more than this plus one
-#: read.
-MAX_MESSAGE = 128 * 2**20
-#: The most frames one message may have (the engine protocol uses one).
-MAX_PARTS = 64
 #: Bytes asked of the kernel per read (one read per pass: see ``_receive_available``).
 RECV_SIZE = 256 * 1024
-#: Frames from this size on are copied out of the receive buffer through a view.
-LARGE = 64 * 1024
 
-
-def frame(data: bytes, flags: int = 0) -> bytes:
-    """One ZMTP frame: flags, size (one byte or eight), body."""
-    size = len(data)
-    if size < 256:
-        return bytes((flags, size)) + data
-    return bytes((flags | LONG,)) + size.to_bytes(8, "big") + data
-
-
-def message(frames: list[bytes]) -> bytes:
-    """A whole message, framed."""
-    if len(frames) == 1:
-        return frame(frames[0])
-    last = len(frames) - 1
-    return b"".join(frame(part, MORE if i < last else 0) for i, part in enumerate(frames))
-
-
-def command(name: bytes, data: bytes = b"") -> bytes:
-    return frame(bytes((len(name),)) + name + data, COMMAND)
-
-
-def ready_command(socket_type: bytes, identity: bytes) -> bytes:
-    props = b"".join(
-        bytes((len(name),)) + name + len(value).to_bytes(4, "big") + value
-        for name, value in ((b"Socket-Type", socket_type), (b"Identity", identity))
-    )
-    return command(b"READY", props)
-
-
-def parse_properties(data: bytes) -> dict[bytes, bytes]:
-    """A READY command's metadata; names lowercased (they are case-insensitive)."""
-    props = {}
-    pos = 0
-    while pos < len(data):
-        size = data[pos]
-        name = data[pos + 1 : pos + 1 + size]
-        pos += 1 + size
-        if len(name) != size or pos + 4 > len(data):
-            raise ZmtpProtocolError("malformed READY metadata")
-        value_size = int.from_bytes(data[pos : pos + 4], "big")
-        value = data[pos + 4 : pos + 4 + value_size]
-        if len(value) != value_size:
-            raise ZmtpProtocolError("malformed READY metadata")
-        pos += 4 + value_size
-        props[name.lower()] = value
-    return props
-
-
-def check_greeting(greeting: bytes | bytearray) -> None:
-    if greeting[0] != 0xFF or greeting[9] != 0x7F:
-        raise ZmtpProtocolError("the peer is not speaking ZMTP 3 (bad greeting signature)")
-    major, minor = greeting[10], greeting[11]
-    if major < 3:
-        raise ZmtpProtocolError(f"the peer speaks ZMTP {major}.{minor}; 3.0 or later is needed")
-    mechanism = bytes(greeting[12:32]).rstrip(b"\0")
-    if mechanism != b"NULL":
-        raise ZmtpProtocolError(
-            f"the peer requires the {mechanism.decode('ascii', 'replace')} security "
-            "mechanism; this frontend speaks NULL only"
-        )
+__all__ = [
+    "HANDSHAKE_TIMEOUT",
+    "MAX_MESSAGE",
+    "MAX_PARTS",
+    "RECONNECT_INTERVAL",
+    "ZmtpDealer",
+    "command",
+    "message",
+    "parse_address",
+]
 
 
 def parse_address(address: str) -> tuple[int, str, int | None]:
@@ -162,9 +105,9 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
     """A DEALER connected to one engine's ROUTER; the frontend's half of the link.
 
     ``on_message``, ``before_flush`` and ``after_receive``: see
-    :class:`~trioserve.owner.SocketOwner`; ``on_error``: see its attribute.
-    :meth:`run` owns the socket until cancelled; :meth:`close` then sends what it can and
-    closes it.
+    :class:`~trioserve.transport.owner.SocketOwner`; ``on_error``: see its attribute;
+    ``curve``: the keys to speak CURVE with (None: the NULL mechanism). :meth:`run` owns
+    the socket until cancelled; :meth:`close` then sends what it can and closes it.
     """
 
     def __init__(
@@ -178,25 +121,28 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
         after_receive: Callable[[], None] | None = None,
         max_message: int | None = None,
         on_error: Callable[[str], float] | None = None,
+        curve: CurveClientKeys | None = None,
     ) -> None:
         super().__init__(on_message, before_flush, outbox_limit, after_receive)
         self.address = address
+        self.identity = identity
         #: The largest message accepted from the peer (bytes, all frames together).
         self.max_message = MAX_MESSAGE if max_message is None else max_message
-        #: Told why the peer broke the protocol (a :class:`ZmtpProtocolError`); returns the seconds
-        #: to wait before connecting again, and logs (without it: a warning per new reason,
-        #: and the next attempt after :data:`RECONNECT_INTERVAL`).
+        self.curve = curve
+        #: Told why the peer broke the protocol or refused us (a :class:`ZmtpProtocolError`);
+        #: returns the seconds to wait before connecting again, and logs (without it: a
+        #: warning per new reason, and the next attempt after :data:`RECONNECT_INTERVAL`).
         self._on_error = on_error
         self._family, self._host, self._port = parse_address(address)
-        self._ready_command = ready_command(b"DEALER", identity)
-        # The outbox holds framed messages; a ``memoryview`` at its head is the unsent
-        # rest of a message the kernel took part of.
+        # The outbox holds encoded messages for the connection that is up; a
+        # ``memoryview`` at its head is the unsent rest of a message the kernel took part
+        # of. Messages sent while no connection is up wait here, as frames.
+        self._waiting: collections.deque[list[bytes]] = collections.deque()
         self._sock: socket.socket | None = None
+        #: The connection's protocol state (None between connections).
+        self._conn: ZmtpConnection | None = None
         #: True from the peer's READY until the connection drops: messages may flow.
         self._ready = False
-        self._buffer = bytearray()
-        self._parts: list[bytes] = []
-        self._parts_size = 0
         #: The current pass's budget (see :meth:`_budget_spent`).
         self._cpu_start = 0.0
         self._budget_end = math.inf
@@ -210,10 +156,13 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
         connection is up, or for what the kernel did not take); False, with nothing sent
         or queued, when the outbox is full. Never waits."""
         outbox = self._outbox
-        if len(outbox) >= self._outbox_limit:
+        if len(outbox) + len(self._waiting) >= self._outbox_limit:
             return False
-        data: bytes | memoryview = message(frames)
-        if not outbox and self._ready:
+        if not self._ready:
+            self._waiting.append(frames)
+            return True
+        data: bytes | memoryview = self._conn.encode(frames)  # type: ignore[union-attr]  # _ready
+        if not outbox:
             try:
                 sent = self._sock.send(data)  # type: ignore[union-attr]  # _ready: connected
             except BlockingIOError:
@@ -234,13 +183,19 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
     def connected(self) -> bool:
         return self._ready
 
+    @property
+    def pending(self) -> int:
+        """Messages queued for the owner to send (for the connection up, or the next)."""
+        return len(self._outbox) + len(self._waiting)
+
     def drop_outbox(self) -> int:
         """Forget everything queued (e.g. stale frames for a peer that went away), except
         the rest of a message already partly sent, which the stream needs."""
         outbox = self._outbox
         keep = outbox[0] if outbox and isinstance(outbox[0], memoryview) else None
-        count = len(outbox) - (keep is not None)
+        count = len(outbox) - (keep is not None) + len(self._waiting)
         outbox.clear()
+        self._waiting.clear()
         if keep is not None:
             outbox.append(keep)
         return count
@@ -255,6 +210,7 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
         except OSError:
             pass
         self._sock = None
+        self._conn = None
         self._ready = False
         sock.close()
 
@@ -317,43 +273,38 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
                 sock.close()
                 raise
             self._sock = sock
+            conn = self._conn = ZmtpConnection(
+                self.identity,
+                curve=CurveClient(self.curve) if self.curve is not None else None,
+                max_message=self.max_message,
+            )
             try:
-                await self._handshake(sock)
+                await self._handshake(sock, conn)
             except OSError as exc:
-                raise ZmtpProtocolError(
-                    f"the peer closed the connection during the handshake ({exc}): trioserve "
-                    "speaks to ZeroMQ ROUTER sockets with no security mechanism (NULL)"
-                ) from None
+                raise ZmtpProtocolError(f"{conn.closed_reason()} ({exc})") from None
             return
         raise error
 
-    async def _handshake(self, sock: socket.socket) -> None:
-        # The greeting first, READY only once the peer's greeting is read, as libzmq
-        # does: a peer that will refuse our READY (a PUB, say) has then sent its own
-        # READY first, which names what it is; one that refuses our mechanism closes.
-        sock.send(GREETING)  # a fresh socket's buffer takes 64 bytes whole
-        buffer = self._buffer
-        while len(buffer) < len(GREETING):
-            await self._read(sock)
-        check_greeting(buffer)
-        del buffer[: len(GREETING)]
-        sock.send(self._ready_command)
-        self._budget_end = math.inf
-        # Then the peer's READY (commands only: a message before it is an error).
-        while not self._parse():
-            await self._read(sock)
-
-    async def _read(self, sock: socket.socket) -> None:
+    async def _handshake(self, sock: socket.socket, conn: ZmtpConnection) -> None:
+        # Each side's greeting first, then the mechanism's commands, each sent once
+        # what it answers is read (as libzmq does: a peer that will refuse our READY, a
+        # PUB say, has then sent its own READY first, which names what it is).
         while True:
-            try:
-                data = sock.recv(RECV_SIZE)
-            except BlockingIOError:
-                await trio.lowlevel.wait_readable(sock)
-                continue
+            event = conn.next_event()
+            await _send_all(sock, conn.data_to_send())
+            if isinstance(event, Ready):
+                break
+            assert event is None  # messages come after the handshake (or raise)
+            data = await _recv(sock)
             if not data:
                 raise ConnectionResetError("the peer closed the connection")
-            self._buffer += data
-            return
+            conn.receive_data(data)
+        self._ready = True
+        self._budget_end = math.inf
+        # What waited for a connection leaves first, in order.
+        waiting, encode = self._waiting, conn.encode
+        while waiting:
+            self._outbox.append(encode(waiting.popleft()))
 
     async def _wait(self) -> None:
         sock = self._sock
@@ -365,18 +316,18 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
 
     def _receive_available(self) -> bool:
         """Read once, and handle the whole messages the buffer then holds, within
-        :data:`~trioserve.owner.RECV_BUDGET`; True when more may be waiting (the budget
-        cut the pass short, or the read filled :data:`RECV_SIZE`).
+        :data:`~trioserve.transport.owner.RECV_BUDGET`; True when more may be waiting
+        (the budget cut the pass short, or the read filled :data:`RECV_SIZE`).
 
         One read per pass: what piled up in the kernel since the last pass, and no more.
         A frontend that keeps up handles each engine step as it comes; one that fell
         behind gets several steps in one pass, and the outputs of one request among them
         leave in one write (the engine connection holds them until the pass ends).
         """
-        sock = self._sock
-        assert sock is not None
+        sock, conn = self._sock, self._conn
+        assert sock is not None and conn is not None
         self._start_budget()
-        if self._parse():  # what the budget left of the last read
+        if self._parse(conn):  # what the budget left of the last read
             return True
         try:
             data = sock.recv(RECV_SIZE)
@@ -384,8 +335,8 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
             return False
         if not data:
             raise ConnectionResetError("the engine closed the connection")
-        self._buffer += data
-        return self._parse() or len(data) == RECV_SIZE
+        conn.receive_data(data)
+        return self._parse(conn) or len(data) == RECV_SIZE
 
     def _start_budget(self) -> None:
         self._cpu_start = time.thread_time()
@@ -405,84 +356,25 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
         self._budget_end = time.perf_counter() + RECV_BUDGET - used
         return False
 
-    def _parse(self) -> bool:
-        """Handle the whole messages and commands in the buffer. True when it stopped
-        early: the pass's budget ran out, or (during the handshake) the peer's READY
-        arrived."""
-        buf = self._buffer
-        end = len(buf)
-        pos = 0
+    def _parse(self, conn: ZmtpConnection) -> bool:
+        """Handle the whole messages the connection has. True when the pass's budget ran
+        out first."""
+        next_event = conn.next_event
         try:
-            while end - pos >= 2:
-                flags = buf[pos]
-                if flags & LONG:
-                    if end - pos < 9:
-                        break
-                    size = int.from_bytes(buf[pos + 1 : pos + 9], "big")
-                    start = pos + 9
-                else:
-                    size = buf[pos + 1]
-                    start = pos + 2
-                if flags & ~(MORE | LONG | COMMAND):
-                    raise ZmtpProtocolError(f"reserved frame flags set ({flags:#x})")
-                if size > self.max_message - self._parts_size:
-                    raise ZmtpProtocolError(f"a message larger than {self.max_message} bytes")
-                if end - start < size:
-                    break
-                if size < LARGE:
-                    body = bytes(buf[start : start + size])
-                else:  # one copy, not two (the view is released before the buffer shrinks)
-                    with memoryview(buf) as view:
-                        body = bytes(view[start : start + size])
-                pos = start + size
-                if flags & COMMAND:
-                    if self._command(body):
-                        return True
-                    continue
-                if not self._ready:
-                    raise ZmtpProtocolError("a message before the handshake ended")
-                parts = self._parts
-                parts.append(body)
-                if flags & MORE:
-                    self._parts_size += size
-                    if len(parts) >= MAX_PARTS:
-                        raise ZmtpProtocolError(f"a message of more than {MAX_PARTS} frames")
-                    continue
-                self._parts, self._parts_size = [], 0
-                self._handle(parts)
+            while (event := next_event()) is not None:
+                self._handle(event.frames)  # type: ignore[union-attr]  # Ready comes once
                 if self._budget_spent():
                     return True
             return False
         finally:
-            del buf[:pos]
-
-    def _command(self, body: bytes) -> bool:
-        """Handle one command; True for the READY that ends the handshake."""
-        size = body[0] if body else 0
-        name, data = body[1 : 1 + size], body[1 + size :]
-        if name == b"READY":
-            if self._ready:
-                raise ZmtpProtocolError("a second READY")
-            peer = parse_properties(data).get(b"socket-type", b"?")
-            if peer not in (b"ROUTER", b"DEALER"):
-                raise ZmtpProtocolError(f"the peer is a {peer.decode('ascii', 'replace')} socket")
-            self._ready = True
-            return True
-        if name == b"ERROR":
-            reason = data[1 : 1 + data[0]] if data else b""
-            raise ZmtpProtocolError(f"the peer refused us: {reason.decode('utf-8', 'replace')}")
-        if name == b"PING":
-            if self._ready:  # answer with the context it carries (after a 2-byte TTL)
-                self.send_raw(command(b"PONG", data[2:18]))
-        elif not self._ready:
-            raise ZmtpProtocolError(f"{name!r} before READY")
-        # PONG and anything unknown: ignored, as the spec asks.
-        return False
+            answer = conn.data_to_send()  # PONGs
+            if answer:
+                self.send_raw(answer)
 
     def send_raw(self, data: bytes) -> bool:
-        """Queue bytes already framed (a command) for the owner's next send pass; False,
-        with nothing queued, when the outbox is full (a peer that pings while it does not
-        read gets no more answers than the outbox holds)."""
+        """Queue bytes already encoded for this connection (a command) for the owner's
+        next send pass; False, with nothing queued, when the outbox is full (a peer that
+        pings while it does not read gets no more answers than the outbox holds)."""
         if len(self._outbox) >= self._outbox_limit:
             return False
         self._outbox.append(data)
@@ -510,12 +402,31 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
         sock, self._sock = self._sock, None
         if sock is not None:
             sock.close()
+        self._conn = None
         was_ready, self._ready = self._ready, False
-        self._buffer.clear()
-        self._parts, self._parts_size = [], 0
         if was_ready:
             # What was queued for that connection goes with it (see the module docstring).
             self._outbox.clear()
+
+
+async def _recv(sock: socket.socket) -> bytes:
+    while True:
+        try:
+            return sock.recv(RECV_SIZE)
+        except BlockingIOError:
+            await trio.lowlevel.wait_readable(sock)
+
+
+async def _send_all(sock: socket.socket, data: bytes) -> None:
+    """Handshake commands: a few hundred bytes, which a fresh socket takes at once."""
+    view = memoryview(data)
+    while view:
+        try:
+            sent = sock.send(view)
+        except BlockingIOError:
+            await trio.lowlevel.wait_writable(sock)
+            continue
+        view = view[sent:]
 
 
 async def _readable_or_writable(sock: socket.socket) -> None:
