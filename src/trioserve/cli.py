@@ -3,7 +3,8 @@
 - ``trioserve run``: the frontend (starts the mock engine as a child when no --engine);
 - ``trioserve client``: stream one answer to the terminal;
 - ``trioserve engine mock``: the mock engine alone;
-- ``trioserve engine vllm MODEL``: a vLLM engine (``sdk/vllm_engine.py``; needs vllm).
+- ``trioserve engine vllm MODEL``: a vLLM engine (``sdk/vllm_engine.py``; needs vllm);
+- ``trioserve keygen PREFIX``: a CURVE key pair for the engine link.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import trio
 
 from . import __version__
 from .config import Settings
+from .sdk.curve_options import add_curve_arguments
 from .transport.zmtp import parse_address
 
 if TYPE_CHECKING:
@@ -443,6 +445,22 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["required", "optional"],
         help="with --ssl-ca-certs: must clients present a certificate (default: required)",
     )
+    curve = run.add_argument_group(
+        "the engine link's security: CURVE, encrypted and authenticated (docs/security.md)"
+    )
+    curve.add_argument(
+        "--engine-curve-server-key",
+        metavar="FILE",
+        help="speak CURVE to every --engine, which must hold the secret key of this public "
+        "key (PREFIX.key from `trioserve keygen PREFIX`, or a bare Z85 key); needs "
+        "--engine-curve-secret-key",
+    )
+    curve.add_argument(
+        "--engine-curve-secret-key",
+        metavar="FILE",
+        help="this frontend's secret key (PREFIX.key_secret; its public key must be in the "
+        "engines' --curve-authorized-keys)",
+    )
     vllm = run.add_argument_group("a vLLM engine started as a child (needs vllm installed)")
     vllm.add_argument(
         "--vllm",
@@ -517,6 +535,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="send 'Authorization: Bearer KEY' (default: $TRIOSERVE_API_KEY)",
     )
 
+    keygen = commands.add_parser(
+        "keygen",
+        help="write a CURVE key pair for the engine link: PREFIX.key and PREFIX.key_secret",
+        description="Write a CURVE key pair: PREFIX.key (the public certificate, to give the "
+        "other side) and PREFIX.key_secret (mode 0600, to keep), as zmq.auth writes them. "
+        "Existing files are not overwritten. See docs/security.md.",
+    )
+    _log_level_option(keygen, argparse.SUPPRESS)
+    keygen.add_argument("prefix", metavar="PREFIX", help="path and name, e.g. keys/frontend")
+
     engine = commands.add_parser(
         "engine", help="run an engine", description="Run an engine that frontends connect to."
     )
@@ -564,6 +592,7 @@ def build_parser() -> argparse.ArgumentParser:
     mock_engine.add_argument(
         "--loop", choices=["trio", "asyncio"], default="trio", help="event loop to serve on"
     )
+    add_curve_arguments(mock_engine)
     # Everything after `engine vllm` is the vLLM engine's: trioserve's own options and
     # vLLM's (see sdk/vllm_engine.py, whose parser is vLLM's own).
     vllm_engine = kinds.add_parser(
@@ -605,6 +634,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "run":
             return _run(args)
+        if args.command == "keygen":
+            return _keygen(args.prefix)
         if args.command == "client":
             return _client(args)
         if args.engine_kind == "vllm":
@@ -768,12 +799,15 @@ def _run(args: argparse.Namespace) -> int:
         ssl_keyfile=args.ssl_keyfile or "",
         ssl_ca_certs=args.ssl_ca_certs or "",
         ssl_client_cert=args.ssl_client_cert or "required",
+        engine_curve_secret_key=args.engine_curve_secret_key or "",
+        engine_curve_server_key=args.engine_curve_server_key or "",
     )
     _check_tls_files(args, settings)
     _check_upload_dir(args.upload_dir)
     if args.vllm and not args.engine:
         _check_vllm_installed()
     _check_can_listen(args.host, args.port)
+    _check_engine_curve(settings)
     status = 0
 
     async def main_task() -> None:
@@ -884,6 +918,41 @@ def _listen_error(host: str, port: int, exc: OSError) -> str:
         "of its addresses (127.0.0.1, or 0.0.0.0 for every interface)",
     }.get(exc.errno or 0, "check --host and --port")
     return f"cannot listen on {host} port {port}: {exc.strerror}; {fix}"
+
+
+def _check_engine_curve(settings: Settings) -> None:
+    """The engine link's CURVE options, checked (the key files read) before serving."""
+    if not (settings.engine_curve_secret_key or settings.engine_curve_server_key):
+        return
+    if not settings.engines:
+        raise CommandError(
+            "--engine-curve-* keys are for --engine addresses; the engine `trioserve run` "
+            "starts itself is reached over a private socket",
+            USAGE_ERROR,
+        )
+    from .server.frontend import engine_curve_keys
+
+    try:
+        keys = engine_curve_keys(settings)
+    except ValueError as exc:
+        raise CommandError(f"--engine-curve-*: {exc}", USAGE_ERROR) from exc
+    assert keys is not None
+    log.info("engine link: CURVE to %d engine(s)", len(settings.engines))
+
+
+def _keygen(prefix: str) -> int:
+    from .transport.keys import read_public_key, write_keypair, z85_encode
+
+    try:
+        public, secret = write_keypair(prefix)
+    except OSError as exc:
+        raise CommandError(
+            f"trioserve keygen: {exc}; give a PREFIX in a writable directory whose files do "
+            "not exist yet (keys are never overwritten)"
+        ) from exc
+    print(f"{public}: the public key {z85_encode(read_public_key(public))} (give it out)")
+    print(f"{secret}: the secret key (mode 0600; keep it)")
+    return 0
 
 
 def _leaves(group: BaseExceptionGroup) -> list[Any]:
@@ -1033,6 +1102,7 @@ def _engine_mock(args: argparse.Namespace) -> int:
     import zmq
 
     from .sdk import MockBackend, serve_engine, serve_engine_asyncio
+    from .sdk.curve_options import curve_keys
 
     backend = MockBackend(
         model=args.model,
@@ -1040,10 +1110,20 @@ def _engine_mock(args: argparse.Namespace) -> int:
         ttft_ms=args.ttft_ms,
         allow_fault_injection=args.allow_fault_injection,
     )
-    options = {"frontend_timeout": args.frontend_timeout, "log_aborts": args.log_aborts}
+    try:
+        curve = curve_keys(args)
+    except ValueError as exc:
+        log.error("%s", exc)
+        return 2
+    options = {
+        "frontend_timeout": args.frontend_timeout,
+        "log_aborts": args.log_aborts,
+        "curve": curve,
+    }
     watch_parent = args.exit_with_parent is not None
     parent = args.exit_with_parent or os.getppid()
     bound = False  # until then, a ZeroMQ error is the --bind address's
+    security = f"CURVE, {len(curve.authorized)} frontend key(s) authorized" if curve else "NULL"
 
     if args.loop == "trio":
 
@@ -1053,7 +1133,11 @@ def _engine_mock(args: argparse.Namespace) -> int:
                 await nursery.start(partial(serve_engine, backend, args.bind, **options))
                 bound = True
                 log.info(
-                    "mock engine serving model %r on %s (%s)", args.model, args.bind, args.loop
+                    "mock engine serving model %r on %s (%s; %s)",
+                    args.model,
+                    args.bind,
+                    args.loop,
+                    security,
                 )
                 if watch_parent:
                     nursery.start_soon(_exit_with_parent_trio, parent, nursery.cancel_scope)
@@ -1086,7 +1170,11 @@ def _engine_mock(args: argparse.Namespace) -> int:
                 nonlocal bound
                 bound = True
                 log.info(
-                    "mock engine serving model %r on %s (%s)", args.model, args.bind, args.loop
+                    "mock engine serving model %r on %s (%s; %s)",
+                    args.model,
+                    args.bind,
+                    args.loop,
+                    security,
                 )
 
             started.add_done_callback(on_bound)

@@ -63,6 +63,10 @@ class Settings:
     #: Largest frame accepted from an engine, in bytes (``zmtp.MAX_MESSAGE``); a larger
     #: one fails that engine.
     engine_max_message_bytes: int = 128 * 2**20
+    #: CURVE on the engine link (``transport/keys.py`` reads them): this frontend's secret
+    #: key file and the engines' public key file; none: NULL, clear text.
+    engine_curve_secret_key: str = ""
+    engine_curve_server_key: str = ""
     #: Seconds to keep serving after SIGTERM before the listener closes.
     drain_delay: float = 5.0
     #: Seconds from SIGTERM until what is still running is ended.

@@ -10,6 +10,7 @@ import trio
 
 from ..errors import NoEngineError, ProtocolVersionError, TrioserveError
 from ..protocol import ModelCard, Submit
+from ..transport.curve import CurveClientKeys
 from .connection import EngineConnection, HeartbeatConfig, new_frontend_id
 from .subscription import DEFAULT_BUFFER, Subscription
 
@@ -117,6 +118,7 @@ async def open_engine_client(
     heartbeat: HeartbeatConfig | None = None,
     frontend_id: str | None = None,
     max_message: int | None = None,
+    curve: CurveClientKeys | None = None,
 ) -> AsyncIterator[EngineClient]:
     """Connect to every engine in ``addresses`` and keep the connections alive.
 
@@ -124,7 +126,8 @@ async def open_engine_client(
     context exits. Does not wait for handshakes (see :meth:`EngineClient.wait_ready`):
     engines may come up after the frontend, and reconnect on their own after a restart.
     ``max_message``: the largest frame accepted from an engine (bytes; default
-    :data:`trioserve.zmtp.MAX_MESSAGE`); a larger one fails that engine.
+    :data:`trioserve.transport.zmtp_protocol.MAX_MESSAGE`); a larger one fails that engine.
+    ``curve``: speak CURVE to every engine with these keys (None: NULL, clear text).
     """
     if not addresses:
         raise ValueError("open_engine_client needs at least one engine address")
@@ -132,7 +135,9 @@ async def open_engine_client(
     heartbeat = heartbeat or HeartbeatConfig()
     client = EngineClient()
     client.connections = [
-        EngineConnection(addr, frontend_id, heartbeat, client._notify, max_message=max_message)
+        EngineConnection(
+            addr, frontend_id, heartbeat, client._notify, max_message=max_message, curve=curve
+        )
         for addr in addresses
     ]
     async with trio.open_nursery() as nursery:

@@ -47,6 +47,7 @@ from ..protocol import (
     decode,
     encode,
 )
+from ..transport.curve import CurveClientKeys
 from ..transport.zmtp import ZmtpDealer
 from .subscription import DEFAULT_BUFFER, Subscription
 
@@ -81,6 +82,7 @@ class EngineConnection:
         on_change: Callable[[], None] | None = None,
         *,
         max_message: int | None = None,
+        curve: CurveClientKeys | None = None,
     ) -> None:
         self.address = address
         self._on_change = on_change
@@ -114,6 +116,7 @@ class EngineConnection:
             after_receive=self._release_held,
             max_message=max_message,
             on_error=self._on_link_error,
+            curve=curve,
         )
         #: Subscriptions holding items for their sinks until the read pass ends.
         self._held: list[Subscription] = []
@@ -333,8 +336,9 @@ class EngineConnection:
 
     def _on_link_error(self, why: str) -> float:
         """The socket owner dropped the connection because the engine broke ZeroMQ's
-        protocol: the engine fails; the owner connects again after the backoff returned."""
-        return self._fail(f"it broke the ZeroMQ protocol: {why}")
+        protocol or refused us (a CURVE key it does not accept): the engine fails; the
+        owner connects again after the backoff returned."""
+        return self._fail(f"its ZeroMQ link failed: {why}")
 
     def _fail(self, why: str, error_type: type[EngineFailedError] = EngineFailedError) -> float:
         """Take the engine out of service: its requests end now (503 ``engine_failed``, one

@@ -19,7 +19,8 @@ from typing import cast
 import zmq
 
 from ..protocol import Limits
-from ..transport.zmq_pump import bind_router
+from ..transport.keys import CurveServerKeys
+from ..transport.zmq_pump import bound_router
 from .core import Backend, Cancel, EngineCore, Key, RequestError, Start
 
 log = logging.getLogger("trioserve.engine")
@@ -137,10 +138,12 @@ async def serve_engine_asyncio(
     limits: Limits | None = None,
     context: zmq.Context | None = None,
     started: asyncio.Future[AsyncioEngine] | None = None,
+    curve: CurveServerKeys | None = None,
 ) -> None:
     """Serve ``backend`` on a ROUTER bound to ``address`` until cancelled (asyncio).
 
-    ``started`` (optional) receives the :class:`AsyncioEngine` once bound.
+    ``started`` (optional) receives the :class:`AsyncioEngine` once bound. ``curve``: as
+    :func:`~trioserve.sdk.trio_shell.serve_engine`'s.
     """
     core = EngineCore(
         backend,
@@ -149,5 +152,5 @@ async def serve_engine_asyncio(
         track_ends=track_ends,
         limits=limits,
     )
-    sock = bind_router(context or zmq.Context.instance(), address)
-    await AsyncioEngine(core, sock).serve(started)
+    with bound_router(context, address, curve=curve) as sock:
+        await AsyncioEngine(core, sock).serve(started)

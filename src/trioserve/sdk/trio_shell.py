@@ -9,7 +9,8 @@ import trio
 import zmq
 
 from ..protocol import Limits
-from ..transport.zmq_pump import ZmqPump, bind_router
+from ..transport.keys import CurveServerKeys
+from ..transport.zmq_pump import ZmqPump, bound_router
 from .core import Backend, Cancel, EngineCore, Key, RequestError, Start
 
 log = logging.getLogger("trioserve.engine")
@@ -127,12 +128,15 @@ async def serve_engine(
     track_ends: bool = False,
     limits: Limits | None = None,
     context: zmq.Context | None = None,
+    curve: CurveServerKeys | None = None,
     task_status: trio.TaskStatus[TrioEngine] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``backend`` on a ROUTER bound to ``address`` until cancelled.
 
     ``task_status.started`` receives the :class:`TrioEngine` (its ``address`` is the bound
-    endpoint, so ``tcp://127.0.0.1:*`` picks a free port).
+    endpoint, so ``tcp://127.0.0.1:*`` picks a free port). ``curve``: serve CURVE only,
+    to the frontends whose keys it authorizes (``transport/zmq_pump.py``,
+    ``bound_router``).
     """
     core = EngineCore(
         backend,
@@ -141,5 +145,5 @@ async def serve_engine(
         track_ends=track_ends,
         limits=limits,
     )
-    sock = bind_router(context or zmq.Context.instance(), address)
-    await TrioEngine(core, sock).serve(task_status=task_status)
+    with bound_router(context, address, curve=curve) as sock:
+        await TrioEngine(core, sock).serve(task_status=task_status)

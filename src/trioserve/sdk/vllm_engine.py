@@ -37,8 +37,10 @@ from typing import Any
 import attrs
 
 from ..protocol import ModelCard, Submit, Usage
+from ..transport.keys import CurveServerKeys
 from .asyncio_shell import AsyncioEngine, serve_engine_asyncio
 from .core import EngineLoad, Output, RequestError, Stats
+from .curve_options import add_curve_arguments, curve_keys
 
 log = logging.getLogger("trioserve.engine.vllm")
 
@@ -352,6 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve vLLM's own Prometheus metrics on 127.0.0.1:PORT (0: any free port, logged)",
     )
     group.add_argument("--exit-with-parent", type=int, default=None, metavar="PID")
+    add_curve_arguments(group)
     return make_arg_parser(parser)
 
 
@@ -360,14 +363,19 @@ def main(argv: Sequence[str]) -> int:
     if args.model_tag is not None:  # vLLM's positional MODEL, as `vllm serve` takes it
         args.model = args.model_tag
     try:
-        asyncio.run(_serve(args))
+        curve = curve_keys(args)  # before the model loads: a wrong key file fails at once
+    except ValueError as exc:
+        log.error("%s", exc)
+        return 2
+    try:
+        asyncio.run(_serve(args, curve))
     except KeyboardInterrupt:
         pass
     log.info("vLLM engine stopped")
     return 0
 
 
-async def _serve(args: argparse.Namespace) -> None:
+async def _serve(args: argparse.Namespace, curve: CurveServerKeys | None) -> None:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.renderers.chat_utils import load_chat_template
     from vllm.renderers.online_renderer import OnlineRenderer
@@ -411,13 +419,19 @@ async def _serve(args: argparse.Namespace) -> None:
                 frontend_timeout=args.frontend_timeout,
                 log_aborts=args.log_aborts,
                 started=started,
+                curve=curve,
             )
         )
         try:
             served = await started
             if args.metrics_port is not None:
                 _serve_metrics(args.metrics_port, served.stats)
-            log.info("vLLM engine serving %s on %s", ", ".join(names), args.bind)
+            log.info(
+                "vLLM engine serving %s on %s (%s)",
+                ", ".join(names),
+                args.bind,
+                f"CURVE, {len(curve.authorized)} frontend key(s) authorized" if curve else "NULL",
+            )
             await serving
         finally:
             serving.cancel()

@@ -11,6 +11,8 @@ from ..config import Settings
 from ..engine import HeartbeatConfig, open_engine_client
 from ..http import App
 from ..http.lifecycle import ERROR_WRITE_TIMEOUT
+from ..transport import keys
+from ..transport.curve import CurveClientKeys
 from . import tls
 from .drain import DrainController
 from .http1 import Http1Config, serve_http1
@@ -18,6 +20,19 @@ from .http1.config import BODY_PREREAD_BYTES
 from .hypercorn import serve_hypercorn
 
 log = logging.getLogger("trioserve")
+
+
+def engine_curve_keys(settings: Settings) -> CurveClientKeys | None:
+    """The engine link's CURVE keys from their files, or None (NULL) when none are set.
+    Raises ValueError naming the file and what is wrong with it."""
+    if not (settings.engine_curve_secret_key or settings.engine_curve_server_key):
+        return None
+    if not (settings.engine_curve_secret_key and settings.engine_curve_server_key):
+        raise ValueError(
+            "CURVE on the engine link needs both keys: this frontend's secret key and the "
+            "engines' public key"
+        )
+    return keys.client_keys(settings.engine_curve_secret_key, settings.engine_curve_server_key)
 
 
 def hard_stop_after(settings: Settings) -> float:
@@ -63,7 +78,10 @@ async def serve_frontend(
     """
     heartbeat = HeartbeatConfig(settings.heartbeat_interval, settings.heartbeat_timeout)
     async with open_engine_client(
-        settings.engines, heartbeat=heartbeat, max_message=settings.engine_max_message_bytes
+        settings.engines,
+        heartbeat=heartbeat,
+        max_message=settings.engine_max_message_bytes,
+        curve=engine_curve_keys(settings),
     ) as engines:
         app = App(engines, settings)
         drain = DrainController(

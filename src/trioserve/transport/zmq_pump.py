@@ -21,14 +21,19 @@ owner, which is woken to send it.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import cast
 
 import trio
 import zmq
 
+from .keys import CurveServerKeys, z85_encode
 from .owner import OUTBOX_LIMIT, RECV_BUDGET, SocketOwner
+
+log = logging.getLogger(__name__)
 
 #: Messages received in one go before the owner yields to other tasks (or RECV_BUDGET).
 RECV_BATCH = 512
@@ -140,7 +145,13 @@ def _send(sock: zmq.Socket, frames: list[bytes]) -> None:
 SNDHWM = 100_000
 
 
-def bind_router(ctx: zmq.Context, address: str) -> zmq.Socket:
+def bind_router(
+    ctx: zmq.Context, address: str, *, curve: CurveServerKeys | None = None
+) -> zmq.Socket:
+    """An engine's ROUTER bound to ``address``. With ``curve``, a CURVE server with that
+    secret key, which asks the ZAP handler of ``ctx`` about every frontend and refuses
+    all of them while none runs (``ZMQ_ZAP_ENFORCE_DOMAIN``): use :func:`bound_router`,
+    which runs one."""
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
     # A frontend that reconnects keeps its identity (it sets ROUTING_ID): hand its
@@ -150,5 +161,81 @@ def bind_router(ctx: zmq.Context, address: str) -> zmq.Socket:
     # that frontend's requests are orphans and will be cancelled by the sweep. The bound
     # per frontend is generous because one frame carries a whole step of outputs.
     sock.setsockopt(zmq.SNDHWM, SNDHWM)
+    if curve is not None:
+        sock.setsockopt(zmq.CURVE_SERVER, 1)
+        sock.setsockopt(zmq.CURVE_SECRETKEY, curve.secret)
+        # A domain makes libzmq ask the ZAP handler; enforcing it makes "no handler" a
+        # refusal (libzmq's default would let every key in: encryption without
+        # authentication).
+        sock.setsockopt_string(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
+        sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
     sock.bind(address)
     return sock
+
+
+#: The ZAP domain trioserve's engines check frontends' CURVE keys in.
+ZAP_DOMAIN = "trioserve"
+#: Seconds between two warnings about the same refused key (a frontend retries with a
+#: backoff; a stranger may retry as fast as it likes).
+REFUSAL_LOG_INTERVAL = 60.0
+#: Refused keys remembered for that (past it, the memory starts afresh).
+REFUSAL_LOG_KEYS = 1024
+
+
+class _AuthorizedKeys:
+    """pyzmq's ZAP credentials provider: the frontends' keys an engine accepts. Called in
+    the authenticator's thread, with the client's key in Z85."""
+
+    def __init__(self, authorized: frozenset[bytes]) -> None:
+        self._z85 = frozenset(z85_encode(key).encode("ascii") for key in authorized)
+        self._warned: dict[bytes, float] = {}
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        if key in self._z85:
+            return True
+        now = time.monotonic()
+        if now - self._warned.get(key, -REFUSAL_LOG_INTERVAL) >= REFUSAL_LOG_INTERVAL:
+            if len(self._warned) >= REFUSAL_LOG_KEYS:
+                self._warned.clear()
+            self._warned[key] = now
+            log.warning(
+                "refused a frontend whose CURVE public key %s is not in --curve-authorized-"
+                "keys (warned once a minute per key)",
+                key.decode("ascii", "replace"),
+            )
+        return False
+
+
+@contextlib.contextmanager
+def bound_router(
+    context: zmq.Context | None, address: str, *, curve: CurveServerKeys | None = None
+) -> Iterator[zmq.Socket]:
+    """An engine's ROUTER (:func:`bind_router`), closed on exit. With ``curve``, on a
+    context of its own (unless one is given) with a ZAP handler that accepts the keys in
+    ``curve.authorized`` only (pyzmq's ``ThreadAuthenticator``: a thread of its own, so
+    either shell's loop will do), stopped after the socket closes."""
+    if curve is None:
+        sock = bind_router(context or zmq.Context.instance(), address)
+        try:
+            yield sock
+        finally:
+            sock.close(linger=0)
+        return
+    from zmq.auth.thread import ThreadAuthenticator
+
+    # One ZAP handler per context (its endpoint is fixed): a context of our own keeps two
+    # CURVE engines in one process from sharing one.
+    ctx = context or zmq.Context()
+    authenticator = ThreadAuthenticator(ctx, log=logging.getLogger(f"{__name__}.zap"))
+    authenticator.start()
+    try:
+        authenticator.configure_curve_callback(ZAP_DOMAIN, _AuthorizedKeys(curve.authorized))
+        sock = bind_router(ctx, address, curve=curve)
+        try:
+            yield sock
+        finally:
+            sock.close(linger=0)
+    finally:
+        authenticator.stop()
+        if context is None:
+            ctx.term()
