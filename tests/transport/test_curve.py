@@ -14,12 +14,18 @@ import trio
 import zmq
 from nacl import bindings as sodium
 
-from tests.conftest import HANG_GUARD, start_engine, start_frontend, wait_until
+from tests.conftest import (
+    HANG_GUARD,
+    check_many_senders,
+    start_engine,
+    start_frontend,
+    wait_until,
+)
 from trioserve.sdk import MockBackend, TrioEngine, serve_engine
 from trioserve.transport import zmtp
 from trioserve.transport.curve import CurveClientKeys
 from trioserve.transport.keys import CurveServerKeys, write_keypair
-from trioserve.transport.zmq_pump import bind_router, bound_router
+from trioserve.transport.zmq_pump import ZmqPump, bind_router, bound_router
 from trioserve.transport.zmtp import ZmtpDealer
 
 IDENTITY = b"frontend-curve"
@@ -111,6 +117,26 @@ async def test_messages_both_ways_under_curve_with_libzmq_heartbeats(nursery, ct
     assert await recv(peer) == [IDENTITY, b"still here"]
     assert dealer.connections == 1
     nursery.cancel_scope.cancel()
+
+
+async def test_many_senders_in_order_and_every_reply_heard_under_curve(nursery):
+    # Nonces in order both ways while senders in many tasks send, the owner parks, and a
+    # libzmq echo answers each: every message is the next one, none lost.
+    keys = Keys()
+    with bound_router(None, "tcp://127.0.0.1:*", curve=keys.server()) as echo:
+        echo_pump = ZmqPump(echo, lambda frames: echo_pump.send(frames))
+        nursery.start_soon(echo_pump.run)
+        heard: list[bytes] = []
+        dealer = ZmtpDealer(
+            echo.getsockopt_string(zmq.LAST_ENDPOINT),
+            IDENTITY,
+            lambda frames: heard.append(frames[0]),
+            curve=keys.client(),
+        )
+        nursery.start_soon(dealer.run)
+        await check_many_senders(lambda body: dealer.send([body]), heard)
+        assert dealer.connections == 1
+        nursery.cancel_scope.cancel()
 
 
 async def test_the_engines_zap_handler_admits_authorized_keys_only(nursery, caplog):

@@ -230,7 +230,15 @@ def test_curve_refuses_what_does_not_authenticate_or_replays():
     conn.receive_data(first)
     assert events(conn)[0].frames == [b"first"]
     conn.receive_data(first)  # replayed
-    with pytest.raises(ZmtpProtocolError, match="nonce does not grow"):
+    with pytest.raises(ZmtpProtocolError, match="out of sequence"):
+        conn.next_event()
+
+    conn, server = curve_pair()
+    curve_handshake(conn, server)
+    conn.next_event()
+    server.message([b"dropped on the way"])
+    conn.receive_data(server.message([b"after it"]))
+    with pytest.raises(ZmtpProtocolError, match="nonce 3 after 1"):
         conn.next_event()
 
     conn, server = curve_pair()

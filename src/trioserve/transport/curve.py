@@ -19,8 +19,10 @@ here, fresh for each connection, and forgotten with it).
 - then MESSAGE: Box[flags + frame](C'->S' or S'->C'), one per frame, with an 8-byte
   nonce that grows by one with every command or message a side sends.
 
-A box that does not open, a nonce that does not grow (a replayed or reordered message)
-or a command of the wrong size raises :class:`~trioserve.errors.ZmtpProtocolError`.
+A box that does not open, a nonce that is not the next one (a message replayed,
+reordered or dropped on the way: stricter than libzmq, which only asks for a greater
+one, while its sender counts one by one) or a command of the wrong size raises
+:class:`~trioserve.errors.ZmtpProtocolError`.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ class CurveClient:
         self._short_public, self._short_secret = sodium.crypto_box_keypair()
         #: Our next nonce (HELLO's is 1; libzmq's client counts the same way).
         self._nonce = 1
-        #: The peer's last nonce: each of its messages must have a greater one.
+        #: The peer's last nonce: each of its messages must have the next one.
         self._peer_nonce = 0
         #: crypto_box_beforenm(S', c'), once WELCOME has brought S'.
         self._shared = b""
@@ -147,9 +149,13 @@ class CurveClient:
             raise ZmtpProtocolError("a frame that is not a CURVE MESSAGE after the handshake")
         nonce = body[8:16]
         number = int.from_bytes(nonce, "big")
-        if number <= self._peer_nonce:
+        if number != self._peer_nonce + 1:
+            # libzmq only asks for a greater nonce; its sender counts one by one (READY,
+            # then every message and heartbeat), so a gap here is a message lost on the
+            # way: a relay that drops one output frame must not go unnoticed.
             raise ZmtpProtocolError(
-                "a CURVE MESSAGE whose nonce does not grow: a replayed or reordered message"
+                f"a CURVE MESSAGE out of sequence (nonce {number} after {self._peer_nonce}): "
+                "a message replayed, reordered or dropped on the way"
             )
         try:
             opened = sodium.crypto_box_open_easy_afternm(

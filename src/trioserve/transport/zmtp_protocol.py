@@ -21,8 +21,8 @@ DEALER:
    ERROR from the peer that refuses us;
 3. then messages of one or more frames (MORE flag on all but the last), and commands
    (PING, answered with a PONG; anything else ignored, as the spec asks). Under CURVE
-   every frame after the handshake is a MESSAGE box whose nonce must grow, and the MORE
-   and COMMAND flags that count are the ones inside the box.
+   every frame after the handshake is a MESSAGE box whose nonce must be the next one, and
+   the MORE and COMMAND flags that count are the ones inside the box.
 
 What it refuses: every malformed or hostile input raises :class:`ZmtpProtocolError` (the ERROR
 command: :class:`ZmtpRefusedError`), which ends that connection only; after it the
