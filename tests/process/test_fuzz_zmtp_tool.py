@@ -1,0 +1,24 @@
+"""tools/fuzz_zmtp.py runs (a smoke run: the properties themselves are
+tests/transport/test_zmtp_fuzz.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import HANG_GUARD
+
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "fuzz_zmtp.py"
+
+
+def test_the_zmtp_fuzzer_runs_rounds_and_reports_no_failure():
+    done = subprocess.run(
+        [sys.executable, str(TOOL), "--seconds", "0.5", "--target", "curve"],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD * 3,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "no failure in 0.5 s (curve: 1 rounds of 300 examples)" in done.stdout

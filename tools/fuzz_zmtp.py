@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""Fuzz the frontend's ZMTP framer (transport/zmtp_protocol.py) for as long as asked: the
+properties of tests/transport/test_zmtp_fuzz.py (engine traffic under NULL and CURVE,
+generated, mutated and cut into arbitrary reads: nothing raised but ZmtpError, memory
+within its bounds, exactly, and under CURVE only, what the engine sent delivered),
+unseeded, round after round. No socket: the framer is sans-io.
+
+    python tools/fuzz_zmtp.py --seconds 600 [--target null|curve|all]
+
+Stops at the first failure, printing hypothesis's smallest example, and exits 1; exits 0
+when the time is up. Needs the test extras (hypothesis).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.transport.zmtp_fuzz import (
+    check_curve,
+    check_null_mutated,
+    check_null_valid,
+    check_valid_then_garbage,
+    curve_session,
+    mutated,
+    null_traffic,
+    reads,
+    stray_frame,
+)
+
+
+def _null(data: st.DataObject) -> None:
+    traffic = data.draw(null_traffic())
+    kind = data.draw(st.sampled_from(["valid", "mutated", "bytes", "garbage"]))
+    if kind == "valid":
+        check_null_valid(traffic, data.draw(reads(traffic[0])))
+    elif kind == "mutated":
+        check_null_mutated(data.draw(reads(data.draw(mutated(traffic[0])))))
+    elif kind == "bytes":
+        tail = data.draw(
+            st.one_of(st.binary(max_size=300), st.lists(stray_frame, max_size=8).map(b"".join))
+        )
+        check_null_mutated(data.draw(reads(traffic[0][: data.draw(st.integers(0, 80))] + tail)))
+    else:
+        garbage = data.draw(st.one_of(st.binary(max_size=100), mutated(traffic[0])))
+        check_valid_then_garbage(traffic, garbage, data.draw(reads(traffic[0])))
+
+
+def _curve(data: st.DataObject) -> None:
+    session = data.draw(curve_session())
+    kind = data.draw(st.sampled_from(["valid", "mutated", "strays"]))
+    if kind == "valid":
+        check_curve(session, data.draw(reads(session.stream)), mutated=False)
+    elif kind == "mutated":
+        stream = data.draw(mutated(session.stream))
+        check_curve(session, data.draw(reads(stream)), mutated=True)
+    else:
+        strays = data.draw(st.lists(stray_frame, min_size=1, max_size=4).map(b"".join))
+        check_curve(session, data.draw(reads(session.stream + strays)), mutated=True)
+
+
+#: Examples per round: small enough that the time limit is kept to within a round.
+TARGETS = {"null": (_null, 1000), "curve": (_curve, 300)}
+
+
+def property_for(target: str):
+    check, examples = TARGETS[target]
+
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(st.data())
+    def prop(data: st.DataObject) -> None:
+        check(data)
+
+    return prop
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=60.0, help="how long to fuzz")
+    parser.add_argument("--target", choices=[*TARGETS, "all"], default="all")
+    args = parser.parse_args()
+    targets = list(TARGETS) if args.target == "all" else [args.target]
+    end = time.monotonic() + args.seconds
+    rounds = dict.fromkeys(targets, 0)
+    while time.monotonic() < end:
+        for target in targets:
+            try:
+                property_for(target)()
+            except Exception as exc:
+                print(f"{target}: a failing example after {rounds[target]} rounds: {exc!r}")
+                return 1
+            rounds[target] += 1
+    summary = ", ".join(f"{t}: {n} rounds of {TARGETS[t][1]} examples" for t, n in rounds.items())
+    print(f"no failure in {args.seconds:g} s ({summary})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
