@@ -44,7 +44,10 @@ def test_keygen_writes_a_pair_with_a_private_secret_and_never_overwrites(tmp_pat
     assert secret.read_bytes() == before
 
 
-async def test_a_curve_engine_and_frontend_from_the_command_line_serve_a_request(nursery, tmp_path):
+@pytest.mark.parametrize("loop", ["trio", "asyncio"])
+async def test_a_curve_engine_and_frontend_from_the_command_line_serve_a_request(
+    nursery, tmp_path, loop
+):
     for name in ("engine", "frontend"):
         assert keygen(tmp_path / name).returncode == 0
     port = free_port()
@@ -55,6 +58,8 @@ async def test_a_curve_engine_and_frontend_from_the_command_line_serve_a_request
         str(tmp_path / "engine.key_secret"),
         "--curve-authorized-keys",
         str(tmp_path / "frontend.key"),
+        "--loop",
+        loop,
     )
     assert b"CURVE, 1 frontend key(s) authorized" in engine.output
     frontend, url = await start_frontend_process(

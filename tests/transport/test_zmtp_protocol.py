@@ -183,9 +183,13 @@ def test_what_the_peer_sends_is_logged_safely():
 
 
 def test_identities_are_checked():
+    from trioserve.transport.zmtp import ZmtpDealer
+
     for bad in (b"", b"\0lead", b"x" * 256):
         with pytest.raises(ValueError):
             ZmtpConnection(bad)
+        with pytest.raises(ValueError):
+            ZmtpDealer("tcp://127.0.0.1:9", bad, lambda frames: None)
 
 
 # -- CURVE ---------------------------------------------------------------------------------

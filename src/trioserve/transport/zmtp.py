@@ -59,6 +59,7 @@ from .zmtp_protocol import (
     MAX_PARTS,
     Ready,
     ZmtpConnection,
+    check_identity,
     command,
     message,
 )
@@ -125,6 +126,7 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
     ) -> None:
         super().__init__(on_message, before_flush, outbox_limit, after_receive)
         self.address = address
+        check_identity(identity)  # here, not in the owner task at each connect
         self.identity = identity
         #: The largest message accepted from the peer (bytes, all frames together).
         self.max_message = MAX_MESSAGE if max_message is None else max_message

@@ -175,6 +175,12 @@ def parse_properties(data: bytes) -> dict[bytes, bytes]:
     return props
 
 
+def check_identity(identity: bytes) -> None:
+    """Raise ValueError unless ``identity`` can be a ZeroMQ routing id."""
+    if not 0 < len(identity) < 256 or identity[0] == 0:
+        raise ValueError("a ZMTP identity is 1-255 bytes, not starting with a zero byte")
+
+
 def greeting(mechanism: bytes) -> bytes:
     """Our greeting: signature, version 3.0, mechanism, as-server 0 (a client), filler."""
     return b"\xff" + bytes(8) + b"\x7f" + bytes((3, 0)) + mechanism.ljust(20, b"\0") + bytes(32)
@@ -202,8 +208,7 @@ class ZmtpConnection:
         max_message: int = MAX_MESSAGE,
         socket_type: bytes = b"DEALER",
     ) -> None:
-        if not 0 < len(identity) < 256 or identity[0] == 0:
-            raise ValueError("a ZMTP identity is 1-255 bytes, not starting with a zero byte")
+        check_identity(identity)
         self.max_message = max_message
         self._curve = curve
         self._mechanism = b"CURVE" if curve is not None else b"NULL"
