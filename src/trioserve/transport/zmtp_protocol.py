@@ -283,16 +283,6 @@ class ZmtpConnection:
         """Bytes read from the peer (parsed by :meth:`next_event`)."""
         self._buffer += data
 
-    def next_event(self) -> Ready | Message | None:
-        """The next event in what was received, or None until more bytes come."""
-        if self._error is not None:
-            raise self._error
-        try:
-            return self._next_event()
-        except ZmtpProtocolError as exc:
-            self._error = exc
-            raise
-
     def data_to_send(self) -> bytes:
         """What the protocol must send now (greeting, handshake commands, PONGs), in
         order, before anything :meth:`encode` returns later; taken once."""
@@ -324,89 +314,96 @@ class ZmtpConnection:
 
     # -- parsing ---------------------------------------------------------------------------
 
-    def _next_event(self) -> Ready | Message | None:
-        buf = self._buffer
-        end = len(buf)
-        pos = self._pos
-        if self._state == GREETING:
-            if end - pos < GREETING_SIZE:
-                if end > pos:  # a stranger is refused before its 64th byte
-                    self._check_greeting(bytes(buf[pos:end]))
-                return None
-            self._check_greeting(bytes(buf[pos : pos + GREETING_SIZE]))
-            pos = self._pos = pos + GREETING_SIZE
-            self._state = HANDSHAKE
-            if self._curve is None:
-                self._outgoing += command(b"READY", self._metadata)
-            else:
-                self._outgoing += frame(self._curve.hello(), COMMAND)
-                self._state = WELCOME
-        ready = self._state == READY
-        curve = self._curve
-        while end - pos >= 2:
-            flags = buf[pos]
-            if flags & LONG:
-                if end - pos < 9:
+    def next_event(self) -> Ready | Message | None:
+        """The next event in what was received, or None until more bytes come."""
+        if self._error is not None:
+            raise self._error
+        try:
+            buf = self._buffer
+            end = len(buf)
+            pos = self._pos
+            if self._state == GREETING:
+                if end - pos < GREETING_SIZE:
+                    if end > pos:  # a stranger is refused before its 64th byte
+                        self._check_greeting(bytes(buf[pos:end]))
+                    return None
+                self._check_greeting(bytes(buf[pos : pos + GREETING_SIZE]))
+                pos = self._pos = pos + GREETING_SIZE
+                self._state = HANDSHAKE
+                if self._curve is None:
+                    self._outgoing += command(b"READY", self._metadata)
+                else:
+                    self._outgoing += frame(self._curve.hello(), COMMAND)
+                    self._state = WELCOME
+            ready = self._state == READY
+            curve = self._curve
+            while end - pos >= 2:
+                flags = buf[pos]
+                if flags & LONG:
+                    if end - pos < 9:
+                        break
+                    size = int.from_bytes(buf[pos + 1 : pos + 9], "big")
+                    start = pos + 9
+                else:
+                    size = buf[pos + 1]
+                    start = pos + 2
+                if flags & ~(MORE | LONG | COMMAND):
+                    raise ZmtpProtocolError(f"reserved frame flags set ({flags:#x})")
+                if not ready:
+                    if not flags & COMMAND:
+                        raise ZmtpProtocolError("a message before the handshake ended")
+                    limit = MAX_COMMAND
+                elif curve is not None:  # every frame is a MESSAGE box; its flags are inside
+                    limit = self.max_message - self._parts_size + curve.overhead
+                elif flags & COMMAND:
+                    limit = MAX_COMMAND
+                else:
+                    limit = self.max_message - self._parts_size
+                if size > limit:
+                    if ready and (curve is not None or not flags & COMMAND):
+                        raise ZmtpProtocolError(f"a message larger than {self.max_message} bytes")
+                    raise ZmtpProtocolError(f"a command of {size} bytes (at most {MAX_COMMAND})")
+                if flags & COMMAND and flags & MORE and (curve is None or not ready):
+                    raise ZmtpProtocolError("a command frame with the MORE flag")
+                if end - start < size:
                     break
-                size = int.from_bytes(buf[pos + 1 : pos + 9], "big")
-                start = pos + 9
-            else:
-                size = buf[pos + 1]
-                start = pos + 2
-            if flags & ~(MORE | LONG | COMMAND):
-                raise ZmtpProtocolError(f"reserved frame flags set ({flags:#x})")
-            if not ready:
-                if not flags & COMMAND:
-                    raise ZmtpProtocolError("a message before the handshake ended")
-                limit = MAX_COMMAND
-            elif curve is not None:  # every frame is a MESSAGE box; its flags are inside
-                limit = self.max_message - self._parts_size + curve.overhead
-            elif flags & COMMAND:
-                limit = MAX_COMMAND
-            else:
-                limit = self.max_message - self._parts_size
-            if size > limit:
-                if ready and (curve is not None or not flags & COMMAND):
-                    raise ZmtpProtocolError(f"a message larger than {self.max_message} bytes")
-                raise ZmtpProtocolError(f"a command of {size} bytes (at most {MAX_COMMAND})")
-            if flags & COMMAND and flags & MORE and (curve is None or not ready):
-                raise ZmtpProtocolError("a command frame with the MORE flag")
-            if end - start < size:
-                break
-            if size < LARGE:
-                body = bytes(buf[start : start + size])
-            else:  # one copy, not two (the view is released before the buffer changes)
-                with memoryview(buf) as view:
-                    body = bytes(view[start : start + size])
-            pos = self._pos = start + size
-            if not ready:
-                event = self._handshake_command(body)
-                if event is not None:
-                    return event
-                continue
-            if curve is not None:
-                inner, body = curve.decode(body)
-                if inner & 2:  # a command inside the box
+                if size < LARGE:
+                    body = bytes(buf[start : start + size])
+                else:  # one copy, not two (the view is released before the buffer changes)
+                    with memoryview(buf) as view:
+                        body = bytes(view[start : start + size])
+                pos = self._pos = start + size
+                if not ready:
+                    event = self._handshake_command(body)
+                    if event is not None:
+                        return event
+                    continue
+                if curve is not None:
+                    inner, body = curve.decode(body)
+                    if inner & 2:  # a command inside the box
+                        self._command(body)
+                        continue
+                    more = inner & MORE
+                elif flags & COMMAND:
                     self._command(body)
                     continue
-                more = inner & MORE
-            elif flags & COMMAND:
-                self._command(body)
-                continue
-            else:
-                more = flags & MORE
-            parts = self._parts
-            parts.append(body)
-            if more:
-                self._parts_size += len(body)
-                if len(parts) >= MAX_PARTS:
-                    raise ZmtpProtocolError(f"a message of more than {MAX_PARTS} frames")
-                continue
-            self._parts, self._parts_size = [], 0
-            return Message(parts)
-        del buf[:pos]
-        self._pos = 0
-        return None
+                else:
+                    more = flags & MORE
+                parts = self._parts
+                parts.append(body)
+                if more:
+                    self._parts_size += len(body)
+                    if len(parts) >= MAX_PARTS:
+                        raise ZmtpProtocolError(f"a message of more than {MAX_PARTS} frames")
+                    continue
+                self._parts, self._parts_size = [], 0
+                return Message(parts)
+            del buf[:pos]
+            self._pos = 0
+            return None
+        except ZmtpProtocolError as exc:
+            self._error = exc  # dead: every later call says why
+            raise
 
     def _check_greeting(self, data: bytes) -> None:
         if data[0] != 0xFF or (len(data) >= 10 and data[9] != 0x7F):
