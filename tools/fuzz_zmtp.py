@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fuzz the frontend's ZMTP framer (transport/zmtp_protocol.py) for as long as asked: the
 properties of tests/transport/test_zmtp_fuzz.py (engine traffic under NULL and CURVE,
-generated, mutated and cut into arbitrary reads: nothing raised but ZmtpError, memory
+generated, mutated and cut into arbitrary reads: nothing raised but ZmtpProtocolError, memory
 within its bounds, exactly, and under CURVE only, what the engine sent delivered),
 unseeded, round after round. No socket: the framer is sans-io.
 
@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.transport.zmtp_fuzz import (
+from tests.helpers.zmtp_fuzz import (
     check_curve,
     check_null_mutated,
     check_null_valid,

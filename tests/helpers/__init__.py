@@ -10,7 +10,8 @@
   frontends, PNG checks;
 - ``transport``: checks for a socket owner; ``fake_engine``: an engine driven by hand;
   ``zmtp_peer``: an engine's side of ZMTP by hand (NULL's bytes, a CurveZMQ server), to
-  drive the frontend's framer without a socket;
+  drive the frontend's framer without a socket; ``zmtp_fuzz``: the generated engine
+  traffic and the properties of the ZMTP fuzz tests (``tools/fuzz_zmtp.py`` runs them too);
 - ``processes``, ``nginx``, ``rolling``: trioserve as real processes, behind nginx;
 - ``vllm``, ``vllm_session``: the real-engine tests of tests/vllm.
 """

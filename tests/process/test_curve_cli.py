@@ -10,8 +10,8 @@ import sys
 import httpx
 import pytest
 
-from tests.conftest import HANG_GUARD
-from tests.processes import Proc, free_port, start_engine_process, start_frontend_process
+from tests.helpers.processes import Proc, free_port, start_engine_process, start_frontend_process
+from tests.helpers.waiting import HANG_GUARD
 from trioserve.transport.keys import read_public_key, read_secret_key
 
 

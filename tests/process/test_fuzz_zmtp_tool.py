@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import HANG_GUARD
+from tests.helpers.waiting import HANG_GUARD
 
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "fuzz_zmtp.py"
 

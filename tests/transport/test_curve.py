@@ -14,13 +14,9 @@ import trio
 import zmq
 from nacl import bindings as sodium
 
-from tests.conftest import (
-    HANG_GUARD,
-    check_many_senders,
-    start_engine,
-    start_frontend,
-    wait_until,
-)
+from tests.helpers.frontends import start_engine, start_frontend
+from tests.helpers.transport import check_many_senders
+from tests.helpers.waiting import HANG_GUARD, wait_until
 from trioserve.sdk import MockBackend, TrioEngine, serve_engine
 from trioserve.transport import zmtp
 from trioserve.transport.curve import CurveClientKeys
@@ -293,6 +289,7 @@ async def curve_frontend(nursery, tmp_path, address: str, keys: Keys, **settings
     return await start_frontend(
         nursery,
         None,
+        server="builtin",
         engines=[address],
         engine_curve_secret_key=str(tmp_path / "frontend.key_secret"),
         engine_curve_server_key=str(tmp_path / "engine.key"),
@@ -338,7 +335,7 @@ async def test_without_curve_the_same_relay_reads_the_prompt(nursery):
     engine = await start_engine(nursery)
     relay = Relay(engine.address)
     await nursery.start(relay.serve)
-    frontend = await start_frontend(nursery, None, engines=[relay.address])
+    frontend = await start_frontend(nursery, None, server="builtin", engines=[relay.address])
     async with frontend.client() as client:
         assert (await client.post("/v1/chat/completions", json=chat())).status_code == 200
     assert PROMPT.encode() in bytes(relay.to_engine)
@@ -413,6 +410,7 @@ async def test_frontend_keys_from_keygen_files(nursery, tmp_path):
     frontend = await start_frontend(
         nursery,
         None,
+        server="builtin",
         engines=[engine.address],
         engine_curve_secret_key=frontend_secret,
         engine_curve_server_key=engine_public,

@@ -1,7 +1,7 @@
 """Property-based fuzzing of the ZMTP framer (hypothesis), seeded and bounded: generated
 engine traffic under NULL and CURVE, mutated and cut into arbitrary reads, must raise
-nothing but ZmtpError, stay within its memory bounds, and deliver exactly (under CURVE:
-only) what the engine sent (the properties: tests/transport/zmtp_fuzz.py).
+nothing but ZmtpProtocolError, stay within its memory bounds, and deliver exactly (under CURVE:
+only) what the engine sent (the properties: tests/helpers/zmtp_fuzz.py).
 ``tools/fuzz_zmtp.py`` runs the same for as long as asked, unseeded."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.transport.zmtp_fuzz import (
+from tests.helpers.zmtp_fuzz import (
     check_curve,
     check_null_mutated,
     check_null_valid,
@@ -20,7 +20,7 @@ from tests.transport.zmtp_fuzz import (
     reads,
     stray_frame,
 )
-from tests.transport.zmtp_peer import null_handshake
+from tests.helpers.zmtp_peer import null_handshake
 
 SEEDED = settings(
     derandomize=True,

@@ -7,7 +7,7 @@ messages of one or more frames (short and long), PINGs and commands nobody knows
 NULL or CURVE (``zmtp_peer.CurveServer`` boxes it), then mutated (bytes flipped, dropped,
 inserted; lengths that lie) and cut into arbitrary reads. The properties:
 
-- nothing but ``ZmtpError`` is ever raised, and after one the connection stays dead;
+- nothing but ``ZmtpProtocolError`` is ever raised, and after one the connection stays dead;
 - memory stays bounded: after each read's events, what is buffered is less than one
   frame at the bound, the message being gathered is within ``max_message``, and what the
   connection asks to send is bounded (one PONG answers any number of PINGs);
@@ -24,7 +24,7 @@ import itertools
 
 from hypothesis import strategies as st
 
-from tests.transport.zmtp_peer import (
+from tests.helpers.zmtp_peer import (
     IDENTITY,
     CurveServer,
     greeting,
@@ -42,7 +42,7 @@ from trioserve.transport.zmtp_protocol import (
     Message,
     Ready,
     ZmtpConnection,
-    ZmtpError,
+    ZmtpProtocolError,
     command,
 )
 
@@ -151,7 +151,9 @@ def null_connection() -> ZmtpConnection:
     return ZmtpConnection(IDENTITY, max_message=MAX_MESSAGE)
 
 
-def run(conn: ZmtpConnection, pieces: list[bytes]) -> tuple[list[list[bytes]], ZmtpError | None]:
+def run(
+    conn: ZmtpConnection, pieces: list[bytes]
+) -> tuple[list[list[bytes]], ZmtpProtocolError | None]:
     """Feed ``pieces`` to ``conn`` as reads, checking the bounds after each; returns the
     messages delivered and the protocol error that ended the connection, if one did."""
     delivered: list[list[bytes]] = []
@@ -169,10 +171,10 @@ def run(conn: ZmtpConnection, pieces: list[bytes]) -> tuple[list[list[bytes]], Z
                     assert isinstance(event, Message) and readies == 1
                     assert len(event.frames) >= 1 and sum(map(len, event.frames)) <= MAX_MESSAGE
                     delivered.append(event.frames)
-        except ZmtpError as exc:
+        except ZmtpProtocolError as exc:
             try:
                 conn.next_event()
-            except ZmtpError as again:
+            except ZmtpProtocolError as again:
                 assert again is exc  # dead, and says why
             else:
                 raise AssertionError("the connection lived on after a protocol error") from None
