@@ -36,6 +36,7 @@ def test_the_walk_finds_every_command():
         "trioserve",
         "trioserve run",
         "trioserve client",
+        "trioserve keygen",
         "trioserve engine",
         "trioserve engine mock",
         "trioserve engine vllm",

@@ -948,7 +948,8 @@ def _keygen(prefix: str) -> int:
     except OSError as exc:
         raise CommandError(
             f"trioserve keygen: {exc}; give a PREFIX in a writable directory whose files do "
-            "not exist yet (keys are never overwritten)"
+            "not exist yet (keys are never overwritten)",
+            USAGE_ERROR,
         ) from exc
     print(f"{public}: the public key {z85_encode(read_public_key(public))} (give it out)")
     print(f"{secret}: the secret key (mode 0600; keep it)")
