@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from trioserve.cli import build_parser
+from trioserve.cli import build_parser, vllm_cpus
 
 
 def test_defaults():
@@ -41,3 +43,22 @@ def test_engine_addresses_are_checked_when_parsed(capsys):
             build_parser().parse_args(["run", "--engine", bad])
         assert exit_.value.code == 2  # a usage error, not a traceback at start-up
         assert "expected tcp://HOST:PORT or ipc://PATH" in capsys.readouterr().err
+
+
+def test_vllm_cpus_leave_the_last_cpu_to_the_frontend_by_default(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert build_parser().parse_args(["run", "--vllm", "m"]).vllm_cpus == "auto"
+    assert vllm_cpus("auto") == {0, 1, 2}
+    assert vllm_cpus("all") is None
+    assert vllm_cpus("0-1,3") == {0, 1, 3}
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {5})
+    assert vllm_cpus("auto") is None  # one CPU: nothing to leave
+
+
+@pytest.mark.parametrize("spec", ["x", "3-", "0-9", ""])
+def test_a_vllm_cpu_list_that_cannot_be_is_a_usage_error(monkeypatch, capsys, spec):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["run", "--vllm", "m", "--vllm-cpus", spec])
+    assert exit_.value.code == 2
+    assert "--vllm-cpus" in capsys.readouterr().err

@@ -116,6 +116,35 @@ def _port(text: str) -> int:
     return value
 
 
+def _cpu_set(text: str) -> str:
+    """``--vllm-cpus``: checked here, resolved when the engine starts (:func:`vllm_cpus`)."""
+    vllm_cpus(text)
+    return text
+
+
+def vllm_cpus(spec: str) -> set[int] | None:
+    """The CPUs ``--vllm-cpus`` names; None: no restriction."""
+    available = sorted(os.sched_getaffinity(0))
+    if spec == "all":
+        return None
+    if spec == "auto":
+        return set(available[:-1]) if len(available) > 1 else None
+    cpus: set[int] = set()
+    try:
+        for part in spec.split(","):
+            first, _, last = part.partition("-")
+            cpus.update(range(int(first), int(last or first) + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{spec!r} is not a CPU list: give auto, all, or numbers and ranges such as 0-2,4"
+        ) from None
+    if not cpus or not cpus <= set(available):
+        raise argparse.ArgumentTypeError(
+            f"{spec!r}: this process may use CPUs {','.join(map(str, available))} only"
+        )
+    return cpus
+
+
 def _server_name(value: str) -> str:
     """``--server``: ``h11`` is the built-in server's name before it left h11 for httptools."""
     return "builtin" if value == "h11" else value
@@ -251,6 +280,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive(float),
         default=DEFAULTS.max_body_bytes / 2**20,
         help="largest request body in MiB (413 past it)",
+    )
+    run.add_argument(
+        "--max-body-memory-mb",
+        type=_positive(float),
+        default=DEFAULTS.max_body_memory_bytes / 2**20,
+        help="request bodies held in memory across all requests at once, in MiB; past it a "
+        "request is refused with 503 body_memory_exhausted (multipart uploads go to disk "
+        "and do not count)",
     )
     run.add_argument(
         "--body-timeout",
@@ -475,6 +512,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ARGS",
         help="more options for the vLLM engine, as `vllm serve` spells them, in one "
         "string, e.g. '--max-model-len 2048 --dtype bfloat16'",
+    )
+    vllm.add_argument(
+        "--vllm-cpus",
+        type=_cpu_set,
+        default="auto",
+        metavar="CPUS",
+        help="the CPUs the vLLM engine may run on: `auto` (every CPU but the last, when "
+        "there are two or more: vLLM's CPU backend keeps busy on every CPU it may use and "
+        "would starve the frontend, whose aborts then come late), `all`, or a list such as "
+        "`0-2,4`",
     )
     vllm.add_argument(
         "--vllm-load-timeout",
@@ -769,6 +816,7 @@ def _run(args: argparse.Namespace) -> int:
         max_request_timeout=args.max_request_timeout,
         stream_buffer=args.stream_buffer,
         max_body_bytes=int(args.max_body_mb * 2**20),
+        max_body_memory_bytes=int(args.max_body_memory_mb * 2**20),
         body_timeout=args.body_timeout,
         body_deadline=args.body_deadline,
         max_connections=int(args.max_connections),
@@ -826,6 +874,7 @@ def _run(args: argparse.Namespace) -> int:
                     + shlex.split(args.vllm_args),
                     wait=args.vllm_load_timeout,
                     progress=True,
+                    cpus=vllm_cpus(args.vllm_cpus),
                 )
             else:
                 child = ChildEngine(
@@ -1007,11 +1056,21 @@ class ChildEngine:
     with status 1 and a line that says so, rather than leaving it answering 503s.
     """
 
-    def __init__(self, what: str, command: list[str], *, wait: float, progress: bool = False):
+    def __init__(
+        self,
+        what: str,
+        command: list[str],
+        *,
+        wait: float,
+        progress: bool = False,
+        cpus: set[int] | None = None,
+    ):
         self.what = what
         self.command = command
         self.wait = wait
         self.progress = progress
+        #: The CPUs the engine may run on (None: any).
+        self.cpus = cpus
         self.status = 0
 
     async def serve(self, settings: Settings) -> None:
@@ -1019,8 +1078,14 @@ class ChildEngine:
 
         # A session of its own: a Ctrl-C at the terminal reaches the frontend only,
         # which drains first and stops the engine last.
-        process = await trio.lowlevel.open_process(self.command, start_new_session=True)
-        log.info("started %s (pid %d)", self.what, process.pid)
+        cpus = self.cpus
+        process = await trio.lowlevel.open_process(
+            self.command,
+            start_new_session=True,
+            preexec_fn=None if cpus is None else partial(os.sched_setaffinity, 0, cpus),
+        )
+        where = "" if cpus is None else f" on CPUs {','.join(map(str, sorted(cpus)))}"
+        log.info("started %s (pid %d)%s", self.what, process.pid, where)
         try:
             async with trio.open_nursery() as nursery:
 

@@ -18,6 +18,9 @@ class Settings:
     #: Per-request buffer of engine outputs (items) before the client counts as too slow.
     stream_buffer: int = 256
     max_body_bytes: int = 128 * 1024 * 1024
+    #: Request bodies (JSON, urlencoded) held in memory across all requests at once; past
+    #: it, 503 ``body_memory_exhausted`` (multipart uploads go to disk and count nothing).
+    max_body_memory_bytes: int = 1024 * 1024 * 1024
     #: Seconds a request body may stall between two pieces (408 past it; 0: no limit).
     body_timeout: float = 30.0
     #: Seconds from a request's head to the end of its body (408 past it; 0: no limit;

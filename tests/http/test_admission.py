@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
+import trio
 import trio_websocket
 
 from tests.helpers.frontends import start_engine, start_frontend
+from tests.helpers.http import read_until
 from tests.helpers.waiting import wait_until
 from trioserve import metrics
 from trioserve.config import Settings
@@ -100,3 +102,53 @@ async def test_websocket_requests_take_slots_too(one_slot):
         assert refused["error"]["code"] == "server_overloaded"
         await ws.send_message(json.dumps({"type": "cancel", "id": "a"}))
     await wait_until(lambda: frontend.app.services.admission.in_use == 0, "the slot to be released")
+
+
+async def test_a_body_still_arriving_holds_no_slot(one_slot):
+    # A client that declares a body above what the server reads ahead (1 MiB) and sends it
+    # slowly: its slot used to be taken before the body was read, so such clients could
+    # hold every slot; now the slot is taken once the body is complete.
+    frontend = one_slot
+    body = json.dumps({"prompt": "x" * (2 * 2**20), "max_tokens": 1}).encode()
+    slow = await trio.open_tcp_stream(frontend.host, frontend.port)
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n\r\n"
+    )
+    await slow.send_all(head.encode() + body[: len(body) // 2])
+    async with frontend.client() as client:
+        answer = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        assert answer.status_code == 200, answer.text  # the one slot was free
+    await slow.send_all(body[len(body) // 2 :])
+    assert b"HTTP/1.1 200" in await read_until(slow, b'"finish_reason"')
+    await slow.aclose()
+
+
+async def test_bodies_held_in_memory_across_requests_are_bounded(nursery, http_server):
+    engine = await start_engine(nursery)
+    frontend = await start_frontend(
+        nursery, engine, server=http_server, max_body_memory_bytes=150_000
+    )
+    big = {"prompt": "x" * 100_000}
+    async with (
+        frontend.client() as client,
+        client.stream(
+            "POST", "/v1/completions", json={**HANG, **big}, headers={"x-request-id": "holder"}
+        ) as held,
+    ):
+        chunks = held.aiter_bytes()
+        await chunks.__anext__()  # under way: its 100 kB body is held until it ends
+        refused = await client.post("/v1/completions", json={**big, "max_tokens": 1})
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "body_memory_exhausted"
+        assert refused.headers["retry-after"] == "1"
+        small = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1})
+        assert small.status_code == 200  # what fits is served
+        assert (await client.delete("/v1/requests/holder")).status_code == 200
+        _ = [chunk async for chunk in chunks]
+    await wait_until(
+        lambda: frontend.app.services.body_budget.held == 0, "the held body to be given back"
+    )
+    async with frontend.client() as client:
+        again = await client.post("/v1/completions", json={**big, "max_tokens": 1})
+        assert again.status_code == 200

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import shlex
 
 import openai
@@ -32,6 +34,20 @@ async def test_run_vllm_serves_the_model_to_the_openai_client(vllm: Vllm, nurser
     match = await frontend.wait_for_output(running, guard=START_GUARD)
     url = match[1].decode()
     assert b"vLLM engine serving tiny" in frontend.output
+    # vLLM keeps busy on every CPU it may use: it is kept off the last one, which the
+    # frontend needs to send its aborts in time (tests/helpers/vllm_session.py says why).
+    started = re.search(rb"started the vLLM engine for \S+ \(pid (\d+)\)", frontend.output)
+    assert started is not None
+    status = await trio.Path(f"/proc/{int(started[1])}/status").read_text()
+    listed = re.search(r"Cpus_allowed_list:\s*(\S+)", status)
+    assert listed is not None
+    engine_cpus = set()
+    for part in listed[1].split(","):
+        first, _, last = part.partition("-")
+        engine_cpus.update(range(int(first), int(last or first) + 1))
+    available = sorted(os.sched_getaffinity(0))
+    if len(available) > 1:
+        assert engine_cpus == set(available[:-1])
 
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
     models = await client.models.list()

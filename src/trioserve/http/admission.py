@@ -1,12 +1,22 @@
-"""Admission control: a bound on generation requests served at once.
+"""Admission control: a bound on generation requests served at once, and on the request
+bodies held in memory across requests.
 
 A request past the bound is refused at once (503, ``Retry-After``), never queued: a queue
 in front of the engines only hides overload from the load balancer and the client. The
-slot is held for the whole handler, so a streaming response holds it until its last byte.
+slot is taken once the request's body is complete, just before its engine request is
+submitted (a client sending its body slowly holds no slot), and held until its last byte.
 Operations routes (health, liveness, metrics, models) never take a slot.
+
+Request bodies read into memory (JSON, urlencoded) draw on one budget for the whole
+server (``--max-body-memory-mb``), held until their request ends: many large bodies at
+once are refused (503 ``body_memory_exhausted``) instead of growing the process.
+Multipart uploads stream to disk and draw nothing.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from .. import metrics
 from ..errors import HTTPError
@@ -37,3 +47,35 @@ class Admission:
 
     def release(self) -> None:
         self.in_use -= 1
+
+    @contextmanager
+    def slot(self) -> Iterator[None]:
+        """A slot for the block (the 503 if there is none)."""
+        self.try_acquire()
+        try:
+            yield
+        finally:
+            self.release()
+
+
+class BodyBudget:
+    """Bytes of request bodies held in memory across requests, and their bound."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def take(self, size: int) -> None:
+        """Count ``size`` more bytes, or raise the 503 (nothing counted) past the bound."""
+        if self.held + size > self.limit:
+            metrics.ADMISSION_REFUSED.inc()
+            raise HTTPError(
+                503,
+                f"the server holds its limit of {self.limit} bytes of request bodies; retry later",
+                "body_memory_exhausted",
+                headers=[(b"retry-after", str(RETRY_AFTER).encode())],
+            )
+        self.held += size
+
+    def give_back(self, size: int) -> None:
+        self.held -= size

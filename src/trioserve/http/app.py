@@ -360,22 +360,19 @@ class App:
                     header_values(exchange.head.headers, b"authorization")
                 )
             route = ROUTES.get((exchange.method, exchange.path)) or _fallback(exchange)
-            if route.capability is None:
-                await route.handler(services, exchange)
-            else:
+            if route.capability is not None:
                 exchange.detail_errors = route.detail_errors
                 services.require_capability(route.capability, exchange)
-                admission = services.admission
-                admission.try_acquire()  # held until the last byte is sent
-                try:
-                    await route.handler(services, exchange)
-                finally:
-                    admission.release()
+                # (Its admission slot is taken once its body is complete: services.run.)
+                exchange.body_budget = services.body_budget
+            await route.handler(services, exchange)
         except HTTPError as error:
             if not exchange.started:
                 await exchange.respond_error(error)
         except ClientGone:
             pass
+        finally:
+            exchange.close()
 
     async def _preflight(self, exchange: Exchange, origin: bytes | None) -> None:
         if not self.cors.allows(origin):

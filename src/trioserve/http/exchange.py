@@ -15,6 +15,7 @@ import attrs
 import trio
 
 from ..errors import ClientGone, HTTPError
+from .admission import BodyBudget
 from .channel import Headers, RequestHead, ResponseChannel
 
 _REQUEST_ID_RE = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
@@ -53,6 +54,8 @@ class Exchange:
 
     __slots__ = (
         "_prepared_start",
+        "body_budget",
+        "body_held",
         "channel",
         "detail_errors",
         "extra_headers",
@@ -86,6 +89,10 @@ class Exchange:
         #: The index of the API key the request came with (``http/auth.py``; None: no
         #: keys configured, or a route open to all).
         self.key_index: int | None = None
+        #: What bodies read into memory draw on (``admission.BodyBudget``), and how much
+        #: this request holds of it (given back when the request ends: :meth:`close`).
+        self.body_budget: BodyBudget | None = None
+        self.body_held = 0
 
     def _request_id(self) -> str:
         supplied = self.headers.get(b"x-request-id")
@@ -133,14 +140,24 @@ class Exchange:
         self.check_declared_length(limit)
         chunks: list[bytes] = []
         size = 0
+        budget = self.body_budget
         while True:
             chunk, more = await self.next_body_chunk(timeout)
             size += len(chunk)
             if size > limit:
                 raise body_too_large(limit)
+            if budget is not None:
+                budget.take(len(chunk))
+                self.body_held += len(chunk)
             chunks.append(chunk)
             if not more:
                 return b"".join(chunks)
+
+    def close(self) -> None:
+        """The request has ended: what it held of the body budget is given back."""
+        if self.body_budget is not None and self.body_held:
+            self.body_budget.give_back(self.body_held)
+            self.body_held = 0
 
     def response_headers(self, headers: Headers) -> Headers:
         out = [*headers, *self.extra_headers, (b"x-request-id", self.request_id.encode())]

@@ -93,6 +93,22 @@ async def run_group(
     else the client gets the first failure (unless it has gone). With ``stream``, the
     members' chunks go to the client as they come (see :class:`StreamingGroup`), and the
     failure, if the response has begun, is its last event."""
+    # One admission slot for the client's request, taken now that its body is complete
+    # and held until its last byte.
+    with services.admission.slot():
+        await _run_group(services, exchange, submits, capability, timeout, answer, stream=stream)
+
+
+async def _run_group(
+    services: Services,
+    exchange: Exchange,
+    submits: list[Submit],
+    capability: str,
+    timeout: float,
+    answer: Callable[[list[Collected]], Awaitable[None]],
+    *,
+    stream: StreamingGroup | None = None,
+) -> None:
     owner = exchange.key_index
     group = GroupHandle(exchange.request_id, owner=owner)
     group.members = [RequestHandle(submit.request_id, owner=owner) for submit in submits]

@@ -16,7 +16,7 @@ from ..config import Settings
 from ..engine import EngineClient
 from ..errors import HTTPError
 from ..protocol import Submit
-from .admission import Admission
+from .admission import Admission, BodyBudget
 from .bodies.forms import JSON, MULTIPART, URLENCODED, Body, read_body
 from .bodies.media import MediaFetcher
 from .bodies.uploads import Uploads
@@ -55,12 +55,15 @@ class Services:
     #: Open WebSocket connections (each ends its own requests).
     connections: set[Connection] = attrs.Factory(set)
     admission: Admission = attrs.field(init=False)
+    #: Request bodies held in memory across requests (``--max-body-memory-mb``).
+    body_budget: BodyBudget = attrs.field(init=False)
     #: The description of the API as JSON (``/openapi.json``): the application's, which
     #: knows the route table.
     openapi: Callable[[], bytes] | None = None
 
     def __attrs_post_init__(self) -> None:
         self.admission = Admission(self.settings.max_concurrent_requests)
+        self.body_budget = BodyBudget(self.settings.max_body_memory_bytes)
 
     # -- checks every generation route makes ---------------------------------------------
 
@@ -174,21 +177,23 @@ class Services:
         keepalive: float = 0,
         buffer: int = 0,
     ) -> None:
-        """One generation request of ``exchange``, through the request lifecycle.
-        ``buffer``: outputs the request may have queued, when it needs more than
-        ``--stream-buffer`` (an answer of a known number of items all made in one step)."""
-        await run_generation(
-            engines=self.engines,
-            registry=self.registry,
-            submit=submit,
-            capability=capability,
-            writer=writer,
-            timeout=timeout,
-            buffer=max(buffer, self.settings.stream_buffer),
-            watch_disconnect=exchange.watch_disconnect,
-            handle=RequestHandle(submit.request_id, owner=exchange.key_index),
-            keepalive=keepalive,
-        )
+        """One generation request of ``exchange``, through the request lifecycle, in an
+        admission slot (taken now, its body complete). ``buffer``: outputs the request may
+        have queued, when it needs more than ``--stream-buffer`` (an answer of a known
+        number of items all made in one step)."""
+        with self.admission.slot():
+            await run_generation(
+                engines=self.engines,
+                registry=self.registry,
+                submit=submit,
+                capability=capability,
+                writer=writer,
+                timeout=timeout,
+                buffer=max(buffer, self.settings.stream_buffer),
+                watch_disconnect=exchange.watch_disconnect,
+                handle=RequestHandle(submit.request_id, owner=exchange.key_index),
+                keepalive=keepalive,
+            )
 
     def end_all(self, reason: str) -> int:
         """End every request in flight (the drain deadline); returns how many."""

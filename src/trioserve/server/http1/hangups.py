@@ -56,7 +56,9 @@ class HangupWatcher:
         if self._callbacks.pop(fd, None) is not None:
             try:
                 self._epoll.unregister(fd)
-            except OSError:  # already closed (the kernel has dropped it)
+            except (OSError, ValueError):
+                # The descriptor is closed (the kernel has dropped it), or the watcher has
+                # stopped and closed its epoll (a request ending as the server shuts down).
                 pass
 
     async def run(self) -> None:
