@@ -30,6 +30,7 @@ import trio
 
 from . import __version__
 from .config import Settings
+from .errors import CommandError
 from .sdk.curve_options import add_curve_arguments
 from .transport.zmtp import parse_address
 
@@ -53,15 +54,6 @@ INTERRUPTED = 130
 #: docs/deployment.md: ``--graceful-timeout`` counts from the signal, and the last error
 #: events have ERROR_WRITE_TIMEOUT (5 s) plus a second to leave (``hard_stop_after``).
 GRACE_RULE = "terminationGracePeriodSeconds > preStop + max(--drain-delay, --graceful-timeout) + 6"
-
-
-class CommandError(Exception):
-    """A usage or environment error: one line that names the cause and the fix, and the
-    exit status, without a traceback (but with it under ``--log-level debug``)."""
-
-    def __init__(self, message: str, status: int = ENVIRONMENT_ERROR) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class _Parser(argparse.ArgumentParser):
@@ -692,7 +684,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.log_level == "debug":
             log.debug("the error below, with its traceback", exc_info=exc)
         log.error("%s", exc)
-        return exc.status
+        return exc.exit_status
     except KeyboardInterrupt:
         # Ctrl-C before the command took signals over (the server then drains instead).
         return INTERRUPTED

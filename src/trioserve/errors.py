@@ -17,6 +17,7 @@
       SlowClientError         the client fell behind its buffer bound
       WriterFailedError       a bug in one response's writer
       RequestError            raised by an engine backend (SDK) to end a request with a status
+      CommandError            a command's usage or environment error (the CLI's exit status)
 """
 
 from __future__ import annotations
@@ -216,3 +217,13 @@ class WriterRefused(TrioserveError):
         super().__init__(error.message)
         self.error = error
         self.reason = reason
+
+
+class CommandError(TrioserveError):
+    """A usage or environment error of a ``trioserve`` command: one line that names the
+    cause and the fix, and the exit status (2: the command line is wrong; 1: something it
+    names cannot be used), without a traceback (but with it under ``--log-level debug``)."""
+
+    def __init__(self, message: str, exit_status: int = 1) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status

@@ -1,6 +1,6 @@
 """The frontend's connection to one engine: handshake, heartbeats, demultiplexing.
 
-One :class:`~trioserve.zmtp.ZmtpDealer` task owns the connection to the engine; it calls
+One :class:`~trioserve.transport.zmtp.ZmtpDealer` task owns the connection to the engine; it calls
 :meth:`EngineConnection._on_message` for every frame and routes output items to their
 subscriptions with non-blocking sends only, so one slow request never holds up the others.
 A heartbeat task sends pings (or, while not connected, hellos) and declares the engine lost

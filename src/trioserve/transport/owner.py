@@ -1,7 +1,7 @@
 """One task owns a socket: the loop and the wake-up both of trioserve's socket owners share.
 
-:class:`~trioserve.zmtp.ZmtpDealer` (the frontend's link to an engine) and
-:class:`~trioserve.zmq_trio.ZmqPump` (a pyzmq socket, in the SDK) differ in how they read,
+:class:`~trioserve.transport.zmtp.ZmtpDealer` (the frontend's link to an engine) and
+:class:`~trioserve.transport.zmq_pump.ZmqPump` (a pyzmq socket, in the SDK) differ in how they read,
 send and wait; what they share is here. The owner task
 
 1. reads and handles what is waiting, within a time budget (:meth:`_receive_available`),
@@ -32,8 +32,8 @@ OUTBOX_LIMIT = 16_384
 #: Seconds the owner may spend handling what it read before it lets other tasks run: one
 #: engine frame can carry a whole step's outputs (a write to a client each), and an owner
 #: that handled them all in a row starved every other task, heartbeats included.
-#: (:class:`~trioserve.zmtp.ZmtpDealer` counts its thread's CPU time, see its
-#: ``_budget_spent``; :class:`~trioserve.zmq_trio.ZmqPump` the wall clock.)
+#: (:class:`~trioserve.transport.zmtp.ZmtpDealer` counts its thread's CPU time, see its
+#: ``_budget_spent``; :class:`~trioserve.transport.zmq_pump.ZmqPump` the wall clock.)
 RECV_BUDGET = 0.005
 
 M = TypeVar("M")
