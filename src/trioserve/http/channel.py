@@ -143,21 +143,34 @@ class AsgiChannel:
     def try_send(self, body: bytes) -> bool:
         return False
 
-    @asynccontextmanager
-    async def watch_disconnect(self, on_gone: Callable[[], None]) -> AsyncIterator[None]:
+    def watch_disconnect(self, on_gone: Callable[[], None]) -> AbstractAsyncContextManager[None]:
         # hypercorn's trio worker never raises from send() after a disconnect: reading
         # receive() is the only way to learn of it, and that takes a task.
-        async def watch() -> None:
-            while (await self._receive())["type"] != "http.disconnect":
-                pass
-            on_gone()
+        return watch_with_task(self._wait_disconnect, on_gone)
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(watch)
-            try:
-                yield
-            finally:
-                nursery.cancel_scope.cancel()
+    async def _wait_disconnect(self) -> None:
+        while (await self._receive())["type"] != "http.disconnect":
+            pass
+
+
+@asynccontextmanager
+async def watch_with_task(
+    wait_gone: Callable[[], Awaitable[None]], on_gone: Callable[[], None]
+) -> AsyncIterator[None]:
+    """A disconnect watch by a task: ``on_gone()`` once ``wait_gone()`` returns, while the
+    context is open (where no server calls back, as the built-in server's hang-up watcher
+    does)."""
+
+    async def watch() -> None:
+        await wait_gone()
+        on_gone()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch)
+        try:
+            yield
+        finally:
+            nursery.cancel_scope.cancel()
 
 
 class AsgiHandler:

@@ -96,52 +96,39 @@ async def run_group(
     # One admission slot for the client's request, taken now that its body is complete
     # and held until its last byte.
     with services.admission.slot():
-        await _run_group(services, exchange, submits, capability, timeout, answer, stream=stream)
-
-
-async def _run_group(
-    services: Services,
-    exchange: Exchange,
-    submits: list[Submit],
-    capability: str,
-    timeout: float,
-    answer: Callable[[list[Collected]], Awaitable[None]],
-    *,
-    stream: StreamingGroup | None = None,
-) -> None:
-    owner = exchange.key_index
-    group = GroupHandle(exchange.request_id, owner=owner)
-    group.members = [RequestHandle(submit.request_id, owner=owner) for submit in submits]
-    result = GroupResult([None] * len(submits))
-    services.registry.add(group)
-    try:
-        # One watch for the group (ASGI receive() has one reader); it ends every member.
-        async with (
-            exchange.watch_disconnect(partial(group.end, "disconnect")),
-            trio.open_nursery() as members,
-        ):
-            for index, submit in enumerate(submits):
-                writer: Writer = (
-                    _MemberWriter(exchange, result, index, group)
-                    if stream is None
-                    else _StreamingMember(stream, result, index, group)
-                )
-                members.start_soon(
-                    _member, services, submit, capability, timeout, group, result, index, writer
-                )
-    finally:
-        services.registry.remove(group)
-    if group.end_reason == "disconnect":
-        return
-    if result.error is not None:
-        if stream is not None:
-            await stream.fail(result.error)
-        else:
-            await exchange.respond_error(result.error)
-        return
-    collected = [c for c in result.collected if c is not None]
-    if len(collected) == len(submits):
-        await answer(collected)
+        owner = exchange.key_index
+        group = GroupHandle(exchange.request_id, owner=owner)
+        group.members = [RequestHandle(submit.request_id, owner=owner) for submit in submits]
+        result = GroupResult([None] * len(submits))
+        services.registry.add(group)
+        try:
+            # One watch for the group (ASGI receive() has one reader); it ends every member.
+            async with (
+                exchange.watch_disconnect(partial(group.end, "disconnect")),
+                trio.open_nursery() as members,
+            ):
+                for index, submit in enumerate(submits):
+                    writer: Writer = (
+                        _MemberWriter(exchange, result, index, group)
+                        if stream is None
+                        else _StreamingMember(stream, result, index, group)
+                    )
+                    members.start_soon(
+                        _member, services, submit, capability, timeout, group, result, index, writer
+                    )
+        finally:
+            services.registry.remove(group)
+        if group.end_reason == "disconnect":
+            return
+        if result.error is not None:
+            if stream is not None:
+                await stream.fail(result.error)
+            else:
+                await exchange.respond_error(result.error)
+            return
+        collected = [c for c in result.collected if c is not None]
+        if len(collected) == len(submits):
+            await answer(collected)
 
 
 async def _member(

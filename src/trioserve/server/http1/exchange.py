@@ -7,14 +7,14 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from urllib.parse import unquote
 
 import trio
 
 from ...errors import ClientGone, HttpProtocolError
-from ...http.channel import Headers, RequestHead
+from ...http.channel import Headers, RequestHead, watch_with_task
 from . import protocol as http1
 from .config import PIPELINE_BUFFER
 from .connection import Connection
@@ -81,20 +81,7 @@ class HttpExchange:
         not count; it stays in the socket until its turn."""
         if self.connection.shared.hangups is not None:
             return HangupWatch(self, on_gone)
-        return self._watch_with_task(on_gone)
-
-    @asynccontextmanager
-    async def _watch_with_task(self, on_gone: Callable[[], None]) -> AsyncIterator[None]:
-        async def watch() -> None:
-            await self._wait_disconnect()
-            on_gone()
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(watch)
-            try:
-                yield
-            finally:
-                nursery.cancel_scope.cancel()
+        return watch_with_task(self._wait_disconnect, on_gone)
 
     async def _preread(self) -> bool:
         """Read a small body whole before the app sees the request (see
