@@ -213,6 +213,13 @@ def test_the_last_item_of_a_request_takes_the_fast_path():
             {"max_tokens": 3, "temperature": 0.5, "stop": ["\n", "."], "seed": None},
         ),
         Submit("r", "m", "completion", {"prompt": "x"}, {"mock_by_seed": {"1": {"a": [1]}}}),
+        Submit(
+            "r",
+            "m",
+            "chat",
+            {"messages": []},
+            trace_context={"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"},
+        ),
     ],
 )
 def test_a_submit_encodes_to_the_converters_bytes(submit):
@@ -221,3 +228,49 @@ def test_a_submit_encodes_to_the_converters_bytes(submit):
     from trioserve.protocol.codec import converter
 
     assert encode(submit) == msgpack.packb(["submit", converter.unstructure(submit)])
+
+
+def test_a_submit_carries_its_trace_context_only_when_it_has_one():
+    traced = Submit(
+        "r",
+        "m",
+        "chat",
+        {"messages": []},
+        trace_context={
+            "traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01",
+            "tracestate": "k=v",
+        },
+    )
+    assert decode(encode(traced)) == traced
+    plain = Submit("r", "m", "chat", {"messages": []})
+    assert b"trace_context" not in encode(plain)
+    assert decode(encode(plain)).trace_context is None
+
+
+def test_a_submit_with_a_trace_context_of_the_wrong_type_is_malformed():
+    frame = msgpack.packb(
+        [
+            "submit",
+            {"request_id": "r", "model": "m", "task": "chat", "inputs": {}, "trace_context": "x"},
+        ]
+    )
+    with pytest.raises(PeerProtocolError, match="trace_context"):
+        decode(frame)
+
+
+@pytest.mark.parametrize("queue_time", [0.25, 3])
+def test_an_item_s_queue_time_decodes_on_the_fast_path_and_the_converters(queue_time):
+    final = OutputItem("r", 1, data="x", usage=Usage(1, 2), finish_reason="stop")
+    final.queue_time = queue_time
+    frame = encode(Outputs([final]))
+    assert decode(frame).items[0].queue_time == queue_time
+    # The converter's path (an unknown key sends the frame there) reads it alike.
+    raw = msgpack.unpackb(frame)
+    raw[1]["items"][0]["something_new"] = 1
+    assert decode(msgpack.packb(raw)).items[0].queue_time == queue_time
+
+
+def test_an_item_s_queue_time_that_is_not_a_number_is_malformed():
+    item = {"request_id": "r", "seq": 0, "finish_reason": "stop", "queue_time": "soon"}
+    with pytest.raises(PeerProtocolError, match="queue_time"):
+        decode(msgpack.packb(["outputs", {"items": [item]}]))

@@ -77,6 +77,18 @@ def _make_converter() -> cattrs.Converter:
             cls, make_dict_unstructure_fn(cls, conv, _cattrs_omit_if_default=True)
         )
 
+    # A submit's trace context is written only when there is one (the fields it had
+    # before it are always written).
+    submit_fields = make_dict_unstructure_fn(Submit, conv)
+
+    def unstructure_submit(submit: Submit) -> dict[str, Any]:
+        body = submit_fields(submit)
+        if body["trace_context"] is None:
+            del body["trace_context"]
+        return body
+
+    conv.register_unstructure_hook(Submit, unstructure_submit)
+
     # Strict scalars: a peer that sends a string where an int belongs is malformed, not
     # something to coerce silently.
     def _exact(kind: type) -> Any:
@@ -128,12 +140,14 @@ def encode(message: Message) -> bytes:
             "inputs": message.inputs,
             "params": message.params,
         }
+        if message.trace_context is not None:
+            body["trace_context"] = message.trace_context
         return _packer.pack([_SUBMIT_TAG, body])
     return _packer.pack([TAGS[type(message)], converter.unstructure(message)])
 
 
 _PLAIN_ITEM_KEYS = frozenset(
-    {"request_id", "seq", "modality", "data", "finish_reason", "mime_type", "usage"}
+    {"request_id", "seq", "modality", "data", "finish_reason", "mime_type", "usage", "queue_time"}
 )
 _USAGE_KEYS = frozenset({"prompt_tokens", "completion_tokens"})
 _TOKEN_KEYS = frozenset({"request_id", "seq", "data"})
@@ -190,8 +204,10 @@ def _fast_outputs(body: dict) -> Outputs | None:
         finish = d.get("finish_reason")
         mime = d.get("mime_type")
         usage = _fast_usage(d.get("usage"))
+        queued = d.get("queue_time")
         if (
             usage is False
+            or (queued is not None and type(queued) is not float and type(queued) is not int)
             or type(request_id) is not str
             or type(seq) is not int
             or (modality is not None and type(modality) is not str)
@@ -200,7 +216,10 @@ def _fast_outputs(body: dict) -> Outputs | None:
             or (mime is not None and type(mime) is not str)
         ):
             return None
-        append(OutputItem(request_id, seq, modality or "text", data, usage, finish, None, mime))
+        item = OutputItem(request_id, seq, modality or "text", data, usage, finish, None, mime)
+        if queued is not None:
+            item.queue_time = queued
+        append(item)
     return Outputs(items)
 
 

@@ -76,6 +76,10 @@ class Submit:
     #: Generation parameters: ``max_tokens``, ``temperature``, ``seed``, ... and, for the
     #: mock engine, ``mock_*`` fault knobs. Unknown keys are the engine's to ignore.
     params: dict[str, Any] = attrs.Factory(dict)
+    #: The request's W3C Trace Context when the frontend traces it (``traceparent``, and
+    #: ``tracestate`` if any, under those names): an engine's own spans of the request
+    #: join the frontend's trace by taking it as their parent. None: not traced.
+    trace_context: dict[str, str] | None = None
 
 
 @attrs.frozen
@@ -139,6 +143,9 @@ class OutputItem:
     #: ``{token, logprob, bytes, top_logprobs}``; ``completion``, a map of the parallel
     #: lists ``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset``.
     logprobs: Any = None
+    #: Seconds the request waited in the engine before its generation began, where the
+    #: engine knows (a scheduler's queue); sent with the last item.
+    queue_time: float | None = None
 
     @property
     def final(self) -> bool:

@@ -57,6 +57,9 @@ class Output:
     mime_type: str | None = None
     #: This delta's log probabilities, in the OpenAI shape of the request's task.
     logprobs: Any = None
+    #: Seconds the request waited in the backend's queue before its generation began,
+    #: where the backend has one; give it with the last output (``OutputItem.queue_time``).
+    queue_time: float | None = None
 
 
 @attrs.frozen
@@ -281,6 +284,7 @@ class EngineCore:
             finish_reason=out.finish_reason,
             mime_type=out.mime_type,
             logprobs=out.logprobs,
+            queue_time=out.queue_time,
         )
         running.seq += 1
         self._pending.setdefault(key[0], []).append(item)

@@ -420,6 +420,7 @@ class MockBackend:
         error_after = _optional_int(params, "mock_error_after")
         hang_after = _optional_int(params, "mock_hang_after")
         stall = _number(params, "mock_stall_s", 0)
+        queue = _number(params, "mock_queue_ms", 0) / 1000
 
         if request.task == "embedding":
             prompt_words = sum(len(text.split()) for text in request.inputs["input"])
@@ -429,6 +430,12 @@ class MockBackend:
         if stall > 0:
             time.sleep(stall)  # noqa: ASYNC251 - deliberately blocks the engine's loop: a hung engine
         period = 1.0 / rate if rate > 0 else 0.0
+        # The mock starts every request at once; mock_queue_ms makes it wait first, as
+        # in a scheduler's queue. Either way it reports the wait (OutputItem.queue_time).
+        arrived = time.monotonic()
+        if queue > 0:
+            await _sleep(queue)
+        queued = time.monotonic() - arrived
         await _sleep(ttft)
         for index in range(len(steps)):
             step = steps[index]
@@ -447,5 +454,6 @@ class MockBackend:
                     step,
                     usage=Usage(prompt_words, 0 if request.task == "embedding" else len(steps)),
                     finish_reason=finish_reason,
+                    queue_time=queued,
                 )
             yield step
