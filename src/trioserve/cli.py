@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 import trio
 
-from . import __version__
+from . import __version__, logs
 from .config import Settings
 from .errors import CommandError
 from .sdk.curve_options import add_curve_arguments
@@ -196,6 +196,18 @@ def _log_level_option(parser: argparse.ArgumentParser, default: str) -> None:
     )
 
 
+def _log_format_option(parser: argparse.ArgumentParser, default: str) -> None:
+    """``--log-format``, before the command or after ``run`` (as ``--log-level``)."""
+    parser.add_argument(
+        "--log-format",
+        default=default,
+        choices=["text", "json"],
+        help="how every log line is written: text, or one JSON object a line (the access "
+        "log's fields as keys; docs/metrics.md)"
+        + (" (default: text)" if default is argparse.SUPPRESS else ""),
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="trioserve",
@@ -211,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"trioserve {__version__}")
     _log_level_option(parser, "info")
+    _log_format_option(parser, "text")
     commands = parser.add_subparsers(
         dest="command",
         required=True,
@@ -233,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_HelpFormatter,
     )
     _log_level_option(run, argparse.SUPPRESS)
+    _log_format_option(run, argparse.SUPPRESS)
     run.add_argument("--host", default=DEFAULTS.host, help="address to listen on")
     run.add_argument(
         "--port", type=_port, default=DEFAULTS.port, help="port to listen on (0: any free one)"
@@ -457,6 +471,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds from SIGTERM (or SIGINT) until requests still running are ended; it "
         f"includes --drain-delay. In Kubernetes: {GRACE_RULE} (docs/deployment.md)",
     )
+    observe = run.add_argument_group("observability (docs/metrics.md)")
+    observe.add_argument(
+        "--no-access-log",
+        dest="access_log",
+        action="store_false",
+        help="no line per request on the trioserve.access logger (on by default, at info)",
+    )
+    observe.add_argument(
+        "--otlp-traces-endpoint",
+        metavar="URL",
+        default="",
+        help="send OpenTelemetry traces of generation requests over OTLP/HTTP to URL, e.g. "
+        "http://collector:4318 (/v1/traces is added to a URL without a path); needs "
+        "pip install 'trioserve[tracing]'",
+    )
+    observe.add_argument(
+        "--debug-endpoints",
+        action="store_true",
+        help="serve GET /debug/requests, the requests in flight and where each one is "
+        "(behind the API key when keys are set)",
+    )
     tls_options = run.add_argument_group("TLS (both servers; hypercorn adds HTTP/2 over it)")
     tls_options.add_argument(
         "--ssl-certfile",
@@ -665,11 +700,7 @@ def main(argv: list[str] | None = None) -> int:
     command = _command_parser(parser, args)
     if extra and not (args.command == "engine" and args.engine_kind == "vllm"):
         command.error(f"unrecognized arguments: {' '.join(extra)}")
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    logs.configure(args.log_level, args.log_format)
     try:
         if args.command == "run":
             return _run(args)
@@ -798,6 +829,15 @@ def _run(args: argparse.Namespace) -> int:
     tls_error = _tls_usage_error(args)
     if tls_error:
         raise CommandError(tls_error, USAGE_ERROR)
+    if args.otlp_traces_endpoint:
+        try:
+            import opentelemetry.exporter.otlp.proto.http.trace_exporter
+            import opentelemetry.sdk.trace  # noqa: F401
+        except ImportError as exc:
+            raise CommandError(
+                f"--otlp-traces-endpoint needs OpenTelemetry's SDK and OTLP exporter ({exc}): "
+                "pip install 'trioserve[tracing]'"
+            ) from None
     from .server.frontend import serve_frontend
 
     settings = Settings(
@@ -839,6 +879,9 @@ def _run(args: argparse.Namespace) -> int:
         ssl_keyfile=args.ssl_keyfile or "",
         ssl_ca_certs=args.ssl_ca_certs or "",
         ssl_client_cert=args.ssl_client_cert or "required",
+        access_log=args.access_log,
+        otlp_traces_endpoint=args.otlp_traces_endpoint,
+        debug_endpoints=args.debug_endpoints,
         engine_curve_secret_key=args.engine_curve_secret_key or "",
         engine_curve_server_key=args.engine_curve_server_key or "",
     )
@@ -858,6 +901,7 @@ def _run(args: argparse.Namespace) -> int:
             address = f"ipc://{Path(tmp) / 'engine.sock'}"
             settings.engines = [address]
             common = [sys.executable, "-m", "trioserve", "--log-level", args.log_level]
+            common += ["--log-format", args.log_format]
             common_tail = ["--bind", address, "--exit-with-parent", str(os.getpid())]
             if args.vllm:
                 child = ChildEngine(

@@ -88,3 +88,10 @@ class Settings:
     ssl_ca_certs: str = ""
     #: With ``ssl_ca_certs``: a client certificate is "required" or "optional".
     ssl_client_cert: str = "required"
+    #: One line per request on the ``trioserve.access`` logger (at INFO).
+    access_log: bool = True
+    #: Where to send OpenTelemetry traces (OTLP over HTTP, protobuf); "": no tracing, and
+    #: nothing of OpenTelemetry is imported.
+    otlp_traces_endpoint: str = ""
+    #: Serve ``GET /debug/requests``, the live view of the requests in flight.
+    debug_endpoints: bool = False

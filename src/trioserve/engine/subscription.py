@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import logging
 from collections.abc import Callable
+from time import perf_counter
 from typing import Protocol
 
 import trio
@@ -59,6 +60,11 @@ class Subscription:
         "_woken",
         "engine",
         "error",
+        "final",
+        "first_output_at",
+        "gaps",
+        "last_output_at",
+        "outputs",
         "request_id",
         "sink",
         "state",
@@ -92,6 +98,17 @@ class Subscription:
         self.sink: Callable[[list[OutputItem]], list[OutputItem]] | None = None
         #: Items held for the sink until the engine connection's read pass ends.
         self._held: list[OutputItem] | None = None
+        # What the request's figures are made of (metrics, traces, the live view), kept
+        # per write of outputs, not per item: when the first and the last output reached
+        # the writer (``time.perf_counter``; 0: none yet) and how many items did.
+        self.first_output_at = 0.0
+        self.last_output_at = 0.0
+        self.outputs = 0
+        #: Given the gap since the previous write at every write but the first (the
+        #: inter-token latency histogram), or None.
+        self.gaps: Callable[[float], None] | None = None
+        #: The request's last item (a finish or an error), once the engine sent it.
+        self.final: OutputItem | None = None
 
     # -- called by the engine connection (in its socket-owner task) --------------------
 
@@ -127,12 +144,15 @@ class Subscription:
         sink = self.sink
         if sink is not None and self._waiter is not None:
             try:
-                held = sink(held)
+                rest = sink(held)
             except Exception:
                 log.exception("the writer of request %s failed; ending it", self.request_id)
                 self.sink = None
                 self.fail(WriterFailedError("the response writer failed"), "internal_error")
                 return
+            if len(rest) < len(held):
+                self._written(len(held) - len(rest))
+            held = rest
         for item in held:
             self._queue(item)
 
@@ -151,6 +171,7 @@ class Subscription:
             return
         items.append(item)
         if item.finish_reason is not None or item.error is not None:
+            self.final = item
             self.state = "finished"
             self.engine.forget(self.request_id)
             self._closed = True
@@ -241,8 +262,27 @@ class Subscription:
         if len(items) <= limit:
             batch = list(items)
             items.clear()
-            return batch
-        return [items.popleft() for _ in range(limit)]
+        else:
+            batch = [items.popleft() for _ in range(limit)]
+        self._written(len(batch))
+        return batch
+
+    def _written(self, count: int) -> None:
+        """``count`` outputs go to the writer now (the sink's, or the consumer's)."""
+        now = perf_counter()
+        if self.outputs:
+            gaps = self.gaps
+            if gaps is not None:
+                gaps(now - self.last_output_at)
+        else:
+            self.first_output_at = now
+        self.last_output_at = now
+        self.outputs += count
+
+    @property
+    def parked(self) -> bool:
+        """Whether the consumer is waiting for the engine's next output."""
+        return self._waiter is not None
 
 
 __all__ = ["DEFAULT_BUFFER", "EngineLostError", "Subscription"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from time import perf_counter
 from typing import Any
 
 import attrs
@@ -24,8 +25,9 @@ from .bodies.openai import ChatCompletionRequest, CompletionRequest
 from .channel import AsgiChannel, Receive, RequestHead, ResponseChannel, Send, head_of
 from .cors import CorsPolicy
 from .exchange import JSON_HEADERS, ClientGone, Exchange
+from .observe import Observer
 from .openapi import JSON, MULTIPART, URLENCODED, Doc, json_body
-from .routes import embeddings, generate, images, openai, operations, pages, speech, videos
+from .routes import debug, embeddings, generate, images, openai, operations, pages, speech, videos
 from .services import Services
 from .websocket import POLICY_VIOLATION, WebSocketConnection
 
@@ -221,6 +223,14 @@ TEMPLATED: dict[tuple[str, str], Route] = {
         ),
     ),
 }
+#: Served only with ``--debug-endpoints`` (else unknown paths: 404), and not described in
+#: ``/openapi.json``: an operator's view, not the API.
+DEBUG_ROUTES: dict[tuple[str, str], Route] = {
+    ("GET", "/debug/requests"): Route(
+        debug.requests_in_flight,
+        Doc("debugRequests", "The requests in flight (--debug-endpoints)", "operations"),
+    ),
+}
 _PATHS = {path for _, path in ROUTES}
 _PREFIXES = {(method, path.partition("{")[0]): route for (method, path), route in TEMPLATED.items()}
 
@@ -230,8 +240,16 @@ class App:
     ``services.state``)."""
 
     def __init__(self, engines: EngineClient, settings: Settings | None = None) -> None:
-        self.services = services = Services(engines, settings or Settings())
-        self.settings = settings = services.settings
+        settings = settings or Settings()
+        tracing = None
+        if settings.otlp_traces_endpoint:
+            from .tracing import Tracing  # OpenTelemetry: imported only when tracing
+
+            tracing = Tracing(settings.otlp_traces_endpoint)
+        observer = Observer(access_log=settings.access_log, tracing=tracing)
+        self.services = services = Services(engines, settings, observer=observer)
+        self.settings = settings
+        self.routes = ROUTES | DEBUG_ROUTES if settings.debug_endpoints else ROUTES
         self.cors = CorsPolicy(settings.cors_origins, settings.cors_allow_credentials)
         self.api_keys = ApiKeys(settings.api_keys)
         #: What a request without a key may reach when there are keys: every other path
@@ -264,6 +282,12 @@ class App:
             open_paths=self.open_paths,
         )
 
+    async def aclose(self) -> None:
+        """Send what is left of the traces (bounded: see ``Tracing.shutdown``)."""
+        tracing = self.services.observer.tracing
+        if tracing is not None:
+            await trio.to_thread.run_sync(tracing.shutdown, abandon_on_cancel=True)
+
     async def handle_http(self, head: RequestHead, channel: ResponseChannel) -> None:
         """One HTTP request, from the built-in server (or from :meth:`__call__`)."""
         await self._http(Exchange(head, channel, self.services.state))
@@ -286,6 +310,7 @@ class App:
     async def _websocket(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         headers = scope["headers"]
         protocols = header_values(headers, b"sec-websocket-protocol")
+        arrived = perf_counter()
         if not self._websocket_origin_allowed(headers):
             # A browser page of another site opening a socket with the user's network
             # position and cookies (cross-site WebSocket hijacking).
@@ -295,14 +320,14 @@ class App:
                 "any origin with --ws-allow-any-origin)",
                 "websocket_origin_not_allowed",
             )
-            await _refuse_websocket(scope, receive, send, error)
+            await self._refuse_websocket(scope, receive, send, error, arrived)
             return
         try:
             key_index = self.api_keys.authenticate_websocket(
                 header_values(headers, b"authorization"), protocols
             )
         except HTTPError as error:
-            await _refuse_websocket(scope, receive, send, error)
+            await self._refuse_websocket(scope, receive, send, error, arrived)
             return
         connection = WebSocketConnection(
             self.services,
@@ -310,8 +335,31 @@ class App:
             send,
             key_index=key_index,
             subprotocol=select_subprotocol(protocols),
+            client=scope.get("client"),
+            headers={name.lower(): value for name, value in headers},
         )
         await connection.serve()
+
+    async def _refuse_websocket(
+        self,
+        scope: dict[str, Any],
+        receive: Receive,
+        send: Send,
+        error: HTTPError,
+        arrived: float,
+    ) -> None:
+        try:
+            await _refuse_websocket(scope, receive, send, error)
+        finally:
+            self.services.observer.ws_socket_done(
+                client=scope.get("client"),
+                socket=None,
+                status=error.status,
+                sent=0,
+                arrived=arrived,
+                end=error.code,
+                requests=0,
+            )
 
     async def _no_websocket_route(
         self, scope: dict[str, Any], receive: Receive, send: Send
@@ -327,7 +375,7 @@ class App:
             )
         except HTTPError as refused:
             error = refused
-        await _refuse_websocket(scope, receive, send, error)
+        await self._refuse_websocket(scope, receive, send, error, perf_counter())
 
     def _websocket_origin_allowed(self, headers: list[tuple[bytes, bytes]]) -> bool:
         """Browsers say where a page came from (``Origin``); other clients send none. A
@@ -345,6 +393,27 @@ class App:
         return len(hosts) == 1 and origin.partition(b"://")[2] == hosts[0].lower()
 
     async def _http(self, exchange: Exchange) -> None:
+        gone = False
+        try:
+            await self._dispatch(exchange)
+        except ClientGone:
+            gone = True
+        finally:
+            exchange.close()
+            self.services.observer.http_done(exchange, self._route_label(exchange), gone)
+
+    def _route_label(self, exchange: Exchange) -> str:
+        """The route's path for the metrics (a templated one's template); a made-up path
+        is ``unmatched``."""
+        path = exchange.path
+        if path in _PATHS or (exchange.method, path) in self.routes:
+            return path
+        for _, prefix in _PREFIXES:
+            if path.startswith(prefix) and len(path) > len(prefix):
+                return prefix + "{id}"
+        return "unmatched"
+
+    async def _dispatch(self, exchange: Exchange) -> None:
         services = self.services
         try:
             if self.cors.enabled:
@@ -359,7 +428,7 @@ class App:
                 exchange.key_index = self.api_keys.authenticate(
                     header_values(exchange.head.headers, b"authorization")
                 )
-            route = ROUTES.get((exchange.method, exchange.path)) or _fallback(exchange)
+            route = self.routes.get((exchange.method, exchange.path)) or _fallback(exchange)
             if route.capability is not None:
                 exchange.detail_errors = route.detail_errors
                 services.require_capability(route.capability, exchange)
@@ -369,10 +438,6 @@ class App:
         except HTTPError as error:
             if not exchange.started:
                 await exchange.respond_error(error)
-        except ClientGone:
-            pass
-        finally:
-            exchange.close()
 
     async def _preflight(self, exchange: Exchange, origin: bytes | None) -> None:
         if not self.cors.allows(origin):

@@ -9,6 +9,7 @@ import os
 import re
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
+from time import perf_counter
 from typing import Any
 
 import attrs
@@ -54,22 +55,28 @@ class Exchange:
 
     __slots__ = (
         "_prepared_start",
+        "arrived",
         "body_budget",
         "body_held",
         "channel",
         "detail_errors",
         "extra_headers",
+        "handle",
         "head",
         "headers",
         "key_index",
         "method",
         "path",
         "request_id",
+        "sent",
         "started",
         "state",
+        "status",
     )
 
     def __init__(self, head: RequestHead, channel: ResponseChannel, state: ServerState) -> None:
+        #: When the request arrived (``time.perf_counter``).
+        self.arrived = perf_counter()
         self.head = head
         self.channel = channel
         self.state = state
@@ -93,6 +100,12 @@ class Exchange:
         #: this request holds of it (given back when the request ends: :meth:`close`).
         self.body_budget: BodyBudget | None = None
         self.body_held = 0
+        #: The response's status once started, and the body bytes sent (the access log).
+        self.status: int | None = None
+        self.sent = 0
+        #: What the request runs on its engines (a ``lifecycle.RequestHandle``, or a
+        #: fan-out group of them), for the access log; None for other routes.
+        self.handle: object = None
 
     def _request_id(self) -> str:
         supplied = self.headers.get(b"x-request-id")
@@ -173,6 +186,7 @@ class Exchange:
 
     async def start(self, status: int, headers: Headers) -> None:
         self.started = True
+        self.status = status
         await self.channel.start(status, self.response_headers(headers))
 
     def prepare_start(self, status: int, headers: Headers) -> None:
@@ -203,14 +217,20 @@ class Exchange:
         if not self.channel.try_start(status, full, body):
             return False
         self.started = True
+        self.status = status
+        self.sent += len(body)
         return True
 
     def try_send(self, body: bytes) -> bool:
         """One more piece of a started chunked response without awaiting, where the
         server can; False, with nothing sent, otherwise."""
-        return self.channel.try_send(body)
+        if self.channel.try_send(body):
+            self.sent += len(body)
+            return True
+        return False
 
     async def body(self, data: bytes, more: bool = True) -> None:
+        self.sent += len(data)
         await self.channel.send_body(data, more)
 
     async def respond(self, status: int, body: bytes, headers: Headers = JSON_HEADERS) -> None:

@@ -98,7 +98,21 @@ async def run_group(
     with services.admission.slot():
         owner = exchange.key_index
         group = GroupHandle(exchange.request_id, owner=owner)
-        group.members = [RequestHandle(submit.request_id, owner=owner) for submit in submits]
+        transport = "json" if stream is None else "sse"
+        group.members = [
+            RequestHandle(
+                submit.request_id,
+                owner=owner,
+                route=exchange.path,
+                transport=transport,
+                client=exchange.head.client,
+                group=exchange.request_id,
+                headers=exchange.headers,
+                arrived=exchange.arrived,
+            )
+            for submit in submits
+        ]
+        exchange.handle = group
         result = GroupResult([None] * len(submits))
         services.registry.add(group)
         try:
@@ -151,6 +165,7 @@ async def _member(
             timeout=timeout,
             buffer=services.settings.stream_buffer,
             watch_disconnect=connection_watches,
+            observer=services.observer,
             handle=group.members[index],
         )
     except HTTPError as error:  # refused before submission (e.g. a duplicate id)
@@ -196,6 +211,8 @@ class StreamingGroup:
 class _StreamingMember(WriterBase):
     """One choice of a streamed ``n`` > 1 answer: its deltas and finish go out as they
     come, tagged with its index; what the group's end needs is kept in the result."""
+
+    transport = "sse"
 
     def __init__(
         self, stream: StreamingGroup, result: GroupResult, index: int, group: GroupHandle

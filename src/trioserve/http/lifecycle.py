@@ -16,18 +16,22 @@ failed. It is the one place the request's abort leaves (synchronously: it only q
 it, so it cannot be cancelled half-way or hang; a no-op when the engine already ended the
 request), and it cancels the scope. After the scope, the client is told why (unless it
 is gone).
+
+What is watched from outside (metrics, traces, the live view of ``GET /debug/requests``)
+reads the :class:`RequestHandle` and its subscription; an :class:`Observer` is told when a
+request begins and when it has ended (``http/observe.py``), nothing in between.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from functools import partial
-from typing import Protocol
+from time import perf_counter
+from typing import Any, Protocol
 
 import attrs
 import trio
@@ -44,8 +48,6 @@ from ..errors import (
 )
 from ..protocol import Submit
 from .writers.stream import EngineItemError, Writer, WriterRefused
-
-log = logging.getLogger("trioserve.request")
 
 #: How long telling a client why its request ended may take, at most.
 ERROR_WRITE_TIMEOUT = 5.0
@@ -80,6 +82,26 @@ class RequestHandle:
     owner: int | None = None
     #: Its engine request, once submitted.
     sub: Subscription | None = None
+    # What it is, for metrics, traces, the access log and the live view (set by whoever
+    # starts it): the route, how its response travels (json, sse, ndjson, ws, stream), the
+    # client's address, the WebSocket (its connection number) or the fan-out group (the
+    # client's request id) it belongs to, and the request's headers (a trace parent).
+    route: str = ""
+    transport: str = "json"
+    client: tuple[str, int] | None = None
+    socket: int | None = None
+    group: str | None = None
+    headers: Mapping[bytes, bytes] | None = None
+    #: When the client's request arrived (``time.perf_counter``).
+    arrived: float = attrs.field(factory=perf_counter)
+    #: When it was ended early (``end``; 0: it was not).
+    ended_at: float = 0.0
+    #: How it ended, once it has: ``completed``, ``engine_error`` or the early end's reason.
+    outcome: str | None = None
+    #: What went to the engine (set when it is submitted).
+    submit: Submit | None = None
+    #: The observer's own record of the request (a trace's span), if it keeps one.
+    trace: Any = None
 
     def end(self, reason: str) -> None:
         """End the request early (first reason wins). Synchronous and idempotent.
@@ -95,6 +117,7 @@ class RequestHandle:
         """
         if self.end_reason is None and not self.completed:
             self.end_reason = reason
+            self.ended_at = perf_counter()
             sub = self.sub
             if sub is not None:
                 sub.abort(reason)
@@ -111,6 +134,36 @@ class RequestHandle:
             self.end("internal_error")
         else:
             self.end("engine_lost")
+
+    @property
+    def phase(self) -> str:
+        """Where the request is (the live view): ``submitting``, ``waiting`` for the
+        engine's first output, ``streaming`` (waiting for the next), ``writing`` (a write
+        to the client in progress) or ``ending``. Read from the state, never recorded."""
+        if self.end_reason is not None or self.completed:
+            return "ending"
+        sub = self.sub
+        if sub is None:
+            return "submitting"
+        if sub.done:
+            return "ending" if sub.state != "finished" else "writing"
+        if not sub.outputs:
+            return "waiting"
+        return "streaming" if sub.parked else "writing"
+
+
+class Observer(Protocol):
+    """Told when each request begins and when it has ended (``http/observe.py``)."""
+
+    def begin(self, handle: RequestHandle, submit: Submit) -> Submit:
+        """The request is about to be submitted; returns the submit to send (with the
+        trace context, when tracing)."""
+
+    def submitted(self, handle: RequestHandle) -> None:
+        """``handle.sub`` is the engine request now."""
+
+    def ended(self, handle: RequestHandle, outcome: str) -> None:
+        """The request is over: ``completed``, ``engine_error`` or an early end's reason."""
 
 
 class Endable(Protocol):
@@ -178,6 +231,10 @@ class Registry:
             else:
                 del self._holders[handle.id]
 
+    def handles(self) -> list[Endable]:
+        """Every request (and fan-out group) in flight."""
+        return list(self._handles.values())
+
     def end_all(self, reason: str) -> int:
         handles = list(self._handles.values())
         for handle in handles:
@@ -207,6 +264,7 @@ async def run_generation(
     timeout: float,
     buffer: int,
     watch_disconnect: DisconnectWatch,
+    observer: Observer,
     handle: RequestHandle | None = None,
     keepalive: float = 0,
 ) -> None:
@@ -219,6 +277,7 @@ async def run_generation(
           disconnect watch  (calls handle.end("disconnect"))
             relay           subscription -> writer, until the last output
 
+    ``observer`` is told when the request begins and ends (metrics, traces).
     ``handle`` lets the caller keep a reference to end the request itself. With
     ``keepalive`` > 0, ``writer.keepalive()`` is called every that many seconds until the
     first output (SSE comment lines, so proxies keep a prefilling stream open).
@@ -231,6 +290,7 @@ async def run_generation(
     outcome = "error"
     error: HTTPError | None = None
     try:
+        submit = observer.begin(handle, submit)
         if timeout > 0:
             handle.scope.relative_deadline = timeout
         with handle.scope:
@@ -238,6 +298,7 @@ async def run_generation(
                 handle.sub = engines.submit(
                     submit, capability, buffer=buffer, on_failure=handle.failed
                 )
+                observer.submitted(handle)
                 writer.prepare()
                 async with watch_disconnect(partial(handle.end, "disconnect")):
                     error = await _relay(handle.sub, writer, handle, keepalive)
@@ -269,9 +330,8 @@ async def run_generation(
             await writer.fail(error)
     finally:
         registry.remove(handle)
-        metrics.requests_ended(outcome).inc()
-        if outcome not in ("completed", "disconnect"):
-            log.info("request %s ended: %s", handle.id, outcome)
+        handle.outcome = outcome
+        observer.ended(handle, outcome)
 
 
 async def _relay(

@@ -23,6 +23,7 @@ from .bodies.uploads import Uploads
 from .bodies.validation import invalid, parse_json
 from .exchange import Exchange, ServerState
 from .lifecycle import Registry, RequestHandle, run_generation
+from .observe import Observer
 from .writers.stream import Writer
 
 #: What each capability an engine may declare is called in a 404 for a missing one.
@@ -39,7 +40,14 @@ CAPABILITY_NAMES = {
 
 
 class Connection(Protocol):
-    """A connection that carries several requests (a WebSocket): the drain ends it."""
+    """A connection that carries several requests (a WebSocket): the drain ends it; the
+    live view (``GET /debug/requests``) shows it."""
+
+    #: Its number (the ``socket`` of its requests' handles), the client's address, and
+    #: when it opened (``time.perf_counter``).
+    number: int
+    client: tuple[str, int] | None
+    opened: float
 
     def end(self, reason: str) -> None: ...
 
@@ -54,6 +62,8 @@ class Services:
     state: ServerState = attrs.Factory(ServerState)
     #: Open WebSocket connections (each ends its own requests).
     connections: set[Connection] = attrs.Factory(set)
+    #: Metrics, traces and the access log (``observe.py``).
+    observer: Observer = attrs.Factory(Observer)
     admission: Admission = attrs.field(init=False)
     #: Request bodies held in memory across requests (``--max-body-memory-mb``).
     body_budget: BodyBudget = attrs.field(init=False)
@@ -181,6 +191,16 @@ class Services:
         admission slot (taken now, its body complete). ``buffer``: outputs the request may
         have queued, when it needs more than ``--stream-buffer`` (an answer of a known
         number of items all made in one step)."""
+        handle = RequestHandle(
+            submit.request_id,
+            owner=exchange.key_index,
+            route=exchange.path,
+            transport=writer.transport,
+            client=exchange.head.client,
+            headers=exchange.headers,
+            arrived=exchange.arrived,
+        )
+        exchange.handle = handle
         with self.admission.slot():
             await run_generation(
                 engines=self.engines,
@@ -191,7 +211,8 @@ class Services:
                 timeout=timeout,
                 buffer=max(buffer, self.settings.stream_buffer),
                 watch_disconnect=exchange.watch_disconnect,
-                handle=RequestHandle(submit.request_id, owner=exchange.key_index),
+                observer=self.observer,
+                handle=handle,
                 keepalive=keepalive,
             )
 

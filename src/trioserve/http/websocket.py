@@ -14,6 +14,8 @@ import itertools
 import json
 import logging
 import re
+from collections.abc import Mapping
+from time import perf_counter
 from typing import Any
 
 import orjson
@@ -53,8 +55,16 @@ class WebSocketConnection:
         *,
         key_index: int | None = None,
         subprotocol: str | None = None,
+        client: tuple[str, int] | None = None,
+        headers: Mapping[bytes, bytes] | None = None,
     ) -> None:
         self.services = services
+        #: The client's address, the handshake's headers (a trace parent), when the
+        #: socket opened and the characters sent on it (the access log, the live view).
+        self.client = client
+        self.headers = headers
+        self.opened = perf_counter()
+        self.sent = 0
         #: The API key the connection was opened with (``http/auth.py``): its requests'
         #: owner. ``subprotocol``: what the accept selects (never a key-bearing token).
         self.key_index = key_index
@@ -65,6 +75,8 @@ class WebSocketConnection:
         self.requests: dict[str, RequestHandle] = {}
         #: Requests not ended yet (cancelled ones included, until their end is written).
         self.running = 0
+        #: Request messages received (run or refused).
+        self.requests_served = 0
         self._send_lock = trio.Lock()
         self._reader_scope = trio.CancelScope()
         self.close_code: int | None = None
@@ -76,6 +88,7 @@ class WebSocketConnection:
         # leave its connection state half-updated (see Exchange._send).
         with trio.CancelScope(shield=True):
             async with self._send_lock:
+                self.sent += len(text)
                 await self._send({"type": "websocket.send", "text": text})
 
     async def send_error(self, client_id: str | None, error: HTTPError) -> None:
@@ -116,6 +129,15 @@ class WebSocketConnection:
             if self.close_code is not None and not self.peer_gone:
                 with trio.CancelScope(shield=True), trio.move_on_after(1):
                     await self._send({"type": "websocket.close", "code": self.close_code})
+            services.observer.ws_socket_done(
+                client=self.client,
+                socket=self.number,
+                status=101,
+                sent=self.sent,
+                arrived=self.opened,
+                end="client_closed" if self.peer_gone else f"closed_{self.close_code}",
+                requests=self.requests_served,
+            )
 
     async def _read(self, nursery: trio.Nursery) -> None:
         """The connection's reader, and so its disconnect watcher."""
@@ -170,6 +192,8 @@ class WebSocketConnection:
                 ),
             )
             return
+        if kind == "request":
+            self.requests_served += 1
         if kind == "cancel":
             # The id is free at once; the request counts against the limits (this
             # connection's and the server's admission slot) until it has really ended,
@@ -182,20 +206,31 @@ class WebSocketConnection:
             else:
                 handle.end("cancel")
             return
+        arrived = perf_counter()
         try:
             generation, timeout = self._prepare(client_id, message)
-        except HTTPError as error:
-            await self.send_error(client_id, error)
-            return
-        try:
             self.services.admission.try_acquire()  # released when the request ends
         except HTTPError as error:
             await self.send_error(client_id, error)
+            self._log_request(message, error.status, 0, arrived, None, client_id)
             return
-        handle = RequestHandle(generation.submit.request_id, owner=self.key_index)
+        headers = self.headers
+        traceparent = message.get("traceparent")
+        if isinstance(traceparent, str):
+            headers = {b"traceparent": traceparent.encode(errors="replace")}
+        handle = RequestHandle(
+            generation.submit.request_id,
+            owner=self.key_index,
+            route="/v1/ws",
+            transport="ws",
+            client=self.client,
+            socket=self.number,
+            headers=headers,
+            arrived=arrived,
+        )
         self.requests[client_id] = handle
         self.running += 1
-        nursery.start_soon(self._run, client_id, handle, generation, timeout)
+        nursery.start_soon(self._run, client_id, handle, generation, timeout, message)
 
     def _prepare(self, client_id: str, message: dict[str, Any]) -> Any:
         services = self.services
@@ -230,8 +265,15 @@ class WebSocketConnection:
         return generation, timeout
 
     async def _run(
-        self, client_id: str, handle: RequestHandle, generation: Any, timeout: float
+        self,
+        client_id: str,
+        handle: RequestHandle,
+        generation: Any,
+        timeout: float,
+        message: dict[str, Any],
     ) -> None:
+        writer = WebSocketWriter(self, client_id, generation.stream_format())
+        status: int | None = None
         try:
             generation = await resolve_chat_media(generation, self.services.media_fetcher())
             await run_generation(
@@ -239,17 +281,43 @@ class WebSocketConnection:
                 registry=self.services.registry,
                 submit=generation.submit,
                 capability=generation.capability,
-                writer=WebSocketWriter(self, client_id, generation.stream_format()),
+                writer=writer,
                 timeout=timeout,
                 buffer=self.services.settings.stream_buffer,
                 # The connection's reader ends its requests when the socket closes.
                 watch_disconnect=connection_watches,
+                observer=self.services.observer,
                 handle=handle,
             )
         except HTTPError as error:  # refused before it started (duplicate id, bad media)
+            status = error.status
             await self.send_error(client_id, error)
         finally:
             self.running -= 1
             self.services.admission.release()
             if self.requests.get(client_id) is handle:
                 del self.requests[client_id]
+            if status is None:
+                status = writer.status or (200 if handle.completed else 499)
+            self._log_request(message, status, writer.sent, handle.arrived, handle, handle.id)
+
+    def _log_request(
+        self,
+        message: dict[str, Any],
+        status: int,
+        sent: int,
+        arrived: float,
+        handle: RequestHandle | None,
+        request_id: str,
+    ) -> None:
+        endpoint = message.get("endpoint")
+        self.services.observer.ws_request_done(
+            client=self.client,
+            socket=self.number,
+            endpoint=endpoint if endpoint in ENDPOINTS else "-",
+            status=status,
+            sent=sent,
+            arrived=arrived,
+            handle=handle,
+            request_id=request_id,
+        )

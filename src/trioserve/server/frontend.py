@@ -21,6 +21,9 @@ from .hypercorn import serve_hypercorn
 
 log = logging.getLogger("trioserve")
 
+#: Seconds the traces left at shutdown may take to leave (``Tracing.shutdown``).
+TRACES_FLUSH_TIMEOUT = 12.0
+
 
 def engine_curve_keys(settings: Settings) -> CurveClientKeys | None:
     """The engine link's CURVE keys from their files, or None (NULL) when none are set.
@@ -58,6 +61,15 @@ def http1_config(settings: Settings) -> Http1Config:
     )
 
 
+async def _close_when_stopped(app: App) -> None:
+    """Until the server stops; then what the app still holds leaves (the traces)."""
+    try:
+        await trio.sleep_forever()
+    finally:
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + TRACES_FLUSH_TIMEOUT):
+            await app.aclose()
+
+
 async def serve_frontend(
     settings: Settings,
     *,
@@ -92,6 +104,8 @@ async def serve_frontend(
         async with trio.open_nursery() as nursery:
             if handle_signals:
                 nursery.start_soon(drain.run)
+            if app.services.observer.tracing is not None:
+                nursery.start_soon(_close_when_stopped, app)
 
             async def serve_http(task_status: trio.TaskStatus[list[str]]) -> None:
                 if settings.server == "hypercorn":

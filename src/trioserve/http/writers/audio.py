@@ -70,6 +70,8 @@ class AudioStreamWriter(WriterBase):
     unknown length first, for ``wav``). A failure after that cuts the connection without
     the final chunk, so the client sees a broken body rather than a short clip."""
 
+    transport = "stream"
+
     def __init__(self, exchange: Exchange, fmt: str) -> None:
         self.exchange = exchange
         self.fmt = fmt

@@ -46,6 +46,8 @@ class NDJSONWriter(WriterBase):
     ``finish_reason`` and ``usage``. Starts with the first output, so an error before it
     keeps its status; after it, the stream ends with a ``{"detail", "code"}`` line."""
 
+    transport = "ndjson"
+
     def __init__(self, exchange: Exchange, request_id: str) -> None:
         self.exchange = exchange
         self.request_id = request_id

@@ -48,6 +48,10 @@ Sink = Callable[[list[OutputItem]], list[OutputItem]]
 class Writer(Protocol):
     """How one request's outputs reach its client (see the module docstring)."""
 
+    #: How the response travels, as the live view and the traces name it: ``json``,
+    #: ``sse``, ``ndjson``, ``ws`` or ``stream`` (raw bytes: audio).
+    transport: str
+
     async def write(self, batch: list[OutputItem]) -> bool:
         """Send what ``batch`` adds; True once the final item has been written."""
 
@@ -68,6 +72,8 @@ class Writer(Protocol):
 class WriterBase:
     """What most writers do for :class:`Writer`'s optional parts: nothing ahead of the
     first output, no synchronous path, no keepalive."""
+
+    transport = "json"
 
     def prepare(self) -> None:
         pass
@@ -145,6 +151,8 @@ class SSEWriter(WriterBase):
     The response starts with the first output, so an engine error before any token still
     becomes the error's own HTTP status.
     """
+
+    transport = "sse"
 
     def __init__(self, exchange: Exchange, fmt: StreamFormat) -> None:
         self.exchange = exchange

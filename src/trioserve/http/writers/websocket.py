@@ -29,18 +29,28 @@ class MessageSink(Protocol):
 class WebSocketWriter(WriterBase):
     """One request's messages on a shared WebSocket: chunks, then done or error."""
 
+    transport = "ws"
+
     def __init__(self, connection: MessageSink, client_id: str, fmt: StreamFormat) -> None:
         self.connection = connection
         self.fmt = fmt
         self.client_id = client_id
         self._head = '{"type":"chunk","id":' + json.dumps(client_id) + ',"data":'
+        #: What this request's messages came to (characters), and the status of its
+        #: error message if it ended with one (the access log).
+        self.sent = 0
+        self.status: int | None = None
+
+    async def _send(self, text: str) -> None:
+        self.sent += len(text)
+        await self.connection.send_text(text)
 
     def prepare(self) -> None:
         """What can be built before the first output (see ``StreamFormat.prepare``)."""
         self.fmt.prepare()
 
     async def write(self, batch: list[OutputItem]) -> bool:
-        fmt, head, send = self.fmt, self._head, self.connection.send_text
+        fmt, head, send = self.fmt, self._head, self._send
         for item in batch:
             if item.error is not None:
                 raise engine_error(item)
@@ -57,5 +67,6 @@ class WebSocketWriter(WriterBase):
         return False
 
     async def fail(self, error: HTTPError) -> None:
+        self.status = error.status
         if not self.connection.peer_gone:
             await self.connection.send_error(self.client_id, error)
