@@ -146,7 +146,10 @@ class VllmBackend:
         prompt_tokens = 0
         completion_tokens = 0
         try:
-            stream = self.engine.generate(engine_input, sampling_params, request_id)
+            # A traced request's context (Submit.trace_context): vLLM's spans of it join
+            # the frontend's trace, when vLLM traces (its own --otlp-traces-endpoint).
+            traced = {"trace_headers": request.trace_context} if request.trace_context else {}
+            stream = self.engine.generate(engine_input, sampling_params, request_id, **traced)
             async for result in stream:
                 if result.prompt_token_ids is not None:
                     prompt_tokens = len(result.prompt_token_ids)
