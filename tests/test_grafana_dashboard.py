@@ -21,7 +21,6 @@ PROMQL_WORDS = {
     "label_values", "clamp_min", "clamp_max", "topk", "bottomk", "offset", "bool",
 }  # fmt: skip
 SUFFIXES = {
-    "counter": ("_total", "_created"),
     "histogram": ("_bucket", "_sum", "_count", "_created"),
     "gauge": ("",),
 }
@@ -34,7 +33,9 @@ def metric_names(expression: str) -> set[str]:
     text = re.sub(r"\{[^}]*\}", "", text)
     text = re.sub(r"\[[^\]]*\]", "", text)
     text = re.sub(r"\b(by|without)\s*\([^)]*\)", "", text)
+    text = re.sub(r"label_values\(([^,()]+),\s*\w+\s*\)", r"(\1)", text)  # (metric, label)
     text = re.sub(r"\$\w+", "", text)
+    text = re.sub(r"\b\d+(\.\d+)?[smhdwy]?\b", "", text)  # numbers, durations (offset 5m)
     words = set(re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", text))
     return {word for word in words if word not in PROMQL_WORDS}
 
@@ -51,7 +52,9 @@ def expressions(dashboard: dict) -> list[str]:
 
 
 def rendered(text: str) -> tuple[set[str], set[str]]:
-    """(sample names, family names) of an exposition."""
+    """(sample names, family names) of an exposition. (The text format names a
+    counter's family with its ``_total``, and renders its ``_created`` as a gauge of its
+    own, which is left out of the family names.)"""
     samples = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line[:1] != "#"}
     families = {}
     for line in text.splitlines():
@@ -61,7 +64,8 @@ def rendered(text: str) -> tuple[set[str], set[str]]:
     names = set(samples)
     for family, kind in families.items():
         names |= {family + suffix for suffix in SUFFIXES.get(kind, ("",))}
-    return names - {""}, set(families)
+    own = {family for family in families if not family.endswith("_created")}
+    return names - {""}, own
 
 
 @pytest.fixture
@@ -91,6 +95,7 @@ def test_the_metric_name_reader_finds_names_and_nothing_else():
         "[$__rate_interval]))) / sum(b_total offset 5m)"
     )
     assert metric_names(expression) == {"a_bucket", "b_total"}
+    assert metric_names("label_values(c_total, model)") == {"c_total"}
 
 
 async def test_every_query_names_only_metrics_trioserve_exports(exposition):
