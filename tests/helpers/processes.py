@@ -28,6 +28,7 @@ class Proc:
         self.process = process
         self.output = b""
         self._lines = trio.Event()
+        self._eof = trio.Event()
 
     @classmethod
     async def start(
@@ -57,6 +58,7 @@ class Proc:
                 self.output += chunk
                 self._lines.set()
                 self._lines = trio.Event()
+            self._eof.set()
             await trio.sleep_forever()
         finally:
             if self.process.returncode is None:
@@ -76,6 +78,13 @@ class Proc:
     async def wait(self) -> int:
         with trio.fail_after(HANG_GUARD):
             return await self.process.wait()
+
+    async def all_output(self) -> bytes:
+        """Everything it wrote, once its stderr is closed (by it and by every child that
+        shared it): what it wrote last may still be in the pipe when it has exited."""
+        with trio.fail_after(HANG_GUARD):
+            await self._eof.wait()
+        return self.output
 
     async def stop(self) -> None:
         if self.process.returncode is None:

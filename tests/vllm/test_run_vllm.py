@@ -70,4 +70,4 @@ async def test_run_vllm_serves_the_model_to_the_openai_client(vllm: Vllm, nurser
     frontend.signal(15)
     with trio.fail_after(START_GUARD):
         assert await frontend.process.wait() == 0
-    assert b"stopped (exit code 0)" in frontend.output
+    assert b"stopped (exit code 0)" in await frontend.all_output()
