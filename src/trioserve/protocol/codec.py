@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import cattrs
 import msgpack
-from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
 from ..errors import PeerProtocolError
 from .messages import (
@@ -27,8 +27,10 @@ from .messages import (
     ModelCard,
     OutputItem,
     Outputs,
+    Pong,
     Submit,
     Usage,
+    Welcome,
 )
 
 _CLASSES = {tag: cls for cls, tag in TAGS.items()}
@@ -76,10 +78,19 @@ def _make_converter() -> cattrs.Converter:
         conv.register_unstructure_hook(
             cls, make_dict_unstructure_fn(cls, conv, _cattrs_omit_if_default=True)
         )
+    # Fields added without a version bump are left out at their defaults: what a peer that
+    # does not know them receives is byte for byte what it always did.
+    conv.register_unstructure_hook(
+        Pong, make_dict_unstructure_fn(Pong, conv, _cattrs_omit_if_default=True)
+    )
+    conv.register_unstructure_hook(
+        Welcome,
+        make_dict_unstructure_fn(Welcome, conv, draining=override(omit_if_default=True)),
+    )
 
     # A submit's trace context is written only when there is one (the fields it had
-    # before it are always written).
-    submit_fields = make_dict_unstructure_fn(Submit, conv)
+    # before it are always written); its session key never (the frontend's routing hint).
+    submit_fields = make_dict_unstructure_fn(Submit, conv, session_key=override(omit=True))
 
     def unstructure_submit(submit: Submit) -> dict[str, Any]:
         body = submit_fields(submit)
@@ -113,7 +124,9 @@ def _make_converter() -> cattrs.Converter:
     # nil means "not given" for every field: an engine written in a language whose
     # encoder writes nil for empty maps and lists gets the field's default, not an error.
     for record in (Usage, ErrorInfo, ModelCard, Limits, OutputItem, *TAGS):
-        inner: Callable[[Any, Any], Any] = make_dict_structure_fn(record, conv)
+        # Submit.session_key is the frontend's routing hint, never read from the wire.
+        omit: dict[str, Any] = {"session_key": override(omit=True)} if record is Submit else {}
+        inner: Callable[[Any, Any], Any] = make_dict_structure_fn(record, conv, **omit)
 
         def hook(value: Any, type_: Any, inner: Any = inner) -> Any:
             if isinstance(value, dict) and None in value.values():

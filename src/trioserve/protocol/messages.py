@@ -56,6 +56,8 @@ class Welcome:
     #: How long the engine waits without hearing from a frontend before it aborts that
     #: frontend's requests itself (orphan cleanup), in seconds.
     frontend_timeout: float = 0.0
+    #: The engine is draining: it takes no new requests (see :class:`Pong`).
+    draining: bool = False
 
 
 @attrs.frozen
@@ -80,6 +82,10 @@ class Submit:
     #: ``tracestate`` if any, under those names): an engine's own spans of the request
     #: join the frontend's trace by taking it as their parent. None: not traced.
     trace_context: dict[str, str] | None = None
+    #: The client's session (``X-Session-Id``, else the body's ``user``), for the
+    #: frontend's affinity routing (docs/deployment.md). **Not on the wire**: the codec
+    #: neither sends nor reads it, so an end user's id never reaches an engine.
+    session_key: str | None = None
 
 
 @attrs.frozen
@@ -103,12 +109,19 @@ class Pong:
     #: Fraction of the engine's KV cache in use, 0.0 to 1.0, where the engine has one
     #: (vLLM's scheduler figure); absent otherwise.
     kv_cache_usage: float | None = None
+    #: The engine is draining (it got SIGTERM): it refuses new requests with a 503
+    #: ``engine_draining`` error item and finishes those it has. An engine sends one such
+    #: pong unasked to every frontend it knows when its drain begins.
+    draining: bool = False
 
 
 @attrs.frozen
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+    #: Of ``prompt_tokens``, how many the engine found in its prefix cache, where it
+    #: knows (the OpenAI ``prompt_tokens_details.cached_tokens``).
+    cached_tokens: int | None = None
 
     @property
     def total_tokens(self) -> int:
