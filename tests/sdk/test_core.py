@@ -8,6 +8,7 @@ from trioserve.protocol import (
     PROTOCOL_VERSION,
     Abort,
     Hello,
+    Limits,
     Outputs,
     Ping,
     Pong,
@@ -125,3 +126,78 @@ def test_malformed_frame_is_counted_and_dropped(core):
     assert core.handle(A, b"\x00garbage", now=0) == []
     assert core.stats.malformed_frames == 1
     assert list(core.flush()) == []
+
+
+# -- drain ------------------------------------------------------------------------------
+
+
+def test_drain_tells_every_frontend_heard_from_at_once(core):
+    core.handle(A, encode(Ping(1)), now=0)
+    core.handle(B, submit("r1"), now=0)
+    sent(core)
+    core.drain()
+    pongs = sent(core)
+    assert sorted(ident for ident, _ in pongs) == [A, B]
+    for _, pong in pongs:
+        assert isinstance(pong, Pong) and pong.draining and pong.session == core.session
+    core.drain()  # idempotent: nobody is told twice
+    assert sent(core) == []
+
+
+def test_a_draining_engine_refuses_new_requests_with_a_retryable_503(core):
+    core.handle(A, submit("running"), now=0)
+    core.drain()
+    sent(core)
+    assert core.handle(A, submit("late"), now=0) == []
+    [(_, outputs)] = sent(core)
+    [item] = outputs.items
+    assert (item.request_id, item.seq) == ("late", 0)
+    assert item.error.status == 503 and item.error.type == "engine_draining"
+    assert "draining" in item.error.message
+    # The refusal is the request's one end at the engine; the running one goes on.
+    assert core.ends[(A, "late")] == ["finished"]
+    assert list(core.running) == [(A, "running")] and not core.idle
+    assert (core.stats.submitted, core.stats.finished, core.stats.refused) == (2, 1, 1)
+
+
+def test_welcome_and_pongs_say_draining_once_it_began(core):
+    core.handle(A, encode(Hello(PROTOCOL_VERSION, "a")), now=0)
+    core.handle(A, encode(Ping(1)), now=0)
+    [(_, welcome), (_, pong)] = sent(core)
+    assert not welcome.draining and not pong.draining
+    core.drain()
+    sent(core)
+    core.handle(B, encode(Hello(PROTOCOL_VERSION, "b")), now=0)
+    core.handle(A, encode(Ping(2)), now=0)
+    [(_, welcome), (_, pong)] = sent(core)
+    assert welcome.draining and pong.draining and pong.seq == 2
+
+
+def test_cut_off_ends_each_running_request_once_with_engine_stopped(core):
+    for request_id in ("r1", "r2"):
+        core.handle(A, submit(request_id), now=0)
+    core.output((A, "r1"), Output("hi"))
+    core.drain()
+    sent(core)
+    actions = core.cut_off()
+    assert sorted(a.key for a in actions) == [(A, "r1"), (A, "r2")]
+    assert all(isinstance(a, Cancel) for a in actions)
+    [(_, outputs)] = sent(core)
+    by_id = {item.request_id: item for item in outputs.items}
+    assert by_id["r1"].seq == 1 and by_id["r2"].seq == 0  # the next seq of each
+    assert {item.error.type for item in outputs.items} == {"engine_stopped"}
+    assert core.idle and core.cut_off() == []
+    assert core.ends == {(A, "r1"): ["finished"], (A, "r2"): ["finished"]}
+    assert (core.stats.finished, core.stats.cut_off) == (2, 2)
+    # An abort crossing the cut-off finds nothing to end.
+    assert core.handle(A, encode(Abort(["r1"])), now=0) == []
+    assert core.ends[(A, "r1")] == ["finished"]
+
+
+def test_a_request_over_the_limit_is_refused_and_counted():
+    limited = EngineCore(MockBackend(), limits=Limits(max_requests=1), track_ends=True)
+    limited.handle(A, submit("r1"), now=0)
+    limited.handle(A, submit("r2"), now=0)
+    [(_, outputs)] = sent(limited)
+    assert outputs.items[0].error.status == 503
+    assert (limited.stats.finished, limited.stats.refused) == (1, 1)

@@ -12,6 +12,7 @@ so two frontends may use the same one.
 from __future__ import annotations
 
 import logging
+import signal
 import uuid
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
@@ -44,6 +45,13 @@ Key = tuple[bytes, str]
 
 #: Output items per frame; a step with more is split (keeps frames and decode time bounded).
 MAX_ITEMS_PER_FRAME = 1024
+#: The signals that drain an engine served with ``drain_on_signals`` (a second one ends
+#: the grace period at once).
+DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: Seconds a drained engine waits for its last frames to leave its outbox, and
+#: milliseconds libzmq then has to hand them to the kernel (``ZMQ_LINGER``) at close.
+DRAIN_FLUSH_TIMEOUT = 2.0
+DRAIN_LINGER_MS = 2_000
 
 
 @attrs.frozen
@@ -95,6 +103,8 @@ class Stats:
     finished: int = 0  # ended by the engine (finish reason or error)
     aborted: int = 0  # ended by an abort from the frontend
     orphaned: int = 0  # ended because their frontend went silent
+    refused: int = 0  # ...of the finished, refused at once (draining, or at the limit)
+    cut_off: int = 0  # ...of the finished, ended when the drain's grace period ran out
     aborts_received: int = 0  # request ids named in abort frames, known or not
     unknown_aborts: int = 0  # ...of which named no running request
     malformed_frames: int = 0
@@ -144,6 +154,50 @@ class EngineCore:
         self._last_seen: dict[bytes, float] = {}
         self._pending: dict[bytes, list[OutputItem]] = {}
         self._replies: list[tuple[bytes, bytes]] = []
+        #: Set by :meth:`drain`: new requests are refused, frontends are told.
+        self.draining = False
+
+    # -- drain -------------------------------------------------------------------------
+
+    def drain(self) -> None:
+        """Stop taking requests: every later ``submit`` is refused with a 503
+        ``engine_draining`` error item (frontends resubmit it to another engine), and
+        every frontend heard from gets a ``pong`` saying so now, unasked, so that it stops
+        routing here at once rather than at its next ping. Requests already running go
+        on; the shell ends them with :meth:`cut_off` when its grace period is over."""
+        if self.draining:
+            return
+        self.draining = True
+        log.info(
+            "draining: refusing new requests, finishing %d; telling %d frontend(s)",
+            len(self.running),
+            len(self._last_seen),
+        )
+        for identity in self._last_seen:
+            self._reply(identity, self._pong(0))
+
+    @property
+    def idle(self) -> bool:
+        """No request is running."""
+        return not self.running
+
+    def cut_off(self) -> list[Cancel]:
+        """End every request still running with a 503 ``engine_stopped`` error item (the
+        drain's grace period is over); the shell cancels the generations returned."""
+        actions = []
+        for key, running in list(self.running.items()):
+            self._error(
+                key,
+                running.seq,
+                503,
+                "the engine stopped (its drain grace period ran out) before the request finished",
+                "engine_stopped",
+            )
+            self.stats.finished += 1
+            self.stats.cut_off += 1
+            self._end(key, "finished")
+            actions.append(Cancel(key, "cut_off"))
+        return actions
 
     # -- input -------------------------------------------------------------------------
 
@@ -152,7 +206,9 @@ class EngineCore:
         scheduler), else the requests this engine is generating for."""
         load = getattr(self.backend, "load", None)
         if load is None:
-            return Pong(seq, self.session, running=len(self.running), queued=0)
+            return Pong(
+                seq, self.session, running=len(self.running), queued=0, draining=self.draining
+            )
         figures: EngineLoad = load()
         return Pong(
             seq,
@@ -160,6 +216,7 @@ class EngineCore:
             running=figures.running,
             queued=figures.queued,
             kv_cache_usage=figures.kv_cache_usage,
+            draining=self.draining,
         )
 
     def handle(self, identity: bytes, frame: bytes, now: float) -> list[Start | Cancel]:
@@ -207,6 +264,7 @@ class EngineCore:
                 capabilities=list(backend.capabilities),
                 limits=self.limits,
                 frontend_timeout=self.frontend_timeout,
+                draining=self.draining,
             ),
         )
 
@@ -216,14 +274,28 @@ class EngineCore:
         if key in self.running:
             self._error(key, 0, 409, f"request id {submit.request_id!r} is already running")
             return []
+        if self.draining:
+            self._refuse(
+                key,
+                "engine_draining",
+                "the engine is draining (shutting down) and takes no new requests; "
+                "retry: another engine may serve it",
+            )
+            return []
         limit = self.limits.max_requests
         if limit and len(self.running) >= limit:
-            self._error(key, 0, 503, f"the engine is at its limit of {limit} requests")
-            self.stats.finished += 1
-            self._end(key, "finished")
+            self._refuse(key, "engine_error", f"the engine is at its limit of {limit} requests")
             return []
         self.running[key] = _Running(submit)
         return [Start(key, submit)]
+
+    def _refuse(self, key: Key, type: str, message: str) -> None:
+        """Refuse a request at once: a 503 error item as its first item, which a frontend
+        may resubmit to another engine (docs/protocol.md §5)."""
+        self._error(key, 0, 503, message, type)
+        self.stats.finished += 1
+        self.stats.refused += 1
+        self._end(key, "finished")
 
     def _on_abort(self, identity: bytes, abort: Abort) -> list[Start | Cancel]:
         actions: list[Start | Cancel] = []

@@ -21,6 +21,15 @@ that names one ends with a 400 error item (:data:`FAULT_INJECTION_OFF`):
 - ``mock_by_seed``: ``{"<seed>": {knobs}}``, knobs that apply only to the request whose
   ``seed`` param is that number (one image of an ``n > 1`` request, say).
 
+A prefix cache, simulated (``prefix_cache`` blocks, off by default): a text prompt is read
+in blocks of :data:`PREFIX_BLOCK_WORDS` words, each known by a hash of everything up to its
+end, as vLLM's and SGLang's prefix caches know theirs. The leading blocks seen before are
+hits: the first token comes sooner (``ttft_ms`` scaled down by :data:`PREFIX_HIT_SAVING`
+of the prompt's cached share) and the answer's usage says how many prompt tokens (words)
+were cached (``cached_tokens``). The least recently used blocks are forgotten past the
+capacity. What it is for: measuring how routing policies keep a session's prefix on one
+engine (tools/bench_routing.py).
+
 Every modality a route can ask for is produced (one task each, see :data:`CAPABILITIES`):
 text for ``chat``, ``completion`` and ``generate``; a sine tone as 16-bit PCM for
 ``speech``; a small valid PNG for ``image_generation`` and ``image_edit``; a small byte
@@ -32,6 +41,7 @@ whatever the modality.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import math
 import struct
@@ -86,6 +96,12 @@ SPEECH_TONE_HZ = 440.0
 #: Images: this size unless the request's ``size`` says otherwise (capped, to stay small).
 IMAGE_SIZE = (16, 16)
 IMAGE_MAX_SIDE = 256
+
+#: Prefix cache: words per block, and the share of the time to first token a fully cached
+#: prompt saves (a prompt with a fraction f of its words cached waits
+#: ``ttft_ms * (1 - f * PREFIX_HIT_SAVING)``).
+PREFIX_BLOCK_WORDS = 16
+PREFIX_HIT_SAVING = 0.9
 
 #: Video: frames and bytes per frame of the payload (the ``ftyp`` box comes first).
 VIDEO_FRAMES = 8
@@ -348,10 +364,45 @@ def _optional_int(params: dict[str, Any], name: str) -> int | None:
     return int(value)
 
 
+class PrefixCache:
+    """The mock's simulated prefix cache: at most ``capacity`` blocks, least recently used
+    forgotten first (see the module docstring)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._blocks: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+        #: Prompts looked up, and how many of them had at least one block cached.
+        self.lookups = 0
+        self.hits = 0
+
+    def lookup(self, words: list[str]) -> int:
+        """How many leading words of ``words`` were cached; then every full block of
+        them is (most recently used)."""
+        blocks = self._blocks
+        cached = 0
+        missed = False
+        digest = b""
+        for start in range(0, len(words) - PREFIX_BLOCK_WORDS + 1, PREFIX_BLOCK_WORDS):
+            block = " ".join(words[start : start + PREFIX_BLOCK_WORDS]).encode()
+            digest = hashlib.blake2b(digest + block, digest_size=16).digest()
+            if not missed and digest in blocks:
+                cached += PREFIX_BLOCK_WORDS
+                blocks.move_to_end(digest)
+            else:
+                missed = True
+                blocks[digest] = None
+                if len(blocks) > self.capacity:
+                    blocks.popitem(last=False)
+        self.lookups += 1
+        self.hits += cached > 0
+        return cached
+
+
 class MockBackend:
     """See the module docstring. ``engine_id`` names it in the welcome; ``capabilities``
     (default: every task of :data:`CAPABILITIES`) is what it declares;
-    ``allow_fault_injection`` lets requests use the ``mock_*`` knobs."""
+    ``allow_fault_injection`` lets requests use the ``mock_*`` knobs; ``prefix_cache``
+    (blocks; 0: none) simulates a prefix cache."""
 
     def __init__(
         self,
@@ -362,7 +413,9 @@ class MockBackend:
         engine_id: str = "mock",
         capabilities: list[str] | tuple[str, ...] = CAPABILITIES,
         allow_fault_injection: bool = False,
+        prefix_cache: int = 0,
     ) -> None:
+        self.prefix_cache = PrefixCache(prefix_cache) if prefix_cache > 0 else None
         self.engine_id = engine_id
         self.allow_fault_injection = allow_fault_injection
         self.models = [ModelCard(model)]
@@ -422,11 +475,17 @@ class MockBackend:
         stall = _number(params, "mock_stall_s", 0)
         queue = _number(params, "mock_queue_ms", 0) / 1000
 
+        cached: int | None = None
         if request.task == "embedding":
             prompt_words = sum(len(text.split()) for text in request.inputs["input"])
             rate = 0.0  # one forward pass: every embedding in the same step
         else:
-            prompt_words = len(prompt_text(request).split())
+            words = prompt_text(request).split()
+            prompt_words = len(words)
+            if self.prefix_cache is not None and request.task in TEXT_TASKS:
+                cached = self.prefix_cache.lookup(words)
+                if cached:
+                    ttft *= 1 - cached / prompt_words * PREFIX_HIT_SAVING
         if stall > 0:
             time.sleep(stall)  # noqa: ASYNC251 - deliberately blocks the engine's loop: a hung engine
         period = 1.0 / rate if rate > 0 else 0.0
@@ -452,7 +511,9 @@ class MockBackend:
             if index == len(steps) - 1:
                 step = attrs.evolve(
                     step,
-                    usage=Usage(prompt_words, 0 if request.task == "embedding" else len(steps)),
+                    usage=Usage(
+                        prompt_words, 0 if request.task == "embedding" else len(steps), cached
+                    ),
                     finish_reason=finish_reason,
                     queue_time=queued,
                 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 from collections.abc import Sequence
 
 import trio
@@ -11,7 +12,17 @@ import zmq
 from ..protocol import Limits
 from ..transport.keys import CurveServerKeys
 from ..transport.zmq_pump import ZmqPump, bound_router
-from .core import Backend, Cancel, EngineCore, Key, RequestError, Start
+from .core import (
+    DRAIN_FLUSH_TIMEOUT,
+    DRAIN_LINGER_MS,
+    DRAIN_SIGNALS,
+    Backend,
+    Cancel,
+    EngineCore,
+    Key,
+    RequestError,
+    Start,
+)
 
 log = logging.getLogger("trioserve.engine")
 
@@ -30,6 +41,11 @@ class TrioEngine:
         self._pump = ZmqPump(sock, self._on_message, self._flush)
         self._nursery: trio.Nursery | None = None
         self._held: list[list[bytes]] | None = None
+        #: While draining: set when the last running request has ended.
+        self._idle: trio.Event | None = None
+        #: While draining: the grace period's scope (cancelled by :meth:`end_grace`).
+        self._grace: trio.CancelScope | None = None
+        self._linger_ms = 0
 
     def freeze(self) -> None:
         """Act hung: hold every incoming frame and send nothing until :meth:`thaw`.
@@ -101,6 +117,67 @@ class TrioEngine:
         for identity, frame in self.core.flush():
             if not send([identity, frame]):
                 log.warning("dropping output frame: send queue full")
+        # After the sends: the last request's final item has left (or is queued) first.
+        if self._idle is not None and self.core.idle:
+            self._idle.set()
+
+    async def drain(self, grace_period: float) -> None:
+        """Drain: tell every frontend at once and refuse new requests (503
+        ``engine_draining``, which frontends resubmit elsewhere); let the running ones
+        finish for up to ``grace_period`` seconds (:meth:`end_grace` cuts it short), then
+        end what is left with a 503 ``engine_stopped`` item each; return once the last
+        frames have left (bounded by :data:`DRAIN_FLUSH_TIMEOUT`). The socket is still
+        open: cancel :meth:`serve` afterwards."""
+        core = self.core
+        core.drain()
+        self._pump.wake()
+        with trio.move_on_after(grace_period) as self._grace:
+            while not core.idle:
+                self._idle = trio.Event()
+                await self._idle.wait()
+        self._grace = self._idle = None
+        if not core.idle:
+            log.warning(
+                "drain: grace period over; ending %d request(s) still running",
+                len(core.running),
+            )
+            self._apply(core.cut_off())
+            self._pump.wake()
+        # Nothing waits for the outbox to empty but this: poll it, briefly and bounded.
+        with trio.move_on_after(DRAIN_FLUSH_TIMEOUT):
+            while self._pump.pending:  # noqa: ASYNC110 - the socket owner signals nothing
+                await trio.sleep(0.01)
+        self._linger_ms = DRAIN_LINGER_MS
+        log.info("drained: %s", core.stats)
+
+    def end_grace(self) -> None:
+        """End a drain's grace period now (a second signal)."""
+        if self._grace is not None:
+            self._grace.cancel()
+
+    async def _drain_on_signals(
+        self, grace_period: float, stop: trio.CancelScope, task_status: trio.TaskStatus[None]
+    ) -> None:
+        with trio.open_signal_receiver(*DRAIN_SIGNALS) as signals:
+            task_status.started()
+            draining = False
+            async for signum in signals:
+                if draining:
+                    name = signal.Signals(signum).name
+                    log.warning("%s again: ending the grace period now", name)
+                    self.end_grace()
+                    continue
+                draining = True
+                log.info(
+                    "%s: draining (grace period %g s)", signal.Signals(signum).name, grace_period
+                )
+                assert self._nursery is not None
+
+                async def drain_then_stop() -> None:
+                    await self.drain(grace_period)
+                    stop.cancel()
+
+                self._nursery.start_soon(drain_then_stop)
 
     async def _sweep(self) -> None:
         period = max(self.core.frontend_timeout / 4, 0.05)
@@ -108,15 +185,23 @@ class TrioEngine:
             await trio.sleep(period)
             self._apply(self.core.expire(trio.current_time()))
 
-    async def serve(self, *, task_status: trio.TaskStatus[TrioEngine]) -> None:
+    async def serve(
+        self,
+        *,
+        drain_on_signals: bool = False,
+        grace_period: float = 30.0,
+        task_status: trio.TaskStatus[TrioEngine],
+    ) -> None:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._pump.run)
                 nursery.start_soon(self._sweep)
+                if drain_on_signals:
+                    await nursery.start(self._drain_on_signals, grace_period, nursery.cancel_scope)
                 task_status.started(self)
         finally:
-            self.sock.close(linger=0)
+            self.sock.close(linger=self._linger_ms)
 
 
 async def serve_engine(
@@ -129,6 +214,8 @@ async def serve_engine(
     limits: Limits | None = None,
     context: zmq.Context | None = None,
     curve: CurveServerKeys | None = None,
+    drain_on_signals: bool = False,
+    grace_period: float = 30.0,
     task_status: trio.TaskStatus[TrioEngine] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``backend`` on a ROUTER bound to ``address`` until cancelled.
@@ -136,7 +223,10 @@ async def serve_engine(
     ``task_status.started`` receives the :class:`TrioEngine` (its ``address`` is the bound
     endpoint, so ``tcp://127.0.0.1:*`` picks a free port). ``curve``: serve CURVE only,
     to the frontends whose keys it authorizes (``transport/zmq_pump.py``,
-    ``bound_router``).
+    ``bound_router``). With ``drain_on_signals`` (a program's main thread only), SIGTERM
+    or SIGINT drains the engine (:meth:`TrioEngine.drain` with ``grace_period``; a second
+    signal ends the grace period) and then this returns: the way for an engine to leave
+    without failing a request.
     """
     core = EngineCore(
         backend,
@@ -146,4 +236,6 @@ async def serve_engine(
         limits=limits,
     )
     with bound_router(context, address, curve=curve) as sock:
-        await TrioEngine(core, sock).serve(task_status=task_status)
+        await TrioEngine(core, sock).serve(
+            drain_on_signals=drain_on_signals, grace_period=grace_period, task_status=task_status
+        )

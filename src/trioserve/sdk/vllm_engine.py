@@ -351,6 +351,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     group.add_argument("--log-aborts", action="store_true", help="log every abort received")
     group.add_argument(
+        "--grace-period",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="on SIGTERM the engine drains: it tells its frontends, refuses new requests "
+        "(they go to another engine), lets those it has finish for up to this long, then "
+        "exits (docs/engines.md)",
+    )
+    group.add_argument(
         "--metrics-port",
         type=int,
         default=None,
@@ -423,6 +432,9 @@ async def _serve(args: argparse.Namespace, curve: CurveServerKeys | None) -> Non
                 log_aborts=args.log_aborts,
                 started=started,
                 curve=curve,
+                # From here SIGTERM drains (the SDK's handlers replace the ones above).
+                drain_on_signals=True,
+                grace_period=args.grace_period,
             )
         )
         try:

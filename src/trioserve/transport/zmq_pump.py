@@ -215,11 +215,19 @@ def bound_router(
     ``curve.authorized`` only (pyzmq's ``ThreadAuthenticator``: a thread of its own, so
     either shell's loop will do), stopped after the socket closes."""
     if curve is None:
-        sock = bind_router(context or zmq.Context.instance(), address)
+        # A context of its own unless one is given: destroying it is what makes libzmq
+        # send what a socket closed with a linger still holds (a drained engine's last
+        # frames, sdk/), before the process exits.
+        ctx = context or zmq.Context()
         try:
-            yield sock
+            sock = bind_router(ctx, address)
+            try:
+                yield sock
+            finally:
+                sock.close()  # with its own ZMQ_LINGER: 0, unless its user raised it
         finally:
-            sock.close(linger=0)
+            if context is None:
+                ctx.destroy()
         return
     from zmq.auth.thread import ThreadAuthenticator
 
@@ -234,8 +242,10 @@ def bound_router(
         try:
             yield sock
         finally:
-            sock.close(linger=0)
+            sock.close()  # with its own ZMQ_LINGER (see above)
     finally:
         authenticator.stop()
         if context is None:
-            ctx.term()
+            # destroy, not term: a socket whose bind failed is still open, and term would
+            # wait for it forever.
+            ctx.destroy()
