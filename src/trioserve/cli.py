@@ -30,6 +30,7 @@ import trio
 
 from . import __version__, logs
 from .config import Settings
+from .engine import discovery, routing
 from .errors import CommandError
 from .sdk.curve_options import add_curve_arguments
 from .transport.zmtp import parse_address
@@ -152,10 +153,26 @@ def _non_negative(text: str) -> float:
 def _engine_address(text: str) -> str:
     """Refused here, not with a traceback when the frontend starts."""
     try:
-        parse_address(text)
+        if discovery.parse_dns(text) is None:
+            parse_address(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
+
+
+def _dns_server(text: str) -> str:
+    try:
+        discovery.parse_server(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _load_factor(text: str) -> float:
+    value = float(text)
+    if not value >= 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {text}")
+    return value
 
 
 def _api_key(text: str) -> str:
@@ -258,7 +275,39 @@ def build_parser() -> argparse.ArgumentParser:
         type=_engine_address,
         metavar="ADDRESS",
         help="ZeroMQ address of an engine, tcp://HOST:PORT or ipc://PATH, e.g. "
-        "tcp://10.0.0.5:5555 (repeatable)",
+        "tcp://10.0.0.5:5555, or dns://NAME:PORT for an engine at every address of NAME "
+        "(a Kubernetes headless Service), followed as it changes (repeatable)",
+    )
+    run.add_argument(
+        "--engine-refresh",
+        type=_positive(float),
+        default=DEFAULTS.engine_refresh,
+        metavar="SECONDS",
+        help="seconds between two resolutions of the dns:// engine names",
+    )
+    run.add_argument(
+        "--engine-dns-server",
+        type=_dns_server,
+        default=DEFAULTS.engine_dns_server or None,
+        metavar="HOST:PORT",
+        help="resolve dns:// engine names with this DNS server (full names, no search "
+        "domains) instead of the system's resolver",
+    )
+    run.add_argument(
+        "--routing",
+        choices=routing.POLICIES,
+        default=DEFAULTS.routing,
+        help="least-load: the engine with the fewest requests running and waiting, then "
+        "the emptiest KV cache; affinity: the same session (X-Session-Id, else the body's "
+        "user) or prompt prefix to the same engine while its load stays within "
+        "--affinity-load-factor of the mean, so engines reuse cached prefixes",
+    )
+    run.add_argument(
+        "--affinity-load-factor",
+        type=_load_factor,
+        default=DEFAULTS.affinity_load_factor,
+        help="--routing affinity: an engine keeps its sessions while its load is at most "
+        "this many times the mean load",
     )
     run.add_argument(
         "--request-timeout",
@@ -658,6 +707,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     mock_engine.add_argument("--log-aborts", action="store_true", help="log every abort received")
     mock_engine.add_argument(
+        "--grace-period",
+        type=_non_negative,
+        default=30.0,
+        metavar="SECONDS",
+        help="on SIGTERM or SIGINT the engine drains: it tells its frontends, refuses new "
+        "requests (they go to another engine), lets those it has finish for up to this "
+        "long, ends the rest, and exits 0; a second signal ends the grace period",
+    )
+    mock_engine.add_argument(
+        "--prefix-cache",
+        type=int,
+        default=0,
+        metavar="BLOCKS",
+        help="simulate a prefix cache of this many blocks of 16 prompt words: a prompt "
+        "whose start was seen before gets its first token sooner and reports cached "
+        "tokens (0: none)",
+    )
+    mock_engine.add_argument(
         "--allow-fault-injection",
         action="store_true",
         help="obey the mock_* params of requests (stalls, errors, timing); off, a request "
@@ -844,6 +911,10 @@ def _run(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         engines=list(args.engine),
+        routing=args.routing,
+        affinity_load_factor=args.affinity_load_factor,
+        engine_refresh=args.engine_refresh,
+        engine_dns_server=args.engine_dns_server or "",
         request_timeout=args.request_timeout,
         max_request_timeout=args.max_request_timeout,
         stream_buffer=args.stream_buffer,
@@ -1211,6 +1282,7 @@ def _engine_mock(args: argparse.Namespace) -> int:
         tokens_per_second=args.tokens_per_second,
         ttft_ms=args.ttft_ms,
         allow_fault_injection=args.allow_fault_injection,
+        prefix_cache=args.prefix_cache,
     )
     try:
         curve = curve_keys(args)
@@ -1221,6 +1293,9 @@ def _engine_mock(args: argparse.Namespace) -> int:
         "frontend_timeout": args.frontend_timeout,
         "log_aborts": args.log_aborts,
         "curve": curve,
+        # SIGTERM or SIGINT drains the engine; serving returns once the drain is over.
+        "drain_on_signals": True,
+        "grace_period": args.grace_period,
     }
     watch_parent = args.exit_with_parent is not None
     parent = args.exit_with_parent or os.getppid()
@@ -1232,7 +1307,12 @@ def _engine_mock(args: argparse.Namespace) -> int:
         async def main_trio() -> None:
             nonlocal bound
             async with trio.open_nursery() as nursery:
-                await nursery.start(partial(serve_engine, backend, args.bind, **options))
+
+                async def serve(task_status: trio.TaskStatus[object]) -> None:
+                    await serve_engine(backend, args.bind, task_status=task_status, **options)
+                    nursery.cancel_scope.cancel()  # drained
+
+                await nursery.start(serve)
                 bound = True
                 log.info(
                     "mock engine serving model %r on %s (%s; %s)",
@@ -1243,10 +1323,6 @@ def _engine_mock(args: argparse.Namespace) -> int:
                 )
                 if watch_parent:
                     nursery.start_soon(_exit_with_parent_trio, parent, nursery.cancel_scope)
-                with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                    async for _ in signals:
-                        break
-                nursery.cancel_scope.cancel()
 
         try:
             trio.run(main_trio)

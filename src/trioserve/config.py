@@ -9,8 +9,20 @@ import attrs
 class Settings:
     host: str = "127.0.0.1"
     port: int = 8000
-    #: Engine addresses; empty means "start the built-in mock engine".
+    #: Engine addresses (``tcp://``, ``ipc://``, ``dns://NAME:PORT``); empty means "start
+    #: the built-in mock engine".
     engines: list[str] = attrs.Factory(list)
+    #: How requests are routed among engines: "least-load" or "affinity"
+    #: (``engine/routing.py``).
+    routing: str = "least-load"
+    #: Affinity routing: an engine keeps its keys while its load is at most this many
+    #: times the mean load.
+    affinity_load_factor: float = 1.25
+    #: Seconds between two resolutions of the ``dns://`` engine names.
+    engine_refresh: float = 5.0
+    #: The DNS server ``dns://`` names are resolved with (``HOST:PORT``); "": the system's
+    #: resolver (``engine/discovery.py``).
+    engine_dns_server: str = ""
     #: Server-wide request deadline in seconds (0: none).
     request_timeout: float = 600.0
     #: Largest deadline a client may ask for with ``X-Request-Timeout``.

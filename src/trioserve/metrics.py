@@ -89,6 +89,31 @@ ENGINE_CONNECTED = Gauge(
     ["engine"],
     registry=REGISTRY,
 )
+ENGINE_DRAINING = Gauge(
+    "trioserve_engine_draining",
+    "1 while the engine at this address says it is draining (nothing new is routed to it).",
+    ["engine"],
+    registry=REGISTRY,
+)
+ENGINE_FAILOVERS = Counter(
+    "trioserve_engine_failovers",
+    "Requests submitted to another engine before any output reached the client, by why the "
+    "first engine did not serve them (draining, refused: a 503 before any output, "
+    "overloaded: its link would not take the submit, engine_lost, engine_failed).",
+    ["reason"],
+    registry=REGISTRY,
+)
+FAILOVER_REASONS = ("draining", "refused", "overloaded", "engine_lost", "engine_failed")
+for _reason in FAILOVER_REASONS:
+    ENGINE_FAILOVERS.labels(reason=_reason)
+
+
+@functools.cache
+def engine_failovers(reason: str) -> Counter:
+    """The ``ENGINE_FAILOVERS`` counter of one reason."""
+    return ENGINE_FAILOVERS.labels(reason=reason)
+
+
 ADMISSION_REFUSED = Counter(
     "trioserve_admission_refused",
     "Generation requests refused with 503 because --max-concurrent-requests were running.",

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import trio
 
-from tests.conftest import HANG_GUARD, start_engine, wait_until
+from tests.helpers.frontends import start_engine
+from tests.helpers.waiting import HANG_GUARD, wait_until
 from trioserve.engine import open_engine_client
 from trioserve.errors import NoEngineError
 from trioserve.protocol import Submit

@@ -12,6 +12,12 @@ ZeroMQ-level error such as a frame over ``max_message``) is marked *failed*
 :class:`~trioserve.errors.EngineFailedError` (503 ``engine_failed``, one abort each), it
 serves nothing, and it is said hello to again after a backoff that doubles with each
 failure in a row. Nothing an engine sends ends anything beyond its own connection.
+
+An engine that says it is draining (a ``pong`` or ``welcome`` with ``draining``, see
+docs/protocol.md) is routed nothing more (:attr:`EngineConnection.accepting`); its
+requests finish there, and when it falls silent with none left it has *left*, which is not
+a failure: one INFO line, no request fails. The engine client lets go of a connection it no
+longer wants (an address gone from DNS) the same way: :meth:`EngineConnection.retire`.
 """
 
 from __future__ import annotations
@@ -131,12 +137,61 @@ class EngineConnection:
         self._gauge_kv = metrics.ENGINE_KV_CACHE_USAGE.labels(engine=address)
         self._gauge_connected = metrics.ENGINE_CONNECTED.labels(engine=address)
         self._gauge_connected.set(0)
+        self._gauge_draining = metrics.ENGINE_DRAINING.labels(engine=address)
+        self._gauge_draining.set(0)
+        #: The engine said it is draining: nothing new is routed to it.
+        self.draining = False
+        #: The client no longer wants this engine (see :meth:`retire`).
+        self.retiring = False
+        #: The scope :meth:`serve` runs in; cancelled once a retiring engine is idle.
+        self.scope = trio.CancelScope()
 
     # -- state ---------------------------------------------------------------------------
 
     @property
     def ready(self) -> bool:
         return self.welcome is not None
+
+    @property
+    def accepting(self) -> bool:
+        """Welcomed, not draining, not retiring: new requests may be routed here."""
+        return self.welcome is not None and not self.draining and not self.retiring
+
+    def retire(self) -> None:
+        """Route nothing more here, and stop serving (:attr:`scope`) once the requests in
+        flight have ended. Idempotent; :meth:`unretire` takes it back."""
+        if not self.retiring:
+            self.retiring = True
+            log.info(
+                "engine %s: letting go (%d request(s) in flight finish first)",
+                self.address,
+                len(self._subs),
+            )
+            self._changed()
+        if not self._subs:
+            self.scope.cancel()
+
+    def unretire(self) -> None:
+        """Wanted again before it was let go of."""
+        if self.retiring and not self.scope.cancel_called:
+            self.retiring = False
+            log.info("engine %s: wanted again", self.address)
+            self._changed()
+
+    def remove_gauges(self) -> None:
+        """Drop this engine's labelled series from /metrics (an engine let go of: the
+        series of addresses DNS no longer lists must not pile up)."""
+        for gauge in (
+            metrics.ENGINE_RUNNING,
+            metrics.ENGINE_QUEUED,
+            metrics.ENGINE_KV_CACHE_USAGE,
+            metrics.ENGINE_CONNECTED,
+            metrics.ENGINE_DRAINING,
+        ):
+            try:
+                gauge.remove(self.address)
+            except KeyError:
+                pass
 
     @property
     def in_flight(self) -> int:
@@ -178,6 +233,17 @@ class EngineConnection:
         on_failure: Callable[[TrioserveError], None] | None = None,
     ) -> Subscription:
         """Register a subscription and queue the submit. Does not wait."""
+        sub = Subscription(self, message.request_id, buffer, on_failure)
+        self._send_submit(sub, message)
+        return sub
+
+    def adopt(self, sub: Subscription, message: Submit) -> None:
+        """Take over ``sub``, whose engine did not start it (failover): submit
+        ``message`` here. Raises as :meth:`submit` does, with ``sub`` unchanged."""
+        self._send_submit(sub, message)
+        sub.engine = self
+
+    def _send_submit(self, sub: Subscription, message: Submit) -> None:
         if message.request_id in self._subs:
             raise ValueError(f"request id {message.request_id!r} is already in flight")
         try:
@@ -186,17 +252,18 @@ class EngineConnection:
             raise UnencodableRequestError(
                 f"the request holds a value the engine protocol cannot carry ({exc})"
             ) from None
-        sub = Subscription(self, message.request_id, buffer, on_failure)
         # Aborts queued earlier leave first: a request id reused right after its abort
         # must not have that abort overtake its new submit.
         self._flush_aborts()
         if not self._pump.send([frame]):
             raise EngineOverloadedError(f"engine {self.address} is not accepting frames")
         self._subs[message.request_id] = sub
-        return sub
 
     def forget(self, request_id: str) -> None:
-        self._subs.pop(request_id, None)
+        subs = self._subs
+        subs.pop(request_id, None)
+        if not subs and self.retiring:
+            self.scope.cancel()  # the last request of an engine let go of has ended
 
     def queue_abort(self, request_id: str) -> None:
         """Queue one abort; all aborts queued in one scheduling round leave in one frame."""
@@ -262,6 +329,8 @@ class EngineConnection:
             if self.welcome is not None and message.session != self.welcome.session:
                 self._declare_lost("the engine restarted")
                 return
+            if message.draining != self.draining and self.welcome is not None:
+                self._set_draining(message.draining)
             self._on_figures(message.running, message.queued, message.kv_cache_usage)
         elif isinstance(message, Welcome):
             self._on_welcome(message)
@@ -332,6 +401,19 @@ class EngineConnection:
                 )
         self.welcome = welcome
         self._gauge_connected.set(1)
+        if welcome.draining != self.draining:
+            self._set_draining(welcome.draining)
+        self._changed()
+
+    def _set_draining(self, draining: bool) -> None:
+        self.draining = draining
+        self._gauge_draining.set(int(draining))
+        if draining:
+            log.info(
+                "engine %s is draining: routing nothing more to it; its %d request(s) finish there",
+                self.address,
+                len(self._subs),
+            )
         self._changed()
 
     def _on_link_error(self, why: str) -> float:
@@ -379,7 +461,14 @@ class EngineConnection:
         self._gauge_kv.set(0)
 
     def _declare_lost(self, why: str) -> None:
-        log.warning("engine %s lost: %s; failing %d request(s)", self.address, why, len(self._subs))
+        if self.draining and not self._subs:
+            # It drained and left (or was replaced): its departure fails nothing.
+            log.info("engine %s left after draining (%s)", self.address, why)
+            self._set_draining(False)
+        else:
+            log.warning(
+                "engine %s lost: %s; failing %d request(s)", self.address, why, len(self._subs)
+            )
         self.welcome = None
         self._gauge_connected.set(0)
         self._forget_figures()
@@ -423,12 +512,14 @@ class EngineConnection:
             )
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Run the socket owner and the heartbeat until cancelled."""
+        """Run the socket owner and the heartbeat until cancelled (or until :attr:`scope`
+        is: a retired engine whose requests have ended)."""
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._pump.run)
-                nursery.start_soon(self._heartbeat)
-                task_status.started()
+            with self.scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._pump.run)
+                    nursery.start_soon(self._heartbeat)
+                    task_status.started()
         finally:
             # Whatever was still running at the engine is aborted: best effort, since the
             # socket closes right after (what the kernel takes at once leaves). The

@@ -11,6 +11,15 @@ A :class:`Subscription` ends exactly once, in one of three ways:
 
 Ending is synchronous (it only queues the abort for the socket's owner task), so it can
 run in a ``finally`` under cancellation without awaiting anything, and it is idempotent.
+
+**Failover.** Until an output has been delivered (to the queue or the sink: before that,
+nothing of it can have reached the client), a subscription that its engine refuses (a 503
+error item as the first item: draining, at its limit) or loses (``engine_lost``,
+``engine_failed``) is not ended: :attr:`Subscription.retry` (set by the engine client)
+submits the request to another engine, once, and the consumer never knows. The first
+engine needs no abort for a refusal (its error item ended the request there) and gets one
+for a loss. From the first delivered output on, or after one failover, the request ends as
+described above.
 """
 
 from __future__ import annotations
@@ -31,10 +40,16 @@ log = logging.getLogger("trioserve.request")
 
 #: Default bound of a subscription's channel, in output items (one token each for text).
 DEFAULT_BUFFER = 256
+#: The failover reason of a 503 error item of each type, before any output (any other
+#: type: "refused").
+_REFUSALS = {"engine_draining": "draining"}
 
 
 class EngineLink(Protocol):
     """What a subscription needs of its engine's connection (``EngineConnection``)."""
+
+    #: The engine's address (logs).
+    address: str
 
     def forget(self, request_id: str) -> None:
         """Deliver nothing more for ``request_id``."""
@@ -66,6 +81,7 @@ class Subscription:
         "last_output_at",
         "outputs",
         "request_id",
+        "retry",
         "sink",
         "state",
     )
@@ -109,11 +125,24 @@ class Subscription:
         self.gaps: Callable[[float], None] | None = None
         #: The request's last item (a finish or an error), once the engine sent it.
         self.final: OutputItem | None = None
+        #: Set by the engine client: ``retry(sub, reason)`` submits the request to another
+        #: engine, True if it did (module docstring). None once an output was delivered,
+        #: or after one failover.
+        self.retry: Callable[[Subscription, str], bool] | None = None
 
     # -- called by the engine connection (in its socket-owner task) --------------------
 
     def deliver(self, item: OutputItem) -> None:
         """Hand one item to the consumer, never blocking the caller."""
+        if self.retry is not None:  # the first item: nothing delivered yet
+            error = item.error
+            if (
+                error is not None
+                and error.status == 503
+                and self._fail_over(_REFUSALS.get(error.type, "refused"))
+            ):
+                return  # another engine has it; this one ended it itself: no abort
+            self.retry = None
         held = self._held
         if held is not None:
             held.append(item)
@@ -198,9 +227,19 @@ class Subscription:
         The owner of the request decides how it ends: ``on_failure`` (the request
         lifecycle's ``RequestHandle.end``) aborts it, from the one place every abort of a
         request leaves. Without an owner, the subscription aborts itself.
+
+        A lost engine before any output is not an end: the request goes to another engine
+        (module docstring), and neither the consumer nor the owner hears of it.
         """
         if self.state != "open" or self.error is not None:
             return
+        if self.retry is not None and reason in ("engine_lost", "engine_failed"):
+            lost = self.engine
+            if self._fail_over(reason):
+                # In case the engine was only hung and comes back: one abort there.
+                lost.queue_abort(self.request_id)
+                metrics.engine_aborts(reason).inc()
+                return
         self.error = error
         self.engine.forget(self.request_id)  # nothing more is delivered to it
         self._closed = True
@@ -208,6 +247,15 @@ class Subscription:
         if self._on_failure is not None:
             self._on_failure(error)
         self.abort(reason)  # a no-op once the owner has aborted it
+
+    def _fail_over(self, reason: str) -> bool:
+        """Hand the request to another engine (once); True if one took it."""
+        retry, self.retry = self.retry, None
+        old = self.engine
+        if retry is None or not retry(self, reason):
+            return False
+        old.forget(self.request_id)
+        return True
 
     # -- called by the consumer --------------------------------------------------------
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 ALLOWED_METHODS = b"GET, POST, DELETE, OPTIONS"
-ALLOWED_HEADERS = b"authorization, content-type, x-request-id, x-request-timeout"
+ALLOWED_HEADERS = b"authorization, content-type, x-request-id, x-request-timeout, x-session-id"
 EXPOSED_HEADERS = b"x-request-id, retry-after"
 #: Seconds a browser may cache a preflight answer.
 MAX_AGE = b"600"

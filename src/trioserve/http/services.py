@@ -191,6 +191,7 @@ class Services:
         admission slot (taken now, its body complete). ``buffer``: outputs the request may
         have queued, when it needs more than ``--stream-buffer`` (an answer of a known
         number of items all made in one step)."""
+        submit = with_session(exchange, submit)
         handle = RequestHandle(
             submit.request_id,
             owner=exchange.key_index,
@@ -223,3 +224,17 @@ class Services:
         for connection in list(self.connections):
             connection.end(reason)
         return ended
+
+
+#: Characters of an ``X-Session-Id`` kept (a longer one routes by its start).
+MAX_SESSION_KEY = 256
+
+
+def with_session(exchange: Exchange, submit: Submit) -> Submit:
+    """``submit`` with the client's ``X-Session-Id`` as its session key (over the body's
+    ``user``): the key affinity routing keeps on one engine (engine/routing.py)."""
+    session = exchange.header(b"x-session-id")
+    if not session:
+        return submit
+    key = session.decode("latin-1")[:MAX_SESSION_KEY]
+    return submit if key == submit.session_key else attrs.evolve(submit, session_key=key)

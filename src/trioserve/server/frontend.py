@@ -8,7 +8,7 @@ import logging
 import trio
 
 from ..config import Settings
-from ..engine import HeartbeatConfig, open_engine_client
+from ..engine import HeartbeatConfig, make_policy, make_resolver, open_engine_client
 from ..http import App
 from ..http.lifecycle import ERROR_WRITE_TIMEOUT
 from ..transport import keys
@@ -94,6 +94,9 @@ async def serve_frontend(
         heartbeat=heartbeat,
         max_message=settings.engine_max_message_bytes,
         curve=engine_curve_keys(settings),
+        policy=make_policy(settings.routing, load_factor=settings.affinity_load_factor),
+        resolver=make_resolver(settings.engine_dns_server),
+        refresh=settings.engine_refresh,
     ) as engines:
         app = App(engines, settings)
         drain = DrainController(

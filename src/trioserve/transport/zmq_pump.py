@@ -169,6 +169,8 @@ def bind_router(
         # authentication).
         sock.setsockopt_string(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
         sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
+    if "[" in address:  # an IPv6 address, e.g. tcp://[::]:5555 (libzmq's default is IPv4)
+        sock.setsockopt(zmq.IPV6, 1)
     sock.bind(address)
     return sock
 

@@ -391,6 +391,8 @@ def parse_generation(
     else:
         req = parse_completion(body)
         submit = completion_submit(request_id, resolve_model(req.model), req, body)
+    if req.user:  # the session key of affinity routing (not sent to the engine)
+        submit = attrs.evolve(submit, session_key=req.user)
     options = req.stream_options
     n = req.n or 1
     if n > 1 and streamed:

@@ -7,11 +7,13 @@ or answered as one body.
 
 from __future__ import annotations
 
+import attrs
+
 from ..bodies.multimodal import resolve_chat_media
 from ..bodies.openai import parse_generation
 from ..exchange import JSON_HEADERS, Exchange
 from ..fanout import StreamingGroup, run_group
-from ..services import Services
+from ..services import Services, with_session
 from ..writers.stream import Collected, JSONWriter, SSEWriter, Writer
 
 
@@ -28,6 +30,7 @@ async def _generate(services: Services, exchange: Exchange, capability: str) -> 
     body = await services.json_body(exchange)
     generation = parse_generation(capability, body, exchange.request_id, services.resolve_model)
     generation = await resolve_chat_media(generation, services.media_fetcher())
+    generation = attrs.evolve(generation, submit=with_session(exchange, generation.submit))
     fmt = generation.stream_format()
     if generation.n > 1:
         submits = generation.choices()

@@ -19,14 +19,17 @@ def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
-def usage_dict(usage: Usage | None) -> dict[str, int] | None:
+def usage_dict(usage: Usage | None) -> dict[str, Any] | None:
     if usage is None:
         return None
-    return {
+    out: dict[str, Any] = {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
     }
+    if usage.cached_tokens is not None:  # where the engine reports its prefix cache
+        out["prompt_tokens_details"] = {"cached_tokens": usage.cached_tokens}
+    return out
 
 
 def merge_logprobs(merged: Any, piece: Any) -> Any:
