@@ -152,7 +152,7 @@ class AsyncioEngine:
                 len(core.running),
             )
             self._apply(core.cut_off())
-            self.wake()
+        self._pump()  # what is left leaves now (or waits in the outbox, watched below)
         # Nothing waits for the outbox to empty but this: poll it, briefly and bounded.
         deadline = self._loop.time() + DRAIN_FLUSH_TIMEOUT
         while self._outbox and self._loop.time() < deadline:

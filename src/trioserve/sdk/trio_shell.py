@@ -142,7 +142,7 @@ class TrioEngine:
                 len(core.running),
             )
             self._apply(core.cut_off())
-            self._pump.wake()
+        self._flush()  # what is left leaves now (or waits in the outbox, watched below)
         # Nothing waits for the outbox to empty but this: poll it, briefly and bounded.
         with trio.move_on_after(DRAIN_FLUSH_TIMEOUT):
             while self._pump.pending:  # noqa: ASYNC110 - the socket owner signals nothing
