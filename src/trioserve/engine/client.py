@@ -235,12 +235,15 @@ class EngineClient:
         try:
             await conn.serve()
         finally:
-            if conn in self.connections:
-                self.connections.remove(conn)
-            if conn.retiring and not any(c.address == conn.address for c in self.connections):
-                conn.remove_gauges()
-            log.debug("engine %s: connection closed", conn.address)
-            self._notify()
+            # A connection let go of leaves the list (and /metrics); when the client
+            # itself closes, the list stays as it was, for whoever looks afterwards.
+            if conn.retiring and conn.scope.cancel_called:
+                if conn in self.connections:
+                    self.connections.remove(conn)
+                if not any(c.address == conn.address for c in self.connections):
+                    conn.remove_gauges()
+                log.debug("engine %s: connection closed", conn.address)
+                self._notify()
 
 
 @contextlib.asynccontextmanager
