@@ -20,7 +20,7 @@ import signal
 import socket
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
@@ -267,6 +267,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--host", default=DEFAULTS.host, help="address to listen on")
     run.add_argument(
         "--port", type=_port, default=DEFAULTS.port, help="port to listen on (0: any free one)"
+    )
+    run.add_argument(
+        "--workers",
+        type=_positive(int),
+        default=1,
+        metavar="N",
+        help="frontend processes sharing the port, each with its own engine connections; "
+        "a supervisor forwards signals, restarts a worker that dies and serves /metrics "
+        "summed over them (docs/deployment.md); the mock engine is started once for all",
     )
     run.add_argument(
         "--engine",
@@ -963,10 +972,25 @@ def _run(args: argparse.Namespace) -> int:
     _check_can_listen(args.host, args.port)
     _check_engine_curve(settings)
     status = 0
+    supervisor = None
+    if args.workers > 1:
+        from .server.workers import Supervisor, worker_command
+
+        supervisor = Supervisor(
+            settings,
+            args.workers,
+            worker_command("trioserve.cli:worker_main"),
+            log_level=args.log_level,
+        )
+    # The frontend: this process, or its workers (started with the engine's address,
+    # which is only known below when this process starts the engine).
+    serve: Callable[..., Awaitable[None]] = (
+        partial(serve_frontend, settings) if supervisor is None else supervisor.serve
+    )
 
     async def main_task() -> None:
         if settings.engines:
-            await serve_frontend(settings)
+            await serve()
             return
         with tempfile.TemporaryDirectory(prefix="trioserve-") as tmp:
             address = f"ipc://{Path(tmp) / 'engine.sock'}"
@@ -1001,7 +1025,7 @@ def _run(args: argparse.Namespace) -> int:
                     ],
                     wait=MOCK_ENGINE_WAIT,
                 )
-            await child.serve(settings)
+            await child.serve(serve)
             nonlocal status
             status = child.status
 
@@ -1017,7 +1041,25 @@ def _run(args: argparse.Namespace) -> int:
         assert cannot_listen is not None
         [first, *_] = _leaves(cannot_listen)
         raise CommandError(_listen_error(args.host, args.port, first)) from cannot_listen
+    if supervisor is not None:
+        status = status or supervisor.status
     return status
+
+
+def worker_main() -> int:
+    """A worker of ``trioserve run --workers N``: the supervisor starts it and sends it
+    what to serve on its stdin (``server/workers.py``); not for running by hand."""
+    from .server import workers
+
+    spec = workers.WorkerSpec.read(sys.stdin.buffer)
+    logging.basicConfig(
+        level=spec.log_level.upper(),
+        format=f"%(asctime)s %(levelname)s %(name)s [worker {spec.index}]: %(message)s",
+        stream=sys.stderr,
+    )
+    _tune_gc()
+    trio.run(workers.run_worker, spec)
+    return 0
 
 
 def _check_upload_dir(path: str) -> None:
@@ -1180,9 +1222,9 @@ class ChildEngine:
         self.cpus = cpus
         self.status = 0
 
-    async def serve(self, settings: Settings) -> None:
-        from .server.frontend import serve_frontend
-
+    async def serve(self, frontend_serve: Callable[..., Awaitable[None]]) -> None:
+        """Start the engine, then ``frontend_serve(engine_wait=..., task_status=...)``
+        (``serve_frontend``, or the supervisor of ``--workers``); stop the engine last."""
         # A session of its own: a Ctrl-C at the terminal reaches the frontend only,
         # which drains first and stops the engine last.
         cpus = self.cpus
@@ -1197,7 +1239,7 @@ class ChildEngine:
             async with trio.open_nursery() as nursery:
 
                 async def frontend(task_status: trio.TaskStatus[object]) -> None:
-                    await serve_frontend(settings, engine_wait=self.wait, task_status=task_status)
+                    await frontend_serve(engine_wait=self.wait, task_status=task_status)
                     nursery.cancel_scope.cancel()
 
                 nursery.start_soon(self._watch, process, nursery.cancel_scope)

@@ -1,6 +1,13 @@
 """Prometheus metrics (prometheus-client), in one registry of trioserve's own.
 
 docs/metrics.md is the reference of every metric here; a test holds the two together.
+
+Under ``trioserve run --workers N`` each worker process writes its figures to files in a
+directory the supervisor made (prometheus-client's multiprocess mode: the supervisor sets
+``PROMETHEUS_MULTIPROC_DIR`` before the worker starts, which is when prometheus-client
+chooses where values live), and whichever worker answers ``/metrics`` renders them all
+(:func:`aggregate_workers`): counters and histograms summed over every worker that ever
+ran, gauges as each one's ``multiprocess_mode`` says over the live workers.
 """
 
 from __future__ import annotations
@@ -8,12 +15,16 @@ from __future__ import annotations
 import bisect
 import functools
 import math
+import os
 import weakref
 from collections.abc import Iterator, Sequence, Sized
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import values as prometheus_values
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
 
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -22,6 +33,7 @@ REQUESTS_IN_FLIGHT = Gauge(
     "trioserve_requests_in_flight",
     "Generation requests being served right now (submitted or about to be).",
     registry=REGISTRY,
+    multiprocess_mode="livesum",
 )
 # Read when scraped, from the registries of in-flight requests: nothing to count (and no
 # lock to take) on each request's way to the engine.
@@ -32,6 +44,16 @@ REQUESTS_IN_FLIGHT.set_function(lambda: sum(len(r) for r in list(_IN_FLIGHT)))
 def count_in_flight(registry: Sized) -> None:
     """Count ``registry`` (its ``len``) in ``trioserve_requests_in_flight`` while it lives."""
     _IN_FLIGHT.add(registry)
+
+
+def sample_in_flight() -> None:
+    """Write this process's in-flight count where the other workers read it.
+
+    Across processes the gauge cannot be read when scraped (a worker cannot call another's
+    function), so each worker samples it (``server/workers.py``), and the worker that
+    answers ``/metrics`` samples its own first.
+    """
+    REQUESTS_IN_FLIGHT.set(sum(len(r) for r in list(_IN_FLIGHT)))
 
 
 REQUESTS = Counter(
@@ -69,12 +91,15 @@ ENGINE_RUNNING = Gauge(
     "Requests each engine reports running in its last pong.",
     ["engine"],
     registry=REGISTRY,
+    # Every worker hears the same engine's pongs: the latest is the freshest figure.
+    multiprocess_mode="livemostrecent",
 )
 ENGINE_QUEUED = Gauge(
     "trioserve_engine_requests_queued",
     "Requests each engine reports queued in its last pong.",
     ["engine"],
     registry=REGISTRY,
+    multiprocess_mode="livemostrecent",
 )
 ENGINE_KV_CACHE_USAGE = Gauge(
     "trioserve_engine_kv_cache_usage",
@@ -82,12 +107,15 @@ ENGINE_KV_CACHE_USAGE = Gauge(
     "have one, e.g. vLLM).",
     ["engine"],
     registry=REGISTRY,
+    multiprocess_mode="livemostrecent",
 )
 ENGINE_CONNECTED = Gauge(
     "trioserve_engine_connected",
     "1 while the engine at this address has completed its handshake and answers pings.",
     ["engine"],
     registry=REGISTRY,
+    # With workers: 1 only while every worker's link to it is up.
+    multiprocess_mode="livemin",
 )
 ENGINE_DRAINING = Gauge(
     "trioserve_engine_draining",
@@ -119,7 +147,12 @@ ADMISSION_REFUSED = Counter(
     "Generation requests refused with 503 because --max-concurrent-requests were running.",
     registry=REGISTRY,
 )
-DRAINING = Gauge("trioserve_draining", "1 once a drain (SIGTERM) has begun.", registry=REGISTRY)
+DRAINING = Gauge(
+    "trioserve_draining",
+    "1 once a drain (SIGTERM) has begun.",
+    registry=REGISTRY,
+    multiprocess_mode="livemax",
+)
 
 ABORT_REASONS = (
     "disconnect",
@@ -162,7 +195,10 @@ class FastHistogram(Collector):
         self.labelnames = tuple(labelnames)
         self.bounds = tuple(buckets)
         self._children: dict[tuple[str, ...], FastHistogram.Child] = {}
+        #: Under --workers: where each child's figures are written for the other workers.
+        self._written: dict[tuple[str, ...], list[Any]] = {}
         registry.register(self)
+        _FAST_HISTOGRAMS.append(self)
 
     class Child:
         __slots__ = ("bounds", "counts", "total")
@@ -198,6 +234,39 @@ class FastHistogram(Collector):
                 buckets.append((_bound_text(bound), running))
             family.add_metric(list(values), buckets, child.total)
         yield family
+
+    def write(self) -> None:
+        """Write every child's figures to this worker's file (``--workers``), as
+        prometheus-client's own histogram would have: a count per bucket, and the sum."""
+        for key, child in list(self._children.items()):
+            written = self._written.get(key)
+            if written is None:
+                written = self._written[key] = [
+                    prometheus_values.ValueClass(
+                        "histogram",
+                        self.name,
+                        self.name + "_bucket",
+                        (*self.labelnames, "le"),
+                        (*key, _bound_text(bound)),
+                        self.documentation,
+                    )
+                    for bound in (*self.bounds, math.inf)
+                ] + [
+                    prometheus_values.ValueClass(
+                        "histogram",
+                        self.name,
+                        self.name + "_sum",
+                        self.labelnames,
+                        key,
+                        self.documentation,
+                    )
+                ]
+            for value, count in zip(written, (*child.counts, child.total), strict=True):
+                value.set(count)
+
+
+#: Every FastHistogram, for :func:`sample_histograms`.
+_FAST_HISTOGRAMS: list[FastHistogram] = []
 
 
 def _bound_text(bound: float) -> str:
@@ -301,6 +370,52 @@ def tokens(model: str, route: str) -> tuple[Counter, Counter]:
     )
 
 
+# -- several workers (--workers) -------------------------------------------------------------
+
+
+def sample_histograms() -> None:
+    """Write this worker's histograms where the other workers read them: they count in
+    plain integers (``FastHistogram``), which no other process can see."""
+    for histogram in _FAST_HISTOGRAMS:
+        histogram.write()
+
+
+#: Set by :func:`aggregate_workers`: what ``/metrics`` renders, every worker's figures.
+_workers_registry: CollectorRegistry | None = None
+
+
+def aggregate_workers(directory: str) -> None:
+    """Render every worker's figures from ``directory`` (this process is a worker of
+    ``--workers N``, started with ``PROMETHEUS_MULTIPROC_DIR`` set to it), and count this
+    worker's start in ``trioserve_worker_starts``: more starts than workers are restarts."""
+    global _workers_registry
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR") != directory:
+        # prometheus-client chose where values live when it was imported: too late now.
+        raise RuntimeError("a worker's PROMETHEUS_MULTIPROC_DIR must be set before it starts")
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=directory)
+    _workers_registry = registry
+    Counter(
+        "trioserve_worker_starts",
+        "Worker processes started (--workers): the worker count, plus one per restart.",
+        registry=None,  # its value lives in the directory, as every other one's does
+    ).inc()
+
+
+def sample_worker() -> None:
+    """What a worker writes for the others to read: its in-flight count and histograms."""
+    sample_in_flight()
+    sample_histograms()
+
+
+def forget_worker(directory: str, pid: int) -> None:
+    """Worker ``pid`` is gone: its gauges leave the figures (its counts stay in the sums)."""
+    mark_process_dead(pid, directory)
+
+
 def render() -> tuple[bytes, str]:
     """The exposition text and its content type."""
+    if _workers_registry is not None:
+        sample_worker()
+        return generate_latest(_workers_registry), CONTENT_TYPE_LATEST
     return generate_latest(REGISTRY), CONTENT_TYPE_LATEST

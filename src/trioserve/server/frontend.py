@@ -4,6 +4,8 @@ the drain."""
 from __future__ import annotations
 
 import logging
+import socket
+from collections.abc import Sequence
 
 import trio
 
@@ -70,16 +72,25 @@ async def _close_when_stopped(app: App) -> None:
             await app.aclose()
 
 
+def inherited_listener(fd: int) -> trio.SocketListener:
+    """A listening socket this process inherited (its family and type read from it)."""
+    return trio.SocketListener(trio.socket.from_stdlib_socket(socket.socket(fileno=fd)))
+
+
 async def serve_frontend(
     settings: Settings,
     *,
     handle_signals: bool = True,
     engine_wait: float = 0.0,
+    listen_fds: Sequence[int] = (),
     task_status: trio.TaskStatus[tuple[App, DrainController, list[str]]] = (
         trio.TASK_STATUS_IGNORED
     ),
 ) -> None:
     """Serve until drained. ``task_status`` gets ``(app, drain, bound_urls)``.
+
+    ``listen_fds``: listening sockets to accept on, made by another process (a worker of
+    ``--workers``, ``server/workers.py``), instead of binding ``settings.host:port``.
 
     With ``handle_signals`` false (tests), call ``drain.begin()``/``drain.drain()``
     yourself instead of sending signals. ``engine_wait``: seconds to wait for the
@@ -117,6 +128,7 @@ async def serve_frontend(
                         settings,
                         stop_accepting=drain.stop_accepting,
                         hard_stop_after=hard_stop_after(settings),
+                        listen_fds=listen_fds,
                         task_status=task_status,
                     )
                 else:
@@ -128,6 +140,7 @@ async def serve_frontend(
                         ssl_context=tls.server_context(settings) if tls.enabled(settings) else None,
                         stop_accepting=drain.stop_accepting,
                         graceful_deadline=lambda: trio.current_time() + hard_stop_after(settings),
+                        listeners=[inherited_listener(fd) for fd in listen_fds] or None,
                         task_status=task_status,
                     )
                 log.info("all connections closed; stopping")

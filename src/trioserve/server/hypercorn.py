@@ -4,6 +4,7 @@ over TLS), through plain ASGI (``trioserve.http.channel.AsgiChannel``)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import trio
 from hypercorn.config import Config
@@ -14,9 +15,12 @@ from ..http import App
 from . import tls
 
 
-def hypercorn_config(settings: Settings, hard_stop_after: float) -> Config:
+def hypercorn_config(
+    settings: Settings, hard_stop_after: float, listen_fds: Sequence[int] = ()
+) -> Config:
     config = Config()
-    config.bind = [f"{settings.host}:{settings.port}"]
+    # Inherited listening sockets (a worker of --workers), else bound here.
+    config.bind = [f"fd://{fd}" for fd in listen_fds] or [f"{settings.host}:{settings.port}"]
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
     config.include_server_header = False
@@ -40,15 +44,17 @@ async def serve_hypercorn(
     *,
     stop_accepting: trio.Event,
     hard_stop_after: float,
+    listen_fds: Sequence[int] = (),
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` until ``stop_accepting`` is set and its connections have ended (or
-    ``hard_stop_after`` seconds later)."""
+    ``hard_stop_after`` seconds later). ``listen_fds``: listening sockets to accept on
+    (inherited) instead of binding ``settings.host:port``."""
     await serve(
         # App speaks ASGI in plain dicts; hypercorn types each message as a TypedDict,
         # which no callable taking dict[str, Any] matches.
         app,  # type: ignore[arg-type]
-        hypercorn_config(settings, hard_stop_after),
+        hypercorn_config(settings, hard_stop_after, listen_fds),
         shutdown_trigger=stop_accepting.wait,
         task_status=task_status,
     )

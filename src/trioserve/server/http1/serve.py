@@ -50,6 +50,7 @@ import math
 import os
 import ssl
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import trio
 
@@ -198,6 +199,12 @@ async def _close_idle(shared: Shared) -> None:
                 connection.close()
 
 
+def host_port(sockaddr: Any) -> str:
+    """``host:port`` as in a URL (an IPv6 address in brackets)."""
+    host, port = sockaddr[0], sockaddr[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 async def serve_http1(
     app: HttpHandler,
     host: str,
@@ -207,21 +214,27 @@ async def serve_http1(
     ssl_context: ssl.SSLContext | None = None,
     stop_accepting: trio.Event,
     graceful_deadline: Callable[[], float] = lambda: math.inf,
+    listeners: list[trio.SocketListener] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` on ``host:port`` until ``stop_accepting`` is set and every connection
     has finished (idle ones are closed at once). ``graceful_deadline()`` gives the time
     after which connections still open are cancelled. ``task_status`` gets the bound URLs.
     With ``ssl_context``, every connection speaks TLS (``tls.server_context``).
+    ``listeners``: accept on these (listening sockets another process made, shared by
+    ``--workers``) instead of binding ``host:port``; they are closed when accepting stops.
     """
     shared = Shared(config or Http1Config(), ssl_context)
-    listeners = await trio.open_tcp_listeners(port, host=host)
+    bound_here = listeners is None
+    if listeners is None:
+        listeners = await trio.open_tcp_listeners(port, host=host)
     scheme = "http" if ssl_context is None else "https"
     urls = []
     for listener in listeners:
         name = listener.socket.getsockname()
-        urls.append(f"{scheme}://{name[0]}:{name[1]}")
-        log.info("Running on %s://%s:%d (CTRL + C to quit)", scheme, name[0], name[1])
+        urls.append(f"{scheme}://{host_port(name)}")
+        if bound_here:
+            log.info("Running on %s://%s (CTRL + C to quit)", scheme, host_port(name))
 
     async def handle(stream: trio.SocketStream) -> None:
         if shared.active >= shared.max_connections:
