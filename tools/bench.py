@@ -39,6 +39,15 @@ in the JSON (``meta.logs``).
     python tools/bench.py --json figures.json --write-docs docs/benchmarks.md
     git worktree add /tmp/before COMMIT && python tools/bench.py --baseline /tmp/before
 
+Several workers (``trioserve run --workers N``): a frontend's CPU and memory figures are
+those of its whole process tree (the supervisor and its workers), the capacity scenario's
+CPU cap holds the whole tree and is ``--capacity-cpu`` per worker, and ``--no-pin`` lets
+the workers use both cores (pinned, they would share core 0). ``--no-reference`` compares
+the trioserve runs with one another instead, the last one as the baseline:
+
+    python tools/bench.py --no-pin --no-reference --scenarios json,capacity \
+        --trioserve-args "--workers 2" --trioserve-args "--workers 1"
+
 All traffic is on 127.0.0.1; every step is bounded in time.
 """
 
@@ -164,6 +173,15 @@ class CpuQuota:
     def __init__(self, base: Path, path: Path, share: float) -> None:
         self.base, self.path, self.share = base, path, share
 
+    def set_share(self, share: float) -> None:
+        """Change the quota to ``share`` of a core."""
+        quota = max(1000, int(share * self.PERIOD_US))
+        if (self.path / "cpu.max").exists():
+            (self.path / "cpu.max").write_text(f"{quota} {self.PERIOD_US}")
+        else:
+            (self.path / "cpu.cfs_quota_us").write_text(str(quota))
+        self.share = share
+
     @classmethod
     def create(cls, share: float) -> CpuQuota | None:
         name = f"trioserve-bench-{os.getpid()}"
@@ -192,11 +210,14 @@ class CpuQuota:
         return None
 
     def enter(self, pid: int) -> None:
-        (self.path / "cgroup.procs").write_text(str(pid))
+        """``pid`` and the processes below it (a frontend's workers) enter the cgroup."""
+        for member in loadgen.process_tree(pid):
+            (self.path / "cgroup.procs").write_text(str(member))
 
     def leave(self, pid: int) -> None:
-        with contextlib.suppress(OSError):  # the process may have exited
-            (self.base / "cgroup.procs").write_text(str(pid))
+        for member in loadgen.process_tree(pid):
+            with contextlib.suppress(OSError):  # the process may have exited
+                (self.base / "cgroup.procs").write_text(str(member))
 
     def remove(self) -> None:
         with contextlib.suppress(OSError):
@@ -248,6 +269,7 @@ def wait_healthy(proc: Proc, timeout: float = 30) -> None:
 class FrontendSpec:
     label: str
     command: list[str]  # without the engine address and port
+    workers: int = 1  # trioserve's --workers: the capacity scenario's CPU cap is per worker
 
 
 def trioserve_options() -> str:
@@ -261,22 +283,30 @@ def trioserve_options() -> str:
 
 
 def frontend_specs(
-    trioserve_args: list[str], most_requests: int, baselines: list[str] = ()
+    trioserve_args: list[str],
+    most_requests: int,
+    baselines: list[str] = (),
+    reference: bool = True,
 ) -> list[FrontendSpec]:
     """trioserve once per ``--trioserve-args``, then once per ``--baseline`` checkout,
-    then the reference.
+    then the reference (unless not wanted).
 
     trioserve's admission bound (``--max-concurrent-requests``, where it exists) is raised
     to what the plan opens at once, unless the arguments set it: the reference has none.
     """
     specs = []
     admission = "--max-concurrent-requests" in trioserve_options()
+    workers_option = argparse.ArgumentParser(add_help=False)
+    workers_option.add_argument("--workers", type=int, default=1)
     for extra in trioserve_args or [""]:
         label = "trioserve" + (f" {extra}" if extra else "")
         argv = shlex.split(extra)
         if admission and not any(a.startswith("--max-concurrent-requests") for a in argv):
             argv += ["--max-concurrent-requests", str(most_requests)]
-        specs.append(FrontendSpec(label, [sys.executable, "-m", "trioserve", "run", *argv]))
+        workers = workers_option.parse_known_args(argv)[0].workers
+        specs.append(
+            FrontendSpec(label, [sys.executable, "-m", "trioserve", "run", *argv], workers)
+        )
     for checkout in baselines:
         # Another version of trioserve, from a checkout's src/ (a git worktree of an earlier
         # commit, say), against the same engine in the same run: before/after figures.
@@ -290,7 +320,10 @@ def frontend_specs(
         argv = ["--max-concurrent-requests", str(most_requests)] if admission else []
         command = ["env", f"PYTHONPATH={src}", sys.executable, "-m", "trioserve", "run", *argv]
         specs.append(FrontendSpec(f"trioserve@{commit or checkout}", command))
-    specs.append(FrontendSpec("reference", [sys.executable, str(TOOLS / "reference_server.py")]))
+    if reference:
+        specs.append(
+            FrontendSpec("reference", [sys.executable, str(TOOLS / "reference_server.py")])
+        )
     return specs
 
 
@@ -950,10 +983,15 @@ def report(
         f"{m['memory']}, Linux {m['kernel']}, Python {m['python']}, with "
         f"`{meta['command']}` ({meta['duration_s'] / 60:.1f} minutes).",
         "",
-        f"- Frontends: {', '.join(f'`{x}`' for x in meta['frontend_commands'])}. The "
-        "reference is `tools/reference_server.py`: FastAPI on uvicorn (uvloop, httptools, no "
-        "access log), orjson + pydantic for the body, pre-encoded chunks, an asyncio DEALER "
-        "client with one reader task, heartbeats and an abort on disconnect.",
+        f"- Frontends: {', '.join(f'`{x}`' for x in meta['frontend_commands'])}. "
+        + (
+            "The reference is `tools/reference_server.py`: FastAPI on uvicorn (uvloop, "
+            "httptools, no access log), orjson + pydantic for the body, pre-encoded chunks, "
+            "an asyncio DEALER client with one reader task, heartbeats and an abort on "
+            "disconnect."
+            if reference == "reference"
+            else f"No reference frontend: the baseline is `{reference}`."
+        ),
         f"- Pinning: {meta['pinning']}.",
         f"- Engine: `{meta['engine_command']}`. Streams ask for {plan.stream_rate:g} tokens/s "
         f"each, {plan.stream_tokens} tokens per answer, next answer on the same connection; "
@@ -1164,6 +1202,12 @@ def main() -> int:
         help="which to run",
     )
     parser.add_argument("--no-pin", action="store_true", help="do not pin processes to cores")
+    parser.add_argument(
+        "--no-reference",
+        action="store_true",
+        help="no FastAPI reference: the trioserve runs against one another, the last one "
+        "(of --trioserve-args, then --baseline) the baseline of the ratio column",
+    )
     parser.add_argument("--json", type=Path, help="write every figure here as JSON")
     parser.add_argument(
         "--write-docs",
@@ -1199,8 +1243,11 @@ def main() -> int:
     _raise_fd_limit()
     most = max(plan.idle_levels + plan.stream_levels + plan.json_levels)
     most = max(most, plan.capacity_streams) + 64
-    specs = frontend_specs(args.trioserve_args, most, args.baseline)
+    specs = frontend_specs(
+        args.trioserve_args, most, args.baseline, reference=not args.no_reference
+    )
     labels = [spec.label for spec in specs]
+    workers_of = {spec.label: spec.workers for spec in specs}
     steps = plan.steps()
     total = plan.rounds * (len(specs) * (sum(plan.estimate(step) for step in steps) + 2) + 3) + 5
     progress = Progress(total)
@@ -1209,8 +1256,9 @@ def main() -> int:
     quota = CpuQuota.create(plan.capacity_cpu) if "capacity" in plan.scenarios else None
     if "capacity" in plan.scenarios:
         capacity_cpu = (
-            f"each frontend capped to {plan.capacity_cpu:g} of a core meanwhile (a cgroup "
-            "CPU quota, 10 ms period)"
+            f"each frontend capped to {plan.capacity_cpu:g} of a core meanwhile"
+            + (" per worker, its whole process tree" if max(workers_of.values()) > 1 else "")
+            + " (a cgroup CPU quota, 10 ms period)"
             if quota is not None
             else "no CPU cap (no writable cgroup here): the load side may be the limit"
         )
@@ -1287,6 +1335,7 @@ def main() -> int:
                         timeout = 120 + 3 * plan.estimate(step)
                         capped = kind == "capacity" and quota is not None
                         if capped:
+                            quota.set_share(plan.capacity_cpu * workers_of[proc.name])
                             quota.enter(proc.pid)
                         lg_command = loadgen_args(plan, step, engine_address)
                         others = []

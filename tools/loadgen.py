@@ -97,12 +97,42 @@ def cpu_seconds(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of stat(5)
 
 
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every process below it: a frontend's workers (``--workers N``)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(todo.pop())
+        todo += children.get(tree[-1], [])
+    return tree
+
+
+def tree_cpu_seconds(pid: int | None) -> float:
+    """:func:`cpu_seconds` of ``pid`` and the processes below it."""
+    return sum(cpu_seconds(p) for p in process_tree(pid)) if pid else 0.0
+
+
 def rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for pid {pid}")
+    """Resident memory of ``pid`` and the processes below it (a frontend's workers)."""
+    total = 0
+    for member in process_tree(pid):
+        with open(f"/proc/{member}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+                    break
+            else:
+                raise RuntimeError(f"no VmRSS for pid {member}")
+    return total
 
 
 def cpu_times() -> dict[str, tuple[int, int, int]]:
@@ -119,9 +149,9 @@ def cpu_times() -> dict[str, tuple[int, int, int]]:
 
 
 class CpuMeter:
-    """CPU used over a window: by the frontend, the engine and this process (utime +
-    stime from /proc/PID/stat, all threads), and per core and by everything else on the
-    machine (/proc/stat): a run on a busy machine says so."""
+    """CPU used over a window: by the frontend (with its workers, if it has any), the
+    engine and this process (utime + stime from /proc/PID/stat, all threads), and per core
+    and by everything else on the machine (/proc/stat): a run on a busy machine says so."""
 
     def __init__(self, frontend: int | None, engine: int | None) -> None:
         self.pids = {"frontend": frontend, "engine": engine, "loadgen": os.getpid()}
@@ -132,14 +162,18 @@ class CpuMeter:
 
     def start(self) -> None:
         self._t0 = time.monotonic()
-        self._start = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        self._start = {name: self._cpu(name, pid) for name, pid in self.pids.items()}
         self._cores = cpu_times()
+
+    @staticmethod
+    def _cpu(name: str, pid: int | None) -> float:
+        return tree_cpu_seconds(pid) if name == "frontend" else cpu_seconds(pid)
 
     def stop(self) -> float:
         wall = time.monotonic() - self._t0
         ours = 0.0
         for name, pid in self.pids.items():
-            used = cpu_seconds(pid) - self._start[name]
+            used = self._cpu(name, pid) - self._start[name]
             ours += used
             self.result[f"{name}_cpu_s"] = used
             self.result[f"{name}_cpu_pct"] = 100 * used / wall if wall else 0.0

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -67,3 +70,58 @@ def test_bench_quick_reports_every_figure(tmp_path):
     assert text.startswith("# Benchmarks\n\nSome text that must survive.\n")
     assert text.count("<!-- bench:begin -->") == 1
     assert text.count("<!-- bench:end -->") == 1
+
+
+def test_bench_compares_worker_counts_without_the_reference(tmp_path):
+    """``--workers``: one frontend per worker count, the last the baseline, the CPU cap
+    and the CPU figures over each frontend's whole process tree."""
+    out = tmp_path / "bench.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(TOOLS / "bench.py"),
+            "--quick",
+            "--no-pin",
+            "--no-reference",
+            "--scenarios",
+            "json,capacity",
+            "--trioserve-args",
+            "--workers 2",
+            "--trioserve-args",
+            "--workers 1",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    assert figures["failures"] == []
+    labels = {"trioserve --workers 2", "trioserve --workers 1"}
+    for key in ("json_c32_rps", "capacity"):
+        assert set(figures["figures"][key]["values"]) == labels
+    assert "the baseline is `trioserve --workers 1`" in result.stdout
+    assert "| trioserve --workers 2 / trioserve --workers 1 |" in result.stdout
+
+
+def test_a_frontends_process_tree_holds_its_workers():
+    sys.path.insert(0, str(TOOLS))
+    try:
+        import loadgen
+    finally:
+        sys.path.remove(str(TOOLS))
+    # sh, its sleep, and another sh with a sleep of its own: four processes.
+    parent = subprocess.Popen(["sh", "-c", "sleep 30 & sh -c 'sleep 30 & wait' & wait"])
+    try:
+        for _ in range(400):  # until the last one has started (a hang guard, not a timing)
+            if len(tree := loadgen.process_tree(parent.pid)) == 4:
+                break
+            time.sleep(0.01)
+        assert tree[0] == parent.pid and len(set(tree)) == 4
+        assert loadgen.rss_bytes(parent.pid) > loadgen.rss_bytes(tree[-1])
+    finally:
+        for pid in reversed(loadgen.process_tree(parent.pid)):
+            os.kill(pid, signal.SIGKILL)
+        parent.wait()
