@@ -23,7 +23,7 @@ LOCATION = """
 """
 
 
-async def start_instance(nursery: trio.Nursery, engine: str, port: int) -> Proc:
+async def start_instance(nursery: trio.Nursery, engine: str, port: int, workers: int = 1) -> Proc:
     proc = await Proc.start(
         nursery,
         "run",
@@ -31,6 +31,8 @@ async def start_instance(nursery: trio.Nursery, engine: str, port: int) -> Proc:
         engine,
         "--port",
         str(port),
+        "--workers",
+        str(workers),
         "--drain-delay",
         "1",
         "--graceful-timeout",
@@ -49,15 +51,15 @@ class Outcome:
 
 
 async def roll_under_load(
-    nursery: trio.Nursery, tmp_path: Any, engine: str, body: dict[str, Any]
+    nursery: trio.Nursery, tmp_path: Any, engine: str, body: dict[str, Any], workers: int = 1
 ) -> Outcome:
-    """Two `trioserve run` instances on ``engine`` behind nginx; eight clients send
-    ``body`` (completions, streamed or not, in turn) while each instance in turn gets
-    SIGTERM and is replaced on its port once its listener has closed. Returns what the
-    clients saw."""
+    """Two `trioserve run --workers {workers}` instances on ``engine`` behind nginx; eight
+    clients send ``body`` (completions, streamed or not, in turn) while each instance in
+    turn gets SIGTERM and is replaced on its port once its listeners have closed. Returns
+    what the clients saw."""
     port_a, port_b, port_lb = (free_port() for _ in range(3))
-    instances = {port_a: await start_instance(nursery, engine, port_a)}
-    instances[port_b] = await start_instance(nursery, engine, port_b)
+    instances = {port_a: await start_instance(nursery, engine, port_a, workers)}
+    instances[port_b] = await start_instance(nursery, engine, port_b, workers)
     await wait_health(f"http://127.0.0.1:{port_a}")
     await wait_health(f"http://127.0.0.1:{port_b}")
     outcome = Outcome()
@@ -105,8 +107,9 @@ async def roll_under_load(
             for port in (port_a, port_b):
                 old = instances[port]
                 old.signal(signal.SIGTERM)
-                await old.wait_for_output("draining: listener closed")
-                instances[port] = await start_instance(nursery, engine, port)
+                # Every worker's: the port is free once the last one has closed.
+                await old.wait_for_output("(?s)" + ".*".join(["listener closed"] * workers))
+                instances[port] = await start_instance(nursery, engine, port, workers)
                 await wait_health(f"http://127.0.0.1:{port}")
                 with trio.fail_after(40):
                     assert await old.process.wait() == 0

@@ -17,7 +17,8 @@ import pytest
 import trio
 
 from tests.conftest import HANG_GUARD
-from tests.processes import Proc, start_frontend_process
+from tests.processes import Proc, free_port, start_engine_process, start_frontend_process
+from tests.rolling import roll_under_load
 from trioserve.cli import build_parser
 
 pytestmark = pytest.mark.integration
@@ -380,3 +381,14 @@ def test_workers_must_be_a_positive_number(count, capsys):
         build_parser().parse_args(["run", "--workers", count])
     assert exited.value.code == 2
     assert "--workers" in capsys.readouterr().err
+
+
+async def test_a_rolling_restart_of_workers_through_nginx_drops_nothing(nursery, tmp_path):
+    engine_port = free_port()
+    await start_engine_process(nursery, engine_port)
+    outcome = await roll_under_load(
+        nursery, tmp_path, f"tcp://127.0.0.1:{engine_port}", {"max_tokens": 20}, workers=2
+    )
+    assert not outcome.failures, outcome.failures[:10]
+    assert outcome.streams_started == outcome.streams_completed > 0
+    assert outcome.ok > 50
