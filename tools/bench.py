@@ -671,6 +671,14 @@ def extract(
             (f"json_c{c}_rps", f"non-streaming, c={c}: requests/s", "req/s", 0, step, "rps"),
             (f"json_c{c}_p50", f"non-streaming, c={c}: latency p50", "ms", 2, step, "p50_ms"),
             (f"json_c{c}_p99", f"non-streaming, c={c}: latency p99", "ms", 2, step, "p99_ms"),
+            (
+                f"json_c{c}_cpu_req",
+                f"non-streaming, c={c}: frontend CPU per request",
+                "µs",
+                0,
+                step,
+                "frontend_cpu_us_per_request",
+            ),
         ]
     for n in plan.stream_levels if "stream" in plan.scenarios else []:
         step = f"stream:{n}"

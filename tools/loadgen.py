@@ -414,6 +414,9 @@ async def run_json(args: argparse.Namespace) -> dict:
         "max_ms": max(latencies) * 1000 if latencies else float("nan"),
         "mean_ms": sum(latencies) / len(latencies) * 1000 if latencies else float("nan"),
         **meter.result,
+        "frontend_cpu_us_per_request": (
+            1e6 * meter.result["frontend_cpu_s"] / max(state["count"], 1)
+        ),
     }
 
 
