@@ -151,7 +151,14 @@ class Proc:
 
     def stop(self, graceful: bool = False) -> None:
         if self.popen.poll() is None:
+            # Killed, its workers (--workers) go too: they would drain on their own while
+            # the next frontend is measured. Found before the supervisor goes (then they
+            # are orphans), killed after it (else it would start others).
+            workers = [] if graceful else loadgen.process_tree(self.pid)[1:]
             self.popen.send_signal(signal.SIGTERM if graceful else signal.SIGKILL)
+            for pid in workers:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
             try:
                 self.popen.wait(10)
             except subprocess.TimeoutExpired:
