@@ -30,6 +30,8 @@ def stand_in(code: str) -> list[str]:
 CRASHES_AFTER_READY = "import os, sys; os.write(1, b'ready\\n'); sys.exit(3)"
 #: Exits without ever being ready.
 NEVER_READY = "import sys; sys.exit(3)"
+#: Exits without reading its settings, its stdin closed first (a broken install).
+DIES_AT_ONCE = "import os; os.close(0); os._exit(3)"
 #: Still starting (never ready) until SIGTERM, which it obeys.
 SLOW_TO_START = (
     "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: sys.exit(0)); "
@@ -124,3 +126,12 @@ async def test_a_signal_while_the_workers_start_stops_them_cleanly(nursery, capl
     assert supervisor.status == 0
     assert not any("Running on" in m for m in caplog.messages)
     assert sum("stopped" in m for m in caplog.messages) == 2
+
+
+async def test_a_worker_gone_before_it_read_its_settings_is_not_ready():
+    supervisor = Supervisor(Settings(port=0), 1, stand_in(DIES_AT_ONCE))
+    supervisor._sockets = [[]]  # (serve() binds them)
+    process = await supervisor._spawn(0)
+    with trio.fail_after(HANG_GUARD):
+        await process.wait()
+    assert not await supervisor._send_spec(0, process)  # EPIPE, not an exception

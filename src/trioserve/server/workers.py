@@ -274,8 +274,7 @@ class Supervisor:
         while not self.draining:
             process = await self._spawn(index)
             try:
-                await self._send_spec(index, process)
-                ready = await self._wait_ready(process)
+                ready = await self._send_spec(index, process) and await self._wait_ready(process)
                 if not started:
                     if not ready and not self.draining:
                         log.error("worker %d did not start; stopping", index)
@@ -321,7 +320,8 @@ class Supervisor:
         log.info("started worker %d (pid %d)", index, process.pid)
         return process
 
-    async def _send_spec(self, index: int, process: trio.Process) -> None:
+    async def _send_spec(self, index: int, process: trio.Process) -> bool:
+        """False if the worker is already gone (it died before reading: a broken install)."""
         spec = WorkerSpec(
             index=index,
             settings=self.settings,
@@ -332,7 +332,11 @@ class Supervisor:
         )
         assert process.stdin is not None
         # It stays open while the worker runs: EOF tells the worker we are gone.
-        await process.stdin.send_all(spec.to_json())
+        try:
+            await process.stdin.send_all(spec.to_json())
+        except trio.BrokenResourceError:
+            return False
+        return True
 
     async def _wait_ready(self, process: trio.Process) -> bool:
         """Until the worker says it accepts (True), exits or takes too long (False)."""
