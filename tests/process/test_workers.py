@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.conftest import HANG_GUARD
-from tests.processes import Proc, free_port, start_engine_process, start_frontend_process
-from tests.rolling import roll_under_load
+from tests.helpers.processes import Proc, free_port, start_engine_process, start_frontend_process
+from tests.helpers.rolling import roll_under_load
+from tests.helpers.waiting import HANG_GUARD
 from trioserve.cli import build_parser
 
 pytestmark = pytest.mark.integration

@@ -16,7 +16,7 @@ import pytest
 import trio
 import trio.testing
 
-from tests.conftest import HANG_GUARD, wait_until
+from tests.helpers.waiting import HANG_GUARD, wait_until
 from trioserve.config import Settings
 from trioserve.server import workers
 from trioserve.server.workers import Supervisor, WorkerSpec, bind_group
