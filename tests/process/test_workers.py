@@ -19,7 +19,7 @@ import trio
 from tests.helpers.processes import Proc, free_port, start_engine_process, start_frontend_process
 from tests.helpers.rolling import roll_under_load
 from tests.helpers.waiting import HANG_GUARD
-from trioserve.cli import build_parser
+from trioserve.cli import ENVIRONMENT_ERROR, build_parser
 
 pytestmark = pytest.mark.integration
 
@@ -302,6 +302,17 @@ async def test_a_second_sigterm_ends_every_workers_streams_at_once(nursery):
     assert await frontend.wait() == 0
 
 
+async def test_sigint_reaches_every_worker_as_sigint_and_skips_the_drain_delay(nursery):
+    # A drain delay no test outlives: only a SIGINT that reached the workers as one ends it.
+    frontend, _, pids = await start_workers(nursery, 2, "--drain-delay", "600")
+    frontend.signal(signal.SIGINT)
+    assert await frontend.wait() == 0
+    for index in range(2):
+        assert f"[worker {index}]: draining on SIGINT".encode() in frontend.output
+    for index, pid in enumerate(pids):
+        assert f"worker {index} (pid {pid}) stopped".encode() in frontend.output
+
+
 async def test_a_killed_worker_is_restarted_and_the_port_keeps_serving(nursery):
     frontend, url, pids = await start_workers(nursery, 2)
     connections = await one_connection_per_worker(url, pids)
@@ -359,7 +370,7 @@ async def test_workers_on_hypercorn(nursery):
     await wait_for_metric(connections[pids[0]], COMPLETED, 2)
 
 
-async def test_workers_on_a_port_in_use_exit_2_with_one_line(nursery):
+async def test_workers_on_a_port_in_use_are_refused_with_one_line(nursery):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -367,7 +378,7 @@ async def test_workers_on_a_port_in_use_exit_2_with_one_line(nursery):
         frontend = await Proc.start(
             nursery, "run", "--workers", "2", "--port", str(port), "--engine", "tcp://127.0.0.1:9"
         )
-        assert await frontend.wait() == 2
+        assert await frontend.wait() == ENVIRONMENT_ERROR
     assert f"cannot listen on 127.0.0.1 port {port}: Address already in use".encode() in (
         frontend.output
     )
