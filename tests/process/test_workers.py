@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers.processes import Proc, free_port, start_engine_process, start_frontend_process
 from tests.helpers.rolling import roll_under_load
@@ -163,10 +164,19 @@ def worker_pids(frontend: Proc, count: int) -> list[int]:
     return [pids[i] for i in range(count)]
 
 
-def metric(text: bytes, name: str) -> float:
-    match = re.search(rb"^" + re.escape(name.encode()) + rb" (\S+)$", text, re.MULTILINE)
-    assert match is not None, f"{name} not in /metrics"
-    return float(match.group(1))
+def metric(text: bytes, sample: str) -> float:
+    """The sum of the samples named as ``sample`` says (``name`` or ``name{label="v",...}``,
+    the labels a subset of each sample's: in any order, others summed over)."""
+    name, _, wanted = sample.partition("{")
+    labels = dict(re.findall(r'(\w+)="([^"]*)"', wanted))
+    found = [
+        s.value
+        for family in text_string_to_metric_families(text.decode())
+        for s in family.samples
+        if s.name == name and labels.items() <= s.labels.items()
+    ]
+    assert found, f"{sample} not in /metrics"
+    return sum(found)
 
 
 async def scrape(connection: Connection) -> bytes:
@@ -204,6 +214,11 @@ async def test_two_workers_share_one_port_one_mock_engine_and_metrics_sum_over_b
             assert status == 200, body
     for connection in connections.values():
         text = await wait_for_metric(connection, COMPLETED, 8)
+        # The histograms, which each worker counts in its own memory and writes for the
+        # others every half second, summed too.
+        for histogram in ("time_to_first_token", "request_duration"):
+            text = await wait_for_metric(connection, f"trioserve_{histogram}_seconds_count", 8)
+        assert metric(text, 'trioserve_time_to_first_token_seconds_bucket{le="+Inf"}') == 8
         assert metric(text, "trioserve_worker_starts_total") == 2
         assert metric(text, "trioserve_draining") == 0
         [engine] = re.findall(rb'trioserve_engine_connected\{engine="([^"]+)"\} 1.0', text)
