@@ -981,6 +981,7 @@ def _run(args: argparse.Namespace) -> int:
             args.workers,
             worker_command("trioserve.cli:worker_main"),
             log_level=args.log_level,
+            log_format=args.log_format,
         )
     # The frontend: this process, or its workers (started with the engine's address,
     # which is only known below when this process starts the engine).
@@ -1052,11 +1053,7 @@ def worker_main() -> int:
     from .server import workers
 
     spec = workers.WorkerSpec.read(sys.stdin.buffer)
-    logging.basicConfig(
-        level=spec.log_level.upper(),
-        format=f"%(asctime)s %(levelname)s %(name)s [worker {spec.index}]: %(message)s",
-        stream=sys.stderr,
-    )
+    logs.configure(spec.log_level, spec.log_format, worker=spec.index)
     _tune_gc()
     trio.run(workers.run_worker, spec)
     return 0

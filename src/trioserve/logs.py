@@ -15,14 +15,20 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per record: ``time`` (ISO 8601, UTC), ``level``, ``logger``,
-    ``message``, the access log's fields where the record has them (``access``), and
-    ``exception`` (the traceback) where it has one."""
+    ``fields`` (``worker``: which of ``--workers`` wrote it), ``message``, the access log's
+    fields where the record has them (``access``), and ``exception`` (the traceback) where
+    it has one."""
+
+    def __init__(self, fields: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self.fields = fields or {}
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
             "time": self.formatTime(record),
             "level": record.levelname,
             "logger": record.name,
+            **self.fields,
             "message": record.getMessage(),
         }
         access = getattr(record, "access", None)
@@ -39,8 +45,13 @@ class JsonFormatter(logging.Formatter):
         return time.strftime("%Y-%m-%dT%H:%M:%S", utc) + f".{int(record.msecs):03d}Z"
 
 
-def configure(level: str, fmt: str = "text") -> None:
-    """Log to stderr at ``level`` (a name: ``info``), in ``fmt`` (``text`` or ``json``)."""
+def configure(level: str, fmt: str = "text", *, worker: int | None = None) -> None:
+    """Log to stderr at ``level`` (a name: ``info``), in ``fmt`` (``text`` or ``json``);
+    ``worker``: each line says which worker of ``--workers`` wrote it."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter({} if worker is None else {"worker": worker}))
+    else:
+        tag = "" if worker is None else f" [worker {worker}]"
+        handler.setFormatter(logging.Formatter(TEXT_FORMAT.replace("%(name)s:", f"%(name)s{tag}:")))
     logging.basicConfig(level=level.upper(), handlers=[handler])

@@ -328,6 +328,19 @@ async def test_sigint_reaches_every_worker_as_sigint_and_skips_the_drain_delay(n
         assert f"worker {index} (pid {pid}) stopped".encode() in frontend.output
 
 
+async def test_every_log_line_says_which_worker_wrote_it_in_json_too(nursery):
+    frontend, url, pids = await start_workers(nursery, 2, "--log-format", "json")
+    connections = await one_connection_per_worker(url, pids)
+    for connection in connections.values():
+        assert (await connection.request("POST", "/v1/completions", SMALL))[0] == 200
+    await frontend.wait_for_output('"logger": "trioserve.access", "worker": 1')
+    await frontend.wait_for_output('"logger": "trioserve.access", "worker": 0')
+    for line in frontend.output.splitlines():
+        entry = json.loads(line)  # every line, the supervisor's too, is JSON
+        if entry["logger"] == "trioserve.access":
+            assert entry["worker"] in (0, 1)
+
+
 async def test_a_killed_worker_is_restarted_and_the_port_keeps_serving(nursery):
     frontend, url, pids = await start_workers(nursery, 2)
     connections = await one_connection_per_worker(url, pids)

@@ -105,6 +105,8 @@ class WorkerSpec:
     #: Where its metrics live (it was started with PROMETHEUS_MULTIPROC_DIR set to it).
     metrics_dir: str
     log_level: str = "info"
+    #: ``text`` or ``json`` (``logs.configure``).
+    log_format: str = "text"
 
     def to_json(self) -> bytes:
         return json.dumps(attrs.asdict(self)).encode() + b"\n"
@@ -180,12 +182,19 @@ class Supervisor:
     worker drained and exited 0, 1 otherwise."""
 
     def __init__(
-        self, settings: Settings, count: int, command: list[str], *, log_level: str = "info"
+        self,
+        settings: Settings,
+        count: int,
+        command: list[str],
+        *,
+        log_level: str = "info",
+        log_format: str = "text",
     ) -> None:
         self.settings = settings
         self.count = count
         self.command = command
         self.log_level = log_level
+        self.log_format = log_format
         self.status = 0
         self.draining = False
         #: The live workers, by index.
@@ -329,6 +338,7 @@ class Supervisor:
             engine_wait=self._engine_wait,
             metrics_dir=self._metrics_dir,
             log_level=self.log_level,
+            log_format=self.log_format,
         )
         assert process.stdin is not None
         # It stays open while the worker runs: EOF tells the worker we are gone.
