@@ -7,8 +7,6 @@ CLI does not have, and the timing rules use the values the pods will really run 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 from pathlib import Path
 
 import pytest
@@ -25,42 +23,8 @@ DEPLOY = Path(__file__).parent.parent / "deploy" / "kubernetes"
 MARGIN = 5
 
 
-def _accepts(argv: list[str]) -> bool:
-    with contextlib.redirect_stderr(io.StringIO()), contextlib.suppress(SystemExit):
-        build_parser().parse_args(argv)
-        return True
-    return False
-
-
-#: Options of issue 21's engine work, on another branch: engines found by DNS
-#: (``--engine dns://NAME:PORT``) and the engine's drain (``--grace-period``). Until the
-#: CLI has them, :func:`parse` takes them out before the parser sees the rest and reads
-#: them itself; once it has them, the parser reads them like any other.
-DNS_ENGINES = _accepts(["run", "--engine", "dns://trioserve-engine:5555"])
-ENGINE_GRACE = _accepts(["engine", "mock", "--grace-period", "1"])
-
-
 def parse(argv: list[str]) -> argparse.Namespace:
-    """``argv`` through the CLI's parser (but the pending options above, while pending)."""
-    rest, dns, grace = [], [], None
-    pairs = iter(argv)
-    for arg in pairs:
-        if arg == "--engine" and not DNS_ENGINES:
-            value = next(pairs)
-            if value.startswith("dns://"):
-                dns.append(value)
-                continue
-            rest += [arg, value]
-        elif arg == "--grace-period" and not ENGINE_GRACE:
-            grace = float(next(pairs))
-        else:
-            rest.append(arg)
-    args = build_parser().parse_args(rest)
-    if dns:
-        args.engine += dns
-    if grace is not None:
-        args.grace_period = grace
-    return args
+    return build_parser().parse_args(argv)
 
 
 def documents() -> dict[tuple[str, str], dict]:

@@ -16,6 +16,7 @@ import bisect
 import functools
 import math
 import os
+import warnings
 import weakref
 from collections.abc import Iterator, Sequence, Sized
 from typing import Any
@@ -122,6 +123,8 @@ ENGINE_DRAINING = Gauge(
     "1 while the engine at this address says it is draining (nothing new is routed to it).",
     ["engine"],
     registry=REGISTRY,
+    # With workers: 1 once any worker has heard it.
+    multiprocess_mode="livemax",
 )
 ENGINE_FAILOVERS = Counter(
     "trioserve_engine_failovers",
@@ -383,6 +386,38 @@ def sample_histograms() -> None:
 #: Set by :func:`aggregate_workers`: what ``/metrics`` renders, every worker's figures.
 _workers_registry: CollectorRegistry | None = None
 
+#: The gauges labelled by engine address, whose series an engine let go of takes with it
+#: (``remove``: the addresses DNS no longer lists must not pile up).
+_ENGINE_GAUGES = (
+    ENGINE_RUNNING,
+    ENGINE_QUEUED,
+    ENGINE_KV_CACHE_USAGE,
+    ENGINE_CONNECTED,
+    ENGINE_DRAINING,
+)
+
+
+class _WorkersCollector(Collector):
+    """Every worker's figures, from the files of multiprocess mode.
+
+    prometheus-client cannot take a series out of those files (``remove`` only warns), so
+    the series of engines this worker has let go of are left out here: every worker
+    follows the same engines (the same DNS names), and the one that answers speaks for
+    them all.
+    """
+
+    def __init__(self, directory: str) -> None:
+        self.files = MultiProcessCollector(None, path=directory)
+        self.engine_gauges = {gauge._name for gauge in _ENGINE_GAUGES}
+
+    def collect(self) -> Iterator[Any]:
+        # A gauge's children by label values (the engine's address), kept by the library.
+        known = {key[0] for gauge in _ENGINE_GAUGES for key in list(gauge._metrics)}
+        for family in self.files.collect():
+            if family.name in self.engine_gauges:
+                family.samples = [s for s in family.samples if s.labels.get("engine") in known]
+            yield family
+
 
 def aggregate_workers(directory: str) -> None:
     """Render every worker's figures from ``directory`` (this process is a worker of
@@ -393,8 +428,10 @@ def aggregate_workers(directory: str) -> None:
         # prometheus-client chose where values live when it was imported: too late now.
         raise RuntimeError("a worker's PROMETHEUS_MULTIPROC_DIR must be set before it starts")
     registry = CollectorRegistry()
-    MultiProcessCollector(registry, path=directory)
+    registry.register(_WorkersCollector(directory))
     _workers_registry = registry
+    # What remove() cannot do in the files, _WorkersCollector does: no warning each time.
+    warnings.filterwarnings("ignore", "Removal of labels has not been implemented", UserWarning)
     Counter(
         "trioserve_worker_starts",
         "Worker processes started (--workers): the worker count, plus one per restart.",
