@@ -450,6 +450,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve no chat page at / (it is a 404 then); /docs and /openapi.json stay",
     )
     run.add_argument(
+        "--responses-ttl",
+        type=_positive(float),
+        default=DEFAULTS.responses_ttl,
+        help="seconds a finished response stays retrievable (GET /v1/responses/{id}); "
+        "responses live in this process's memory only",
+    )
+    run.add_argument(
+        "--responses-max-events",
+        type=_positive(int),
+        default=DEFAULTS.responses_max_events,
+        help="events a background response retains for replay; past it the response fails "
+        "(response_events_overflow) and its engine request is aborted",
+    )
+    run.add_argument(
+        "--max-background-responses",
+        type=_positive(int),
+        default=DEFAULTS.max_background_responses,
+        help="background responses (background: true) generating at once; past it, 503",
+    )
+    run.add_argument(
+        "--responses-store-mb",
+        type=_positive(float),
+        default=DEFAULTS.responses_store_bytes / 2**20,
+        help="memory the response store may hold, in MiB; finished responses are dropped "
+        "oldest first to stay under it",
+    )
+    run.add_argument(
         "--ws-max-requests",
         type=_positive(int),
         default=DEFAULTS.ws_max_requests,
@@ -943,6 +970,10 @@ def _run(args: argparse.Namespace) -> int:
         keep_alive_timeout=args.keep_alive_timeout,
         server=args.server,
         write_timeout=args.write_timeout,
+        responses_ttl=args.responses_ttl,
+        responses_max_events=args.responses_max_events,
+        max_background_responses=args.max_background_responses,
+        responses_store_bytes=int(args.responses_store_mb * 2**20),
         ws_max_requests=args.ws_max_requests,
         ws_allow_any_origin=args.ws_allow_any_origin,
         playground=not args.no_playground,

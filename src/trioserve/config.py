@@ -73,6 +73,17 @@ class Settings:
     ws_max_message_bytes: int = 1024 * 1024
     #: Seconds between WebSocket pings (0: none).
     ws_ping_interval: float = 20.0
+    #: Seconds a finished response stays retrievable (``GET /v1/responses/{id}``).
+    responses_ttl: float = 600.0
+    #: Events one background response may retain for replay (``starting_after``); past
+    #: it, the response fails (``response_events_overflow``) and its engine request is
+    #: aborted.
+    responses_max_events: int = 16384
+    #: Background responses (``background: true``) generating at once; past it, 503.
+    max_background_responses: int = 64
+    #: Bytes the response store may hold in all (events, texts, finished responses);
+    #: finished responses are dropped oldest first to stay under it.
+    responses_store_bytes: int = 256 * 2**20
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 3.0
     #: Largest frame accepted from an engine, in bytes (``zmtp.MAX_MESSAGE``); a larger

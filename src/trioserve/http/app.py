@@ -22,12 +22,24 @@ from . import openapi as api
 from .auth import ApiKeys, header_values, select_subprotocol
 from .bodies.embeddings import EmbeddingRequest
 from .bodies.openai import ChatCompletionRequest, CompletionRequest
+from .bodies.responses import ResponsesRequest
 from .channel import AsgiChannel, Receive, RequestHead, ResponseChannel, Send, head_of
 from .cors import CorsPolicy
 from .exchange import JSON_HEADERS, ClientGone, Exchange
 from .observe import Observer
 from .openapi import JSON, MULTIPART, URLENCODED, Doc, json_body
-from .routes import debug, embeddings, generate, images, openai, operations, pages, speech, videos
+from .routes import (
+    debug,
+    embeddings,
+    generate,
+    images,
+    openai,
+    operations,
+    pages,
+    responses,
+    speech,
+    videos,
+)
 from .services import Services
 from .websocket import POLICY_VIOLATION, WebSocketConnection
 
@@ -73,6 +85,17 @@ ROUTES: dict[tuple[str, str], Route] = {
             example={"prompt": "Once upon a time", "max_tokens": 16},
         ),
         "completion",
+    ),
+    ("POST", "/v1/responses"): Route(
+        responses.create,
+        _generation(
+            "createResponse",
+            "A response (the Responses API): JSON, streamed typed events (SSE), or in "
+            "the background",
+            ResponsesRequest,
+            {},
+        ),
+        "chat",
     ),
     ("POST", "/v1/embeddings"): Route(
         embeddings.handle,
@@ -195,8 +218,9 @@ ROUTES: dict[tuple[str, str], Route] = {
         ),
     ),
 }
-#: Routes whose path ends in a parameter: the rest of the path, "/" included (model ids
-#: such as "org/name"), at least one character.
+#: Routes whose path holds a parameter, ``{id}``: at least one character, "/" included
+#: (model ids such as "org/name"), at the end of the path or before a fixed suffix
+#: (``/v1/responses/{id}/cancel``).
 TEMPLATED: dict[tuple[str, str], Route] = {
     ("GET", "/v1/models/{id}"): Route(
         operations.retrieve_model,
@@ -222,6 +246,33 @@ TEMPLATED: dict[tuple[str, str], Route] = {
             },
         ),
     ),
+    ("GET", "/v1/responses/{id}"): Route(
+        responses.retrieve,
+        Doc(
+            "retrieveResponse",
+            "A stored response as of now; with stream=true, a background response's events",
+            "responses",
+            parameter="the response's id (resp_...)",
+        ),
+    ),
+    ("POST", "/v1/responses/{id}/cancel"): Route(
+        responses.cancel,
+        Doc(
+            "cancelResponse",
+            "Cancel a background response (its engine request gets one abort)",
+            "responses",
+            parameter="the response's id (resp_...)",
+        ),
+    ),
+    ("DELETE", "/v1/responses/{id}"): Route(
+        responses.delete,
+        Doc(
+            "deleteResponse",
+            "Forget a stored response (a background one still running is cancelled first)",
+            "responses",
+            parameter="the response's id (resp_...)",
+        ),
+    ),
 }
 #: Served only with ``--debug-endpoints`` (else unknown paths: 404), and not described in
 #: ``/openapi.json``: an operator's view, not the API.
@@ -232,7 +283,46 @@ DEBUG_ROUTES: dict[tuple[str, str], Route] = {
     ),
 }
 _PATHS = {path for _, path in ROUTES}
-_PREFIXES = {(method, path.partition("{")[0]): route for (method, path), route in TEMPLATED.items()}
+
+
+@attrs.frozen
+class _Template:
+    """A path of :data:`TEMPLATED`, split around its parameter."""
+
+    method: str
+    path: str
+    prefix: str
+    suffix: str
+    route: Route
+
+    def matches(self, path: str) -> bool:
+        prefix, suffix = self.prefix, self.suffix
+        return (
+            len(path) > len(prefix) + len(suffix)
+            and path.startswith(prefix)
+            and path.endswith(suffix)
+        )
+
+
+def _template(method: str, path: str, route: Route) -> _Template:
+    prefix, _, suffix = path.partition("{id}")
+    return _Template(method, path, prefix, suffix, route)
+
+
+#: The longest suffix first, so ``/v1/responses/x/cancel`` is the cancel of ``x``, not
+#: ``x/cancel``.
+_TEMPLATES = sorted(
+    (_template(method, path, route) for (method, path), route in TEMPLATED.items()),
+    key=lambda template: -len(template.suffix),
+)
+
+
+def _templates(method: str, path: str) -> tuple[_Template | None, list[_Template]]:
+    """The template that serves ``method`` on ``path`` (or None), and every template
+    ``path`` matches."""
+    matching = [template for template in _TEMPLATES if template.matches(path)]
+    serving = next((t for t in matching if t.method == method), None)
+    return serving, matching
 
 
 class App:
@@ -408,9 +498,9 @@ class App:
         path = exchange.path
         if path in _PATHS or (exchange.method, path) in self.routes:
             return path
-        for _, prefix in _PREFIXES:
-            if path.startswith(prefix) and len(path) > len(prefix):
-                return prefix + "{id}"
+        serving, matching = _templates(exchange.method, path)
+        if serving is not None or matching:
+            return (serving or matching[0]).path
         return "unmatched"
 
     async def _dispatch(self, exchange: Exchange) -> None:
@@ -452,21 +542,16 @@ def _fallback(exchange: Exchange) -> Route:
     """A templated route (``/v1/models/{id}``), else the 405 or 404 for a path no route
     serves."""
     path = exchange.path
-    route = None
-    allowed = sorted(m for m, p in ROUTES if p == path)
-    for (method, prefix), candidate in _PREFIXES.items():
-        if path.startswith(prefix) and len(path) > len(prefix):
-            if method == exchange.method:
-                route = candidate
-            allowed.append(method)
-    if route is not None:
-        return route
+    serving, matching = _templates(exchange.method, path)
+    if serving is not None:
+        return serving.route
+    allowed = {m for m, p in ROUTES if p == path} | {t.method for t in matching}
     if allowed:
         raise HTTPError(
             405,
             f"method {exchange.method} not allowed on {path}",
             "method_not_allowed",
-            headers=[(b"allow", ", ".join(allowed).encode())],
+            headers=[(b"allow", ", ".join(sorted(allowed)).encode())],
         )
     raise HTTPError(404, f"no route {exchange.method} {path}", "not_found")
 

@@ -24,6 +24,7 @@ from .bodies.validation import invalid, parse_json
 from .exchange import Exchange, ServerState
 from .lifecycle import Registry, RequestHandle, run_generation
 from .observe import Observer
+from .responses_store import ResponseStore
 from .writers.stream import Writer
 
 #: What each capability an engine may declare is called in a 404 for a missing one.
@@ -70,10 +71,20 @@ class Services:
     #: The description of the API as JSON (``/openapi.json``): the application's, which
     #: knows the route table.
     openapi: Callable[[], bytes] | None = None
+    #: Background and stored responses (``/v1/responses``); its ``serve`` runs in the
+    #: server's nursery (``server/frontend.py``).
+    responses: ResponseStore = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        self.admission = Admission(self.settings.max_concurrent_requests)
-        self.body_budget = BodyBudget(self.settings.max_body_memory_bytes)
+        settings = self.settings
+        self.admission = Admission(settings.max_concurrent_requests)
+        self.body_budget = BodyBudget(settings.max_body_memory_bytes)
+        self.responses = ResponseStore(
+            ttl=settings.responses_ttl,
+            max_events=settings.responses_max_events,
+            max_background=settings.max_background_responses,
+            max_bytes=settings.responses_store_bytes,
+        )
 
     # -- checks every generation route makes ---------------------------------------------
 

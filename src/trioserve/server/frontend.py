@@ -143,6 +143,9 @@ async def serve_frontend(
                         listeners=[inherited_listener(fd) for fd in listen_fds] or None,
                         task_status=task_status,
                     )
+                # Background responses belong to no connection: they go on until they
+                # end, or until the drain deadline ends them (as every request).
+                await app.services.responses.wait_idle()
                 log.info("all connections closed; stopping")
                 nursery.cancel_scope.cancel()
 
@@ -151,5 +154,6 @@ async def serve_frontend(
                     await engines.wait_ready()
                 if waited.cancelled_caught:
                     log.warning("no engine handshake after %g s; listening anyway", engine_wait)
+            await nursery.start(app.services.responses.serve)
             binds = await nursery.start(serve_http)
             task_status.started((app, drain, binds))

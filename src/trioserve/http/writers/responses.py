@@ -383,6 +383,8 @@ class ResponsesSSEWriter(WriterBase):
     stream ends after ``response.completed``, ``response.incomplete`` or
     ``response.failed``."""
 
+    transport = "sse"
+
     def __init__(self, exchange: Exchange, events: ResponseEvents, on_done: OnDone | None) -> None:
         self.exchange = exchange
         self.events = events
@@ -414,6 +416,8 @@ class ResponsesSSEWriter(WriterBase):
 class ResponsesWebSocketWriter(WriterBase):
     """On ``/v1/ws``: one ``{"type": "event", "id", "data"}`` message per typed event,
     then ``done`` (with the Responses usage), or ``response.failed`` and ``error``."""
+
+    transport = "ws"
 
     def __init__(
         self,

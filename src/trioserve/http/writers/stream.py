@@ -49,7 +49,8 @@ class Writer(Protocol):
     """How one request's outputs reach its client (see the module docstring)."""
 
     #: How the response travels, as the live view and the traces name it: ``json``,
-    #: ``sse``, ``ndjson``, ``ws`` or ``stream`` (raw bytes: audio).
+    #: ``sse``, ``ndjson``, ``ws``, ``stream`` (raw bytes: audio) or ``background`` (into
+    #: the response store: ``responses_store.RecordWriter``).
     transport: str
 
     async def write(self, batch: list[OutputItem]) -> bool:

@@ -1,0 +1,357 @@
+"""The body of ``POST /v1/responses`` (the Responses API), and its translation into an
+engine chat :class:`~trioserve.protocol.Submit`.
+
+``input`` (a string, or a list of message items whose content is a string or
+``input_text``/``output_text``/``input_image`` parts) becomes the chat messages, with
+``instructions`` as a system message in front; ``max_output_tokens`` becomes the engine's
+``max_tokens``, ``reasoning.effort`` its ``reasoning_effort``; ``temperature`` and
+``top_p`` pass as they are, and so does every body field the Responses API does not
+define (``seed``, ``stop``, an engine's own knobs), as on chat completions.
+
+What trioserve does not serve on this route is refused with a 422 naming the field,
+rather than ignored: conversation state (``previous_response_id``, ``conversation``),
+tools, structured output (``text.format`` other than text), log probabilities, reusable
+prompts, ``truncation: auto``. docs/api.md lists them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from ...protocol import Submit
+from ..writers.responses import ResponseEvents
+from .media import MediaFetcher
+from .multimodal import part_media
+from .openai import MAX_CONTENT_PARTS, MAX_CONTENT_PARTS_TOTAL, MAX_MESSAGES, MAX_TOKENS
+from .validation import INT_MAX, TOO_LARGE, Errors, _json_type, invalid, structure
+
+#: Roles an input message may have.
+INPUT_ROLES = frozenset({"user", "assistant", "system", "developer"})
+#: ``metadata`` bounds (the OpenAI API's): pairs, key and value lengths.
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY = 64
+MAX_METADATA_VALUE = 512
+
+
+@attrs.define
+class Reasoning:
+    effort: str | None = None
+    summary: str | None = None
+    generate_summary: str | None = None
+
+
+@attrs.define
+class ResponsesRequest:
+    input: Any = attrs.field(kw_only=True)  # str, or a list of items (checked below)
+    model: str | None = None
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stream: bool | None = False
+    background: bool | None = False
+    store: bool | None = True
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    reasoning: Reasoning | None = None
+    parallel_tool_calls: bool | None = None
+    tool_choice: Any = None
+    tools: list[Any] | None = None
+    text: Any = None
+    truncation: str | None = None
+    include: list[str] | None = None
+    top_logprobs: int | None = None
+    max_tool_calls: int | None = None
+    previous_response_id: str | None = None
+    conversation: Any = None
+    prompt: Any = None
+    stream_options: Any = None
+    service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+
+
+#: Fields of the Responses API: the frontend's to read; any other body field is the
+#: engine's (a param, unchanged).
+_KNOWN = frozenset(a.name for a in attrs.fields(ResponsesRequest))
+
+#: Fields whose feature is not served here, and why (a 422 at that field when set).
+_REFUSED = {
+    "previous_response_id": "conversation state is not kept: send the earlier turns in input",
+    "conversation": "conversation state is not kept: send the earlier turns in input",
+    "prompt": "reusable prompts are not served",
+    "top_logprobs": "log probabilities are not served on /v1/responses yet",
+}
+
+
+@attrs.frozen
+class ResponseGeneration:
+    """A validated ``POST /v1/responses``, ready for any transport."""
+
+    submit: Submit
+    stream: bool
+    background: bool
+    store: bool
+    #: The request fields the ``Response`` object reports back.
+    echo: dict[str, Any]
+    #: The media parts to fetch or decode: (message index, part index, JSON path).
+    media: tuple[tuple[int, int, str], ...] = ()
+    capability: str = "chat"
+
+    def events(self, response_id: str) -> ResponseEvents:
+        return ResponseEvents(response_id, self.submit.model, self.echo, background=self.background)
+
+
+def _text_part(part: dict[str, Any], loc: str, errors: Errors) -> dict[str, Any] | None:
+    text = part.get("text")
+    if type(text) is not str:
+        errors.add("expected a string", f"{loc}.text")
+        return None
+    return {"type": "text", "text": text}
+
+
+def _image_part(part: dict[str, Any], loc: str, errors: Errors) -> dict[str, Any] | None:
+    url = part.get("image_url")
+    if part.get("file_id") is not None:
+        errors.add(
+            "file ids are not served: send image_url (a URL or a data: URI)", f"{loc}.file_id"
+        )
+        return None
+    if type(url) is not str:
+        errors.add("expected a URL string", f"{loc}.image_url")
+        return None
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+_PARTS = {"input_text": _text_part, "output_text": _text_part, "input_image": _image_part}
+
+
+def _messages(
+    req: ResponsesRequest, errors: Errors
+) -> tuple[list[dict[str, Any]], list[tuple[int, int, str]]]:
+    """The chat messages of ``req`` (instructions first), and where its media parts are."""
+    messages: list[dict[str, Any]] = []
+    media: list[tuple[int, int, str]] = []
+    if req.instructions is not None:
+        messages.append({"role": "system", "content": req.instructions})
+    items = req.input
+    if type(items) is str:
+        messages.append({"role": "user", "content": items})
+        return messages, media
+    if type(items) is not list:
+        errors.add(
+            f"expected a string or a list of input items, got {_json_type(items)}", "$.input"
+        )
+        return messages, media
+    if not items:
+        errors.add("at least one input item is required", "$.input")
+    if len(items) > MAX_MESSAGES:
+        raise invalid([{"loc": "$.input", "msg": f"at most {MAX_MESSAGES} input items"}])
+    parts_total = 0
+    for i, item in enumerate(items):
+        loc = f"$.input[{i}]"
+        if type(item) is not dict:
+            errors.add(f"expected an object, got {_json_type(item)}", loc)
+            continue
+        kind = item.get("type", "message")
+        if kind != "message":
+            errors.add(
+                f"input items of type {str(kind)[:40]!r} are not served (only messages)",
+                f"{loc}.type",
+            )
+            continue
+        role = item.get("role")
+        if type(role) is not str or role not in INPUT_ROLES:
+            errors.add(f"expected one of {', '.join(sorted(INPUT_ROLES))}", f"{loc}.role")
+            continue
+        content = item.get("content")
+        if type(content) is str:
+            messages.append({"role": role, "content": content})
+            continue
+        if type(content) is not list:
+            errors.add("expected a string or a list of content parts", f"{loc}.content")
+            continue
+        parts_total += len(content)
+        if len(content) > MAX_CONTENT_PARTS or parts_total > MAX_CONTENT_PARTS_TOTAL:
+            raise invalid(
+                [
+                    {
+                        "loc": f"{loc}.content",
+                        "msg": f"at most {MAX_CONTENT_PARTS} content parts per item and "
+                        f"{MAX_CONTENT_PARTS_TOTAL} per request",
+                    }
+                ]
+            )
+        parts: list[dict[str, Any]] = []
+        for j, part in enumerate(content):
+            part_loc = f"{loc}.content[{j}]"
+            kind = part.get("type") if type(part) is dict else None
+            convert = _PARTS.get(kind) if type(kind) is str else None
+            if convert is None:
+                errors.add(
+                    "expected a part of type input_text, output_text or input_image",
+                    f"{part_loc}.type",
+                )
+                continue
+            converted = convert(part, part_loc, errors)
+            if converted is None:
+                continue
+            if converted["type"] == "image_url":
+                media.append((len(messages), len(parts), part_loc))
+            parts.append(converted)
+        messages.append({"role": role, "content": parts})
+    return messages, media
+
+
+def _check(req: ResponsesRequest, errors: Errors, streamed: bool) -> None:
+    value = req.max_output_tokens
+    if value is not None:
+        if value < 1:
+            errors.add("must be at least 1", "$.max_output_tokens")
+        elif value > INT_MAX:
+            errors.add(TOO_LARGE, "$.max_output_tokens")
+        elif value > MAX_TOKENS:
+            errors.add(f"must be at most {MAX_TOKENS}", "$.max_output_tokens")
+    if req.temperature is not None and not 0 <= req.temperature <= 2:
+        errors.add("must be between 0 and 2", "$.temperature")
+    if req.top_p is not None and not 0 < req.top_p <= 1:
+        errors.add("must be greater than 0 and at most 1", "$.top_p")
+    for name, why in _REFUSED.items():
+        if getattr(req, name) not in (None, 0):
+            errors.add(why, f"$.{name}")
+    if req.tools:
+        errors.add("tools are not served on /v1/responses yet", "$.tools")
+    if req.tool_choice not in (None, "auto", "none"):
+        errors.add("tool_choice needs tools, which are not served here", "$.tool_choice")
+    if req.include:
+        errors.add("include is not served (nothing extra can be included)", "$.include")
+    if req.truncation not in (None, "disabled"):
+        errors.add(
+            "only 'disabled' is served: the engine refuses what does not fit", "$.truncation"
+        )
+    text = req.text
+    if text is not None:
+        form = text.get("format") if isinstance(text, dict) else None
+        if not isinstance(text, dict) or (
+            form is not None and (not isinstance(form, dict) or form.get("type") != "text")
+        ):
+            errors.add(
+                "only text output is served (text.format json_schema/json_object is not)",
+                "$.text.format",
+            )
+    metadata = req.metadata or {}
+    if len(metadata) > MAX_METADATA_PAIRS:
+        errors.add(f"at most {MAX_METADATA_PAIRS} pairs", "$.metadata")
+    for key, item in metadata.items():
+        if len(key) > MAX_METADATA_KEY or len(item) > MAX_METADATA_VALUE:
+            errors.add(
+                f"keys of at most {MAX_METADATA_KEY} characters, values of at most "
+                f"{MAX_METADATA_VALUE}",
+                "$.metadata",
+            )
+            break
+    if req.background and req.store is False:
+        errors.add("a background response must be stored (store: true)", "$.store")
+    if req.background and streamed:
+        errors.add("background responses are created over HTTP, not on /v1/ws", "$.background")
+
+
+def engine_params(req: ResponsesRequest, body: dict[str, Any]) -> dict[str, Any]:
+    """What the engine gets: the sampling fields, under their chat names, and every body
+    field the Responses API does not define, unchanged."""
+    params: dict[str, Any] = {k: v for k, v in body.items() if k not in _KNOWN}
+    if req.max_output_tokens is not None:
+        params["max_tokens"] = req.max_output_tokens
+    if req.temperature is not None:
+        params["temperature"] = req.temperature
+    if req.top_p is not None:
+        params["top_p"] = req.top_p
+    if req.reasoning is not None and req.reasoning.effort is not None:
+        params["reasoning_effort"] = req.reasoning.effort
+    return params
+
+
+def _echo(req: ResponsesRequest, store: bool, body: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "instructions": req.instructions,
+        "max_output_tokens": req.max_output_tokens,
+        "metadata": req.metadata or {},
+        "parallel_tool_calls": True if req.parallel_tool_calls is None else req.parallel_tool_calls,
+        "previous_response_id": None,
+        "reasoning": body.get("reasoning"),
+        "store": store,
+        "temperature": req.temperature,
+        "text": {"format": {"type": "text"}},
+        "tool_choice": req.tool_choice or "auto",
+        "tools": [],
+        "top_p": req.top_p,
+        "truncation": "disabled",
+        "user": req.user,
+    }
+
+
+def parse_response(
+    body: dict[str, Any], request_id: str, resolve_model: Any, *, streamed: bool = False
+) -> ResponseGeneration:
+    """Validate ``body`` and translate it (a 422 :class:`HTTPError` if it is bad).
+
+    ``resolve_model(requested: str | None) -> str`` picks the model (503/404 from it);
+    ``streamed``: the transport streams whatever the body says (WebSocket).
+    """
+    req = structure(body, ResponsesRequest)
+    errors = Errors()
+    messages, media = _messages(req, errors)
+    _check(req, errors, streamed)
+    if errors:
+        raise errors.error()
+    store = req.store is not False
+    submit = Submit(
+        request_id,
+        resolve_model(req.model),
+        "chat",
+        {"messages": messages},
+        engine_params(req, body),
+    )
+    return ResponseGeneration(
+        submit,
+        stream=bool(req.stream) or streamed,
+        background=bool(req.background),
+        store=store,
+        echo=_echo(req, store, body),
+        media=tuple(media),
+    )
+
+
+async def resolve_media(
+    generation: ResponseGeneration, fetcher: MediaFetcher
+) -> ResponseGeneration:
+    """``generation`` with its image parts fetched or decoded into media records (as
+    chat's ``image_url`` parts are: ``bodies/multimodal.py``), and the modalities the
+    engine will read, in the order they first appear, in ``inputs.modalities``."""
+    submit = generation.submit
+    where = {(m, p): loc for m, p, loc in generation.media}
+    modalities: list[str] = []
+    messages = []
+    for m, message in enumerate(submit.inputs["messages"]):
+        content = message["content"]
+        if type(content) is str:
+            parts = None
+            if "text" not in modalities:
+                modalities.append("text")
+        else:
+            parts = []
+            for p, part in enumerate(content):
+                loc = where.get((m, p))
+                modality = "text"
+                if loc is not None:
+                    media = await part_media(part, loc, fetcher)
+                    modality = media.modality
+                    part = {"type": modality, "media": media.record()}
+                if modality not in modalities:
+                    modalities.append(modality)
+                parts.append(part)
+        messages.append(message if parts is None else {**message, "content": parts})
+    inputs = {"messages": messages, "modalities": modalities}
+    return attrs.evolve(generation, submit=attrs.evolve(submit, inputs=inputs))

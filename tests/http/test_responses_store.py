@@ -1,0 +1,186 @@
+"""The response store (http/responses_store.py) in-process, on trio's mock clock: the TTL,
+the byte bound, the event bound, owners, and the tasks it owns."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import trio
+
+from tests.helpers.responses import ECHO
+from trioserve.errors import HTTPError, WriterRefused
+from trioserve.http.lifecycle import RequestHandle
+from trioserve.http.responses_store import (
+    RECORD_OVERHEAD,
+    SWEEP_INTERVAL,
+    RecordWriter,
+    ResponseStore,
+    StoredResponse,
+)
+from trioserve.http.writers.responses import ResponseEvents
+from trioserve.protocol import OutputItem, Usage
+
+TTL = 60.0
+
+
+def make_store(**bounds) -> ResponseStore:
+    options = {"ttl": TTL, "max_events": 100, "max_background": 2, "max_bytes": 2**20}
+    return ResponseStore(**{**options, **bounds})
+
+
+def finished(response_id: str, text: str = " a") -> ResponseEvents:
+    events = ResponseEvents(response_id, "mock", ECHO)
+    events.add_text(text)
+    events.complete("stop", Usage(1, 1))
+    return events
+
+
+def background(response_id: str, owner: int | None = None) -> StoredResponse:
+    events = ResponseEvents(response_id, "mock", ECHO, background=True)
+    return StoredResponse(events, owner, RequestHandle(response_id, owner=owner))
+
+
+async def test_a_finished_response_expires_ttl_seconds_after_it_finished(autojump_clock):
+    store = make_store()
+    store.keep(finished("resp_1"), None)
+    await trio.sleep(TTL - 1)
+    assert store.get("resp_1", None) is not None
+    await trio.sleep(1)
+    assert store.get("resp_1", None) is None
+    assert len(store) == 0 and store.bytes == 0
+
+
+async def test_the_sweep_frees_expired_responses_that_nobody_asks_for(nursery, autojump_clock):
+    store = make_store()
+    await nursery.start(store.serve)
+    store.keep(finished("resp_1"), None)
+    assert store.bytes == RECORD_OVERHEAD + 2
+    await trio.sleep(TTL + SWEEP_INTERVAL)
+    assert len(store) == 0 and store.bytes == 0
+
+
+async def test_finished_responses_are_dropped_oldest_first_to_stay_under_the_bytes(
+    autojump_clock,
+):
+    store = make_store(max_bytes=3 * (RECORD_OVERHEAD + 100))
+    for n in range(5):
+        store.keep(finished(f"resp_{n}", "x" * 100), None)
+        await trio.sleep(1)
+    assert [r for r in ("resp_0", "resp_1") if store.get(r, None)] == []
+    assert all(store.get(f"resp_{n}", None) for n in (2, 3, 4))
+    assert store.bytes == 3 * (RECORD_OVERHEAD + 100)
+
+
+async def test_a_response_is_none_to_another_owner():
+    store = make_store()
+    store.keep(finished("resp_1"), 0)
+    assert store.get("resp_1", 1) is None and store.get("resp_1", None) is None
+    assert store.get("resp_1", 0) is not None
+
+
+async def test_background_runs_are_bounded_and_owned_by_the_store(nursery):
+    store = make_store(max_background=1)
+    with pytest.raises(HTTPError) as caught:
+        store.start_background(background("resp_0"), trio.sleep_forever)
+    assert caught.value.code == "background_unavailable"
+    await nursery.start(store.serve)
+    release = trio.Event()
+    first = background("resp_1")
+    store.start_background(first, release.wait)
+    assert [name for name, _ in first.retained] == ["response.created"]
+    with pytest.raises(HTTPError) as caught:
+        store.start_background(background("resp_2"), trio.sleep_forever)
+    assert (caught.value.status, caught.value.code) == (503, "too_many_background_responses")
+    assert "resp_2" not in store._records
+    release.set()
+    with trio.fail_after(5):
+        await store.wait_idle()
+    assert store.running == 0
+
+
+async def test_stopping_the_store_fails_what_still_runs():
+    store = make_store()
+    record = background("resp_1")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.serve)
+        store.start_background(record, trio.sleep_forever)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    assert record.finished and record.events.status == "failed"
+    assert record.events.error["code"] == "server_shutting_down"
+    assert record.retained[-1][0] == "response.failed"
+
+
+async def test_a_fault_in_one_background_run_ends_only_that_response(nursery):
+    store = make_store()
+    await nursery.start(store.serve)
+
+    async def broken() -> None:
+        raise RuntimeError("a bug")
+
+    record = background("resp_1")
+    store.start_background(record, broken)
+    with trio.fail_after(5):
+        await record.done.wait()
+    assert record.events.error["code"] == "internal_error"
+    after = background("resp_2")
+    store.start_background(after, trio.sleep_forever)  # the store still serves
+    assert store.running == 1
+
+
+def item(seq: int, data: str | None = None, **fields) -> OutputItem:
+    return OutputItem("resp_1", seq, data=data, **fields)
+
+
+async def test_a_batch_past_the_event_bound_is_refused_whole_and_the_failure_kept(nursery):
+    store = make_store(max_events=6)
+    await nursery.start(store.serve)
+    record = background("resp_1")
+    store.start_background(record, trio.sleep_forever)
+    writer = RecordWriter(store, record)
+    assert not await writer.write([item(0, " a")])  # created + 4 opening events: 5
+    with pytest.raises(WriterRefused) as caught:
+        await writer.write([item(1, " b"), item(2, finish_reason="stop", usage=Usage(1, 2))])
+    assert caught.value.error.code == "response_events_overflow"
+    assert caught.value.reason == "response_overflow"
+    assert len(record.retained) == 5 and record.events.text == " a"
+    await writer.fail(caught.value.error)
+    numbers = [json.loads(data)["sequence_number"] for _, data in record.retained]
+    assert numbers == list(range(6))
+    assert record.retained[-1][0] == "response.failed" and record.finished
+    assert store.bytes == sum(len(data) for _, data in record.retained) + RECORD_OVERHEAD + 2
+
+
+async def test_a_follower_wakes_for_each_append_and_at_the_end(nursery):
+    store = make_store()
+    await nursery.start(store.serve)
+    record = background("resp_1")
+    store.start_background(record, trio.sleep_forever)
+    writer = RecordWriter(store, record)
+    woken = []
+
+    async def follow() -> None:
+        seen = len(record.retained)
+        while not record.finished:
+            await record.wait_beyond(seen)
+            seen = len(record.retained)
+            woken.append(seen)
+
+    nursery.start_soon(follow)
+    await trio.testing.wait_all_tasks_blocked()
+    await writer.write([item(0, " a")])
+    await trio.testing.wait_all_tasks_blocked()
+    await writer.write([item(1, finish_reason="stop", usage=Usage(1, 1))])
+    await trio.testing.wait_all_tasks_blocked()
+    assert woken == [5, 9] and len(record.retained) == 9
+    assert record.events.status == "completed"
+
+
+async def test_delete_cancels_a_running_response_and_frees_its_bytes():
+    store = make_store()
+    record = background("resp_1")
+    store._add(record)
+    store.delete(record)
+    assert record.handle.end_reason == "cancel"
+    assert store.get("resp_1", None) is None and store.bytes == 0
