@@ -15,6 +15,7 @@ import json
 import logging
 import re
 from collections.abc import Mapping
+from functools import partial
 from time import perf_counter
 from typing import Any
 
@@ -24,10 +25,12 @@ import trio
 from ..errors import HTTPError
 from .bodies.multimodal import resolve_chat_media
 from .bodies.openai import ENDPOINTS, parse_generation
+from .bodies.responses import ResponseGeneration, parse_response, resolve_media
 from .channel import Receive, Send
 from .exchange import new_request_id
 from .lifecycle import RequestHandle, connection_watches, run_generation
 from .services import Services
+from .writers.responses import ResponsesWebSocketWriter, new_response_id
 from .writers.websocket import WebSocketWriter
 
 log = logging.getLogger("trioserve.websocket")
@@ -35,6 +38,9 @@ log = logging.getLogger("trioserve.websocket")
 #: Close codes (RFC 6455).
 GOING_AWAY = 1001
 POLICY_VIOLATION = 1008
+
+#: What ``"endpoint"`` may name: the OpenAI text routes, and the Responses API.
+WS_ENDPOINTS = (*ENDPOINTS, "responses")
 
 _CLIENT_ID_RE = re.compile(r"[A-Za-z0-9._:\-]{1,100}")
 _connection_numbers = itertools.count(1)
@@ -244,11 +250,12 @@ class WebSocketConnection:
                 "connection",
                 "too_many_requests",
             )
-        capability = ENDPOINTS.get(message.get("endpoint", ""))
+        endpoint = message.get("endpoint", "")
+        capability = ENDPOINTS.get(endpoint) if endpoint != "responses" else "chat"
         if capability is None:
             raise HTTPError(
                 400,
-                f"endpoint must be one of {', '.join(ENDPOINTS)}",
+                f"endpoint must be one of {', '.join(WS_ENDPOINTS)}",
                 "invalid_endpoint",
             )
         body = message.get("body")
@@ -259,6 +266,8 @@ class WebSocketConnection:
         # unguessable: a sequential id let anyone cancel strangers' requests by scanning
         # DELETE /v1/requests/{id}.
         request_id = f"ws-{new_request_id()}.{client_id}"
+        if endpoint == "responses":
+            return parse_response(body, request_id, services.resolve_model, streamed=True), timeout
         generation = parse_generation(
             capability, body, request_id, services.resolve_model, streamed=True
         )
@@ -272,10 +281,22 @@ class WebSocketConnection:
         timeout: float,
         message: dict[str, Any],
     ) -> None:
-        writer = WebSocketWriter(self, client_id, generation.stream_format())
+        services = self.services
+        writer: WebSocketWriter | ResponsesWebSocketWriter
+        if isinstance(generation, ResponseGeneration):
+            keep = partial(services.responses.keep, owner=self.key_index)
+            events = generation.events(new_response_id())
+            writer = ResponsesWebSocketWriter(
+                self, client_id, events, keep if generation.store else None
+            )
+        else:
+            writer = WebSocketWriter(self, client_id, generation.stream_format())
         status: int | None = None
         try:
-            generation = await resolve_chat_media(generation, self.services.media_fetcher())
+            if isinstance(generation, ResponseGeneration):
+                generation = await resolve_media(generation, services.media_fetcher())
+            else:
+                generation = await resolve_chat_media(generation, services.media_fetcher())
             await run_generation(
                 engines=self.services.engines,
                 registry=self.services.registry,
@@ -314,7 +335,7 @@ class WebSocketConnection:
         self.services.observer.ws_request_done(
             client=self.client,
             socket=self.number,
-            endpoint=endpoint if endpoint in ENDPOINTS else "-",
+            endpoint=endpoint if endpoint in WS_ENDPOINTS else "-",
             status=status,
             sent=sent,
             arrived=arrived,

@@ -431,10 +431,18 @@ class ResponsesWebSocketWriter(WriterBase):
         self.events = events
         self.on_done = on_done
         self._head = '{"type":"event","id":' + json.dumps(client_id) + ',"data":'
+        #: What this request's messages came to (characters), and the status of its
+        #: error message if it ended with one (the access log).
+        self.sent = 0
+        self.status: int | None = None
+
+    async def _send_text(self, text: str) -> None:
+        self.sent += len(text)
+        await self.connection.send_text(text)
 
     async def _send(self, events: list[Event]) -> None:
         for _, data in events:
-            await self.connection.send_text(self._head + data.decode() + "}")
+            await self._send_text(self._head + data.decode() + "}")
 
     async def write(self, batch: list[OutputItem]) -> bool:
         events, done, failure = self.events.take(batch)
@@ -449,10 +457,11 @@ class ResponsesWebSocketWriter(WriterBase):
                 "id": self.client_id,
                 "usage": usage_object(self.events.usage),
             }
-            await self.connection.send_text(orjson.dumps(done_message).decode())
+            await self._send_text(orjson.dumps(done_message).decode())
         return done
 
     async def fail(self, error: HTTPError) -> None:
+        self.status = error.status
         if self.connection.peer_gone:
             return
         if self.events.began:
