@@ -145,7 +145,13 @@ async def serve_frontend(
                     )
                 # Background responses belong to no connection: they go on until they
                 # end, or until the drain deadline ends them (as every request).
-                await app.services.responses.wait_idle()
+                responses = app.services.responses
+                if responses.running:
+                    log.info(
+                        "all connections closed; waiting for %d background response(s)",
+                        responses.running,
+                    )
+                    await responses.wait_idle()
                 log.info("all connections closed; stopping")
                 nursery.cancel_scope.cancel()
 
