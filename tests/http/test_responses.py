@@ -353,3 +353,26 @@ async def test_without_a_chat_engine_the_route_is_404_route_not_supported(nurser
         response = await client.post("/v1/responses", json={"input": "x"})
     assert response.status_code == 404
     assert response.json()["error"]["code"] == "route_not_supported"
+
+
+async def test_a_silent_stream_starts_with_created_then_keepalive_comments(nursery, http_server):
+    engine = await start_natural_engine(nursery)
+    frontend = await start_frontend(nursery, engine, server=http_server, sse_keepalive=0.02)
+    stream = await sdk(frontend).responses.create(
+        input="slow start",
+        max_output_tokens=3,
+        stream=True,
+        extra_body={"mock_ttft_ms": 300},
+    )
+    events = [event async for event in stream]
+    check_sequence([e.type for e in events], "response.incomplete")
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    # Raw: the first keepalive sent created and in_progress; the later ones are comments.
+    body = json.dumps({"input": "x", "stream": True, "mock_hang_after": 0}).encode()
+    raw = await raw_request(frontend, "POST", "/v1/responses", body, x_request_id="ka")
+    data = await read_until(raw, b": keepalive\n\n")
+    assert data.index(b"event: response.created") < data.index(b"event: response.in_progress")
+    assert data.index(b"event: response.in_progress") < data.index(b": keepalive")
+    assert b"response.output_item.added" not in data
+    await raw.aclose()
+    await wait_until(lambda: frontend.ends("ka") == ["aborted"], "one abort")
