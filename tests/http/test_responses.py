@@ -327,6 +327,25 @@ async def test_a_failed_foreground_response_is_not_kept(frontend):
         ("GET", "/v1/responses/resp_nope/cancel", 404, "response_not_found"),
         ("GET", "/v1/responses/x?stream=perhaps", 400, "invalid_query_parameter"),
         ("GET", "/v1/responses/x?stream=true&starting_after=-1", 400, "invalid_query_parameter"),
+        # A digit to str.isdigit, not to int(): "²", percent-encoded.
+        (
+            "GET",
+            "/v1/responses/x?stream=true&starting_after=%C2%B2",
+            400,
+            "invalid_query_parameter",
+        ),
+        (
+            "GET",
+            f"/v1/responses/x?stream=true&starting_after={2**63}",
+            400,
+            "invalid_query_parameter",
+        ),
+        (
+            "GET",
+            f"/v1/responses/x?stream=true&starting_after={2**63 - 1}",
+            404,
+            "response_not_found",
+        ),
     ],
 )
 async def test_unknown_responses_and_routes_answer_clearly(frontend, method, path, status, code):

@@ -28,7 +28,7 @@ import trio
 
 from ...errors import HTTPError
 from ..bodies.responses import ResponseGeneration, parse_response, resolve_media
-from ..bodies.validation import parse_bool
+from ..bodies.validation import INT_MAX, parse_bool
 from ..exchange import JSON_HEADERS, Exchange
 from ..lifecycle import ERROR_WRITE_TIMEOUT, RequestHandle, connection_watches, run_generation
 from ..responses_store import RecordWriter, StoredResponse
@@ -252,7 +252,8 @@ def _query_int(query: dict[str, str], name: str) -> int | None:
     value = query.get(name)
     if value is None:
         return None
-    if not value.isdigit() or len(value) > 18:
+    # (ASCII digits only: the query is percent-decoded, and "²" is a digit to isdigit.)
+    if not (value.isascii() and value.isdigit()) or len(value) > 19 or int(value) > INT_MAX:
         raise HTTPError(
             400,
             f"{name} must be a sequence number (a non-negative integer)",
