@@ -9,7 +9,9 @@ import attrs
 from tests.helpers.frontends import start_engine, start_frontend
 from trioserve.http.app import ROUTES, TEMPLATED
 from trioserve.http.bodies.embeddings import EmbeddingRequest
-from trioserve.http.bodies.openai import MAX_N, ChatCompletionRequest
+from trioserve.http.bodies.openai import MAX_N, MAX_TOKENS, ChatCompletionRequest
+from trioserve.http.bodies.responses import ResponsesRequest, parse_response
+from trioserve.http.openapi import ANSWERS
 
 
 async def fetch_spec(frontend) -> dict:
@@ -84,3 +86,37 @@ async def test_with_api_keys_every_route_but_the_open_ones_needs_a_bearer_key(nu
                 assert op["security"] == [] and "401" not in op["responses"], path
             else:
                 assert "security" not in op and "401" in op["responses"], path
+
+
+async def test_the_responses_api_is_described_from_its_request_class(frontend):
+    spec = await fetch_spec(frontend)
+    request = spec["components"]["schemas"]["ResponsesRequest"]
+    assert set(request["properties"]) == {a.name for a in attrs.fields(ResponsesRequest)}
+    assert request["required"] == ["input"]
+    assert request["properties"]["max_output_tokens"]["maximum"] == MAX_TOKENS
+    assert request["properties"]["top_p"]["exclusiveMinimum"] == 0
+    assert request["properties"]["tools"]["maxItems"] == 0  # refused unless empty
+    paths = spec["paths"]
+    assert set(paths["/v1/responses/{id}"]) == {"get", "delete"}
+    assert set(paths["/v1/responses/{id}/cancel"]) == {"post"}
+    created = paths["/v1/responses"]["post"]["responses"]["200"]
+    assert set(created["content"]) == {"application/json", "text/event-stream"}
+    assert {link["operationId"] for link in created["links"].values()} == {
+        "retrieveResponse",
+        "cancelResponse",
+        "deleteResponse",
+    }
+    retrieve = paths["/v1/responses/{id}"]["get"]
+    assert [(p["name"], p["in"]) for p in retrieve["parameters"]] == [
+        ("id", "path"),
+        ("stream", "query"),
+        ("starting_after", "query"),
+    ]
+    assert set(retrieve["responses"]["200"]["content"]) == {"application/json", "text/event-stream"}
+
+
+def test_the_response_schema_names_every_field_of_the_response_object():
+    generation = parse_response({"input": "x"}, "req-1", lambda model: "mock")
+    snapshot = generation.events("resp_1").snapshot()
+    schema = ANSWERS["Response"]
+    assert set(schema["properties"]) == set(snapshot) == set(schema["required"])

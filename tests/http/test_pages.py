@@ -169,3 +169,35 @@ async def test_the_docs_page_lists_every_route_and_tries_one(nursery, tmp_path, 
         )
         assert json.loads(shown)["choices"][0]["message"]["content"] == expected_text("Hello!", 16)
         await page.screenshot(f"docs-{http_server}.png")
+
+
+async def test_the_docs_page_sends_query_parameters(nursery, tmp_path, http_server):
+    engine = await start_engine(nursery)
+    frontend = await start_frontend(nursery, engine, server=http_server)
+    async with frontend.client() as client:
+        created = await client.post(
+            "/v1/responses", json={"input": "Hi", "max_output_tokens": 3, "background": True}
+        )
+    response_id = created.json()["id"]
+    async with open_chromium(tmp_path / "profile") as page:
+        await page.open(frontend.url + "/docs")
+        await page.wait_for("!!document.getElementById('retrieveResponse')", "the operations")
+        # The retrieve operation: its id, and stream=true (starting_after left empty).
+        await page.evaluate(
+            "(() => { const op = document.getElementById('retrieveResponse'); op.open = true;"
+            " const [id, stream] = op.querySelectorAll('input');"
+            f" id.value = {json.dumps(response_id)}; stream.value = 'true'; }})()"
+        )
+        await page.click("#retrieveResponse button")
+        shown = await page.wait_for(
+            "(() => { const p = document.querySelector('#retrieveResponse pre');"
+            " const text = p && p.textContent;"
+            " return text && text.includes('event: response.incomplete') && text; })()",
+            "the replayed events",
+        )
+        status = await page.evaluate(
+            "document.querySelector('#retrieveResponse .status').textContent"
+        )
+    assert status.startswith("HTTP 200 · text/event-stream")
+    # All of it: starting_after, left empty, was not sent.
+    assert shown.startswith("event: response.created\n")

@@ -90,10 +90,22 @@ ROUTES: dict[tuple[str, str], Route] = {
         responses.create,
         _generation(
             "createResponse",
-            "A response (the Responses API): JSON, streamed typed events (SSE), or in "
-            "the background",
+            "A response (the Responses API): JSON, or typed events (SSE)",
             ResponsesRequest,
-            {},
+            {**json_body("Response"), "text/event-stream": api.sse_events("ResponseEvent")},
+            description="With background: true it runs in the server, not in this "
+            "connection: the answer is the queued Response (or, streamed, its events), "
+            "and GET /v1/responses/{id} follows it. More 503 codes here: "
+            "too_many_background_responses, response_store_full.",
+            example={"input": "Hello!", "max_output_tokens": 16},
+            links={
+                name: (operation, "$response.body#/id")
+                for name, operation in (
+                    ("retrieve", "retrieveResponse"),
+                    ("cancel", "cancelResponse"),
+                    ("delete", "deleteResponse"),
+                )
+            },
         ),
         "chat",
     ),
@@ -218,6 +230,11 @@ ROUTES: dict[tuple[str, str], Route] = {
         ),
     ),
 }
+_RESPONSE_ID = "the response's id (resp_...)"
+_RESPONSE_NOT_FOUND = (
+    "no such response for this key on this frontend, or it expired (response_not_found)",
+    json_body("Error"),
+)
 #: Routes whose path holds a parameter, ``{id}``: at least one character, "/" included
 #: (model ids such as "org/name"), at the end of the path or before a fixed suffix
 #: (``/v1/responses/{id}/cancel``).
@@ -252,7 +269,26 @@ TEMPLATED: dict[tuple[str, str], Route] = {
             "retrieveResponse",
             "A stored response as of now; with stream=true, a background response's events",
             "responses",
-            parameter="the response's id (resp_...)",
+            ok={**json_body("Response"), "text/event-stream": api.sse_events("ResponseEvent")},
+            parameter=_RESPONSE_ID,
+            query={
+                "stream": (
+                    {"type": "boolean"},
+                    "replay the retained events, then follow the live ones (SSE)",
+                ),
+                "starting_after": (
+                    {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
+                    "with stream: only the events after this sequence_number",
+                ),
+            },
+            others={
+                400: (
+                    "the query does not read (invalid_query_parameter), or stream of a "
+                    "response not made in the background (response_not_streamable)",
+                    json_body("Error"),
+                ),
+                404: _RESPONSE_NOT_FOUND,
+            },
         ),
     ),
     ("POST", "/v1/responses/{id}/cancel"): Route(
@@ -261,7 +297,13 @@ TEMPLATED: dict[tuple[str, str], Route] = {
             "cancelResponse",
             "Cancel a background response (its engine request gets one abort)",
             "responses",
-            parameter="the response's id (resp_...)",
+            ok=json_body("Response"),
+            parameter=_RESPONSE_ID,
+            others={
+                400: ("not a background response (response_not_background)", json_body("Error")),
+                404: _RESPONSE_NOT_FOUND,
+                409: ("it ended otherwise (response_already_finished)", json_body("Error")),
+            },
         ),
     ),
     ("DELETE", "/v1/responses/{id}"): Route(
@@ -270,7 +312,9 @@ TEMPLATED: dict[tuple[str, str], Route] = {
             "deleteResponse",
             "Forget a stored response (a background one still running is cancelled first)",
             "responses",
-            parameter="the response's id (resp_...)",
+            ok=json_body("ResponseDeleted"),
+            parameter=_RESPONSE_ID,
+            others={404: _RESPONSE_NOT_FOUND},
         ),
     ),
 }

@@ -65,6 +65,25 @@ def sse(chunk: str) -> dict[str, Any]:
     }
 
 
+def sse_events(event: str) -> dict[str, Any]:
+    """A Server-Sent Events answer whose events are named (``event:``, the Responses API):
+    ``data`` is an ``event`` as JSON; there is no ``[DONE]``."""
+    return {
+        "itemSchema": {
+            "type": "object",
+            "properties": {
+                "event": {"type": "string"},
+                "data": {
+                    "type": "string",
+                    "contentMediaType": "application/json",
+                    "contentSchema": ref(event),
+                },
+            },
+            "required": ["event", "data"],
+        }
+    }
+
+
 BINARY = {"type": "string", "contentMediaType": "application/octet-stream"}
 
 
@@ -92,6 +111,12 @@ class Doc:
     generation: bool = False
     #: The path parameter of a templated path, described.
     parameter: str = ""
+    #: Query parameters: name -> (JSON Schema, description).
+    query: dict[str, tuple[dict[str, Any], str]] = attrs.field(factory=dict)
+    #: OpenAPI links of the success answer: name -> (operation id, the ``id`` parameter
+    #: as a runtime expression), so a client (and schemathesis' stateful phase) knows
+    #: which calls take what this one made.
+    links: dict[str, tuple[str, str]] = attrs.field(factory=dict)
     #: An example JSON body (checked against the schema by the conformance run).
     example: dict[str, Any] | None = None
 
@@ -284,6 +309,118 @@ _MODEL = {
     "required": ["id", "object", "created", "owned_by"],
 }
 
+# The Responses API (writers/responses.py renders these).
+_NATURAL = {"type": "integer", "minimum": 0}
+_OUTPUT_TEXT = {
+    "type": "object",
+    "properties": {
+        "type": {"const": "output_text"},
+        "text": {"type": "string"},
+        "annotations": {"type": "array", "maxItems": 0},
+        "logprobs": {"type": "array", "maxItems": 0},
+    },
+    "required": ["type", "text", "annotations", "logprobs"],
+}
+_OUTPUT_MESSAGE = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"},
+        "type": {"const": "message"},
+        "status": {"enum": ["in_progress", "completed", "incomplete"]},
+        "role": {"const": "assistant"},
+        "content": {"type": "array", "items": _OUTPUT_TEXT, "maxItems": 1},
+    },
+    "required": ["id", "type", "status", "role", "content"],
+}
+_RESPONSE_USAGE = {
+    "type": ["object", "null"],
+    "properties": {
+        "input_tokens": {"type": "integer"},
+        "input_tokens_details": {
+            "type": "object",
+            "properties": {
+                "cached_tokens": {"type": "integer"},
+                "cache_write_tokens": {"type": "integer"},
+            },
+            "required": ["cached_tokens", "cache_write_tokens"],
+        },
+        "output_tokens": {"type": "integer"},
+        "output_tokens_details": {
+            "type": "object",
+            "properties": {"reasoning_tokens": {"type": "integer"}},
+            "required": ["reasoning_tokens"],
+        },
+        "total_tokens": {"type": "integer"},
+    },
+    "required": [
+        "input_tokens",
+        "input_tokens_details",
+        "output_tokens",
+        "output_tokens_details",
+        "total_tokens",
+    ],
+}
+_RESPONSE_PROPERTIES: dict[str, Any] = {
+    "id": {"type": "string", "pattern": "^resp_"},
+    "object": {"const": "response"},
+    "created_at": {"type": "integer"},
+    "status": {"enum": ["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]},
+    "background": {"type": "boolean"},
+    "completed_at": {"type": ["integer", "null"]},
+    "error": {
+        "type": ["object", "null"],
+        "description": "why it failed (or was cancelled): the fields of every error body",
+        "properties": {
+            "code": {"type": "string"},
+            "message": {"type": "string"},
+            "type": {"type": "string"},
+            "param": {"type": ["string", "null"]},
+        },
+        "required": ["code", "message", "type", "param"],
+    },
+    "incomplete_details": {
+        "type": ["object", "null"],
+        "properties": {"reason": {"enum": ["max_output_tokens", "content_filter"]}},
+        "required": ["reason"],
+    },
+    "model": {"type": "string"},
+    "output": {"type": "array", "items": _OUTPUT_MESSAGE, "maxItems": 1},
+    "usage": _RESPONSE_USAGE,
+    # The request's fields, echoed:
+    "instructions": {"type": ["string", "null"]},
+    "max_output_tokens": {"type": ["integer", "null"]},
+    "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+    "parallel_tool_calls": {"type": "boolean"},
+    "previous_response_id": {"type": "null"},
+    "reasoning": {"type": ["object", "null"]},
+    "store": {"type": "boolean"},
+    "temperature": {"type": ["number", "null"]},
+    "text": {
+        "type": "object",
+        "properties": {
+            "format": {
+                "type": "object",
+                "properties": {"type": {"const": "text"}},
+                "required": ["type"],
+            }
+        },
+        "required": ["format"],
+    },
+    "tool_choice": {"enum": ["auto", "none"]},
+    "tools": {"type": "array", "maxItems": 0},
+    "top_p": {"type": ["number", "null"]},
+    "truncation": {"const": "disabled"},
+    "user": {"type": ["string", "null"]},
+}
+
+
+def _response_event(kinds: list[str], **fields: Any) -> dict[str, Any]:
+    properties = {"type": {"enum": kinds}, "sequence_number": _NATURAL, **fields}
+    return {"type": "object", "properties": properties, "required": list(properties)}
+
+
+_WHERE = {"item_id": {"type": "string"}, "output_index": _NATURAL, "content_index": _NATURAL}
+
 #: The answers' schemas, by component name.
 ANSWERS: dict[str, dict[str, Any]] = {
     "Error": {
@@ -418,6 +555,59 @@ ANSWERS: dict[str, dict[str, Any]] = {
         "properties": {"status": {"enum": ["ok", "draining", "no_engine", "alive"]}},
         "required": ["status"],
     },
+    "Response": {
+        "type": "object",
+        "description": "a response of the Responses API: docs/api.md, The Response object",
+        "properties": _RESPONSE_PROPERTIES,
+        "required": list(_RESPONSE_PROPERTIES),
+    },
+    "ResponseEvent": {
+        "description": "a typed event of a streamed response, numbered from 0 by "
+        "sequence_number: docs/api.md, Streamed: typed events",
+        "anyOf": [
+            _response_event(
+                [
+                    "response.created",
+                    "response.in_progress",
+                    "response.completed",
+                    "response.incomplete",
+                    "response.failed",
+                ],
+                response=ref("Response"),
+            ),
+            _response_event(
+                ["response.output_item.added", "response.output_item.done"],
+                output_index=_NATURAL,
+                item=_OUTPUT_MESSAGE,
+            ),
+            _response_event(
+                ["response.content_part.added", "response.content_part.done"],
+                **_WHERE,
+                part=_OUTPUT_TEXT,
+            ),
+            _response_event(
+                ["response.output_text.delta"],
+                **_WHERE,
+                delta={"type": "string"},
+                logprobs={"type": "array", "maxItems": 0},
+            ),
+            _response_event(
+                ["response.output_text.done"],
+                **_WHERE,
+                text={"type": "string"},
+                logprobs={"type": "array", "maxItems": 0},
+            ),
+        ],
+    },
+    "ResponseDeleted": {
+        "type": "object",
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "response"},
+            "deleted": {"const": True},
+        },
+        "required": ["id", "object", "deleted"],
+    },
 }
 
 #: What each error status a generation route may answer means (docs/api.md).
@@ -457,8 +647,9 @@ def operation(doc: Doc, method: str, detail_errors: bool, components: dict[str, 
     }
     if doc.description:
         op["description"] = doc.description
+    parameters: list[dict[str, Any]] = []
     if doc.parameter:
-        op["parameters"] = [
+        parameters.append(
             {
                 "name": "id",
                 "in": "path",
@@ -466,7 +657,13 @@ def operation(doc: Doc, method: str, detail_errors: bool, components: dict[str, 
                 "description": doc.parameter,
                 "schema": {"type": "string", "minLength": 1},
             }
-        ]
+        )
+    for name, (schema, description) in doc.query.items():
+        parameters.append(
+            {"name": name, "in": "query", "description": description, "schema": schema}
+        )
+    if parameters:
+        op["parameters"] = parameters
     if doc.body is not None:
         schema = type_schema(doc.body, components)
         content: dict[str, Any] = {}
@@ -492,6 +689,11 @@ def operation(doc: Doc, method: str, detail_errors: bool, components: dict[str, 
     }
     if doc.ok:
         responses[str(doc.ok_status)]["content"] = doc.ok
+    if doc.links:
+        responses[str(doc.ok_status)]["links"] = {
+            name: {"operationId": target, "parameters": {"id": expression}}
+            for name, (target, expression) in doc.links.items()
+        }
     for status, (description, answer) in doc.others.items():
         responses[str(status)] = {
             "description": description,

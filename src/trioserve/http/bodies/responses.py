@@ -25,7 +25,15 @@ from ..writers.responses import ResponseEvents
 from .media import MediaFetcher
 from .multimodal import part_media
 from .openai import MAX_CONTENT_PARTS, MAX_CONTENT_PARTS_TOTAL, MAX_MESSAGES, MAX_TOKENS
-from .validation import INT_MAX, TOO_LARGE, Errors, _json_type, invalid, structure
+from .validation import (
+    Errors,
+    _json_type,
+    bounded,
+    check_bounds,
+    documented,
+    invalid,
+    structure,
+)
 
 #: Roles an input message may have.
 INPUT_ROLES = frozenset({"user", "assistant", "system", "developer"})
@@ -42,31 +50,95 @@ class Reasoning:
     generate_summary: str | None = None
 
 
+#: What ``input`` takes (checked in :func:`_messages`).
+INPUT_SCHEMA = {
+    "anyOf": [
+        {"type": "string"},
+        {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "properties": {
+                    "type": {"const": "message"},
+                    "role": {"enum": sorted(INPUT_ROLES)},
+                    "content": {
+                        "anyOf": [
+                            {"type": "string"},
+                            {
+                                "type": "array",
+                                "items": {
+                                    "type": "object",
+                                    "properties": {
+                                        "type": {
+                                            "enum": ["input_text", "output_text", "input_image"]
+                                        },
+                                        "text": {"type": "string"},
+                                        "image_url": {"type": "string"},
+                                    },
+                                    "required": ["type"],
+                                },
+                            },
+                        ]
+                    },
+                },
+                "required": ["role", "content"],
+            },
+        },
+    ]
+}
+
+
+#: The description of a field of the Responses API that is refused when set.
+NOT_SERVED = "not served here: 422 when set ({})"
+
+
 @attrs.define
 class ResponsesRequest:
-    input: Any = attrs.field(kw_only=True)  # str, or a list of items (checked below)
+    input: Any = attrs.field(kw_only=True, metadata={"schema": INPUT_SCHEMA})
     model: str | None = None
     instructions: str | None = None
-    max_output_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
+    max_output_tokens: int | None = bounded(1, MAX_TOKENS)
+    temperature: float | None = bounded(0, 2)
+    top_p: float | None = bounded(0, 1, exclusive_minimum=True)
     stream: bool | None = False
     background: bool | None = False
     store: bool | None = True
-    metadata: dict[str, str] | None = None
+    metadata: dict[str, str] | None = documented(
+        maxProperties=MAX_METADATA_PAIRS,
+        propertyNames={"maxLength": MAX_METADATA_KEY},
+        additionalProperties={"type": "string", "maxLength": MAX_METADATA_VALUE},
+    )
     user: str | None = None
     reasoning: Reasoning | None = None
     parallel_tool_calls: bool | None = None
-    tool_choice: Any = None
-    tools: list[Any] | None = None
-    text: Any = None
-    truncation: str | None = None
-    include: list[str] | None = None
-    top_logprobs: int | None = None
-    max_tool_calls: int | None = None
-    previous_response_id: str | None = None
-    conversation: Any = None
-    prompt: Any = None
+    tool_choice: Any = documented(enum=["auto", "none"])
+    tools: list[Any] | None = documented(
+        maxItems=0, description="tools are not served here: only an empty list"
+    )
+    text: Any = documented(
+        type="object",
+        properties={
+            "format": {
+                "type": ["object", "null"],
+                "properties": {"type": {"const": "text"}},
+                "required": ["type"],
+            }
+        },
+    )
+    truncation: str | None = documented(enum=["disabled"])
+    include: list[str] | None = documented(
+        maxItems=0, description="nothing extra can be included: only an empty list"
+    )
+    top_logprobs: int | None = documented(
+        enum=[0], description="log probabilities are not served on /v1/responses: 0 or null"
+    )
+    max_tool_calls: int | None = bounded()  # accepted, not used (no tools)
+    previous_response_id: str | None = documented(
+        description=NOT_SERVED.format("no conversation state is kept")
+    )
+    conversation: Any = documented(description=NOT_SERVED.format("no conversation state is kept"))
+    prompt: Any = documented(description=NOT_SERVED.format("reusable prompts"))
     stream_options: Any = None
     service_tier: str | None = None
     safety_identifier: str | None = None
@@ -206,18 +278,9 @@ def _messages(
 
 
 def _check(req: ResponsesRequest, errors: Errors, streamed: bool) -> None:
-    value = req.max_output_tokens
-    if value is not None:
-        if value < 1:
-            errors.add("must be at least 1", "$.max_output_tokens")
-        elif value > INT_MAX:
-            errors.add(TOO_LARGE, "$.max_output_tokens")
-        elif value > MAX_TOKENS:
-            errors.add(f"must be at most {MAX_TOKENS}", "$.max_output_tokens")
-    if req.temperature is not None and not 0 <= req.temperature <= 2:
-        errors.add("must be between 0 and 2", "$.temperature")
-    if req.top_p is not None and not 0 < req.top_p <= 1:
-        errors.add("must be greater than 0 and at most 1", "$.top_p")
+    out_of_range: list[dict[str, str]] = []
+    check_bounds(req, out_of_range)
+    errors.extend(out_of_range)
     for name, why in _REFUSED.items():
         if getattr(req, name) not in (None, 0):
             errors.add(why, f"$.{name}")
