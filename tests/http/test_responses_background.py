@@ -351,3 +351,23 @@ async def test_a_background_response_that_ends_within_the_grace_period_completes
     assert record.events.status == "incomplete"
     assert record.events.text == expected_text("x", 30)
     assert frontend.ends(created.id) == ["finished"]
+
+
+async def test_an_engine_that_outruns_the_buffer_does_not_fail_a_background_response(
+    nursery, engine, http_server
+):
+    # No client reads a background response: its outputs go to the store, so nobody can
+    # be too slow. An engine step that brings many times --stream-buffer outputs at once
+    # (the mock at full speed) must not end it as slow_client.
+    before = aborts_sent("slow_client")
+    frontend = await start_frontend(nursery, engine, server=http_server, stream_buffer=4)
+    client = sdk(frontend)
+    body = {"input": "fast", "background": True, "max_output_tokens": 3000}
+    created = await client.responses.create(**body, extra_body={"mock_tokens_per_second": 0})
+    events = [e async for e in await client.responses.retrieve(created.id, stream=True)]
+    assert events[-1].type == "response.incomplete"  # the whole max_output_tokens
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == expected_text("fast", 3000)
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    await ended_once(frontend, created.id, "finished")
+    assert aborts_sent("slow_client") == before
