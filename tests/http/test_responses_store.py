@@ -184,3 +184,42 @@ async def test_delete_cancels_a_running_response_and_frees_its_bytes():
     store.delete(record)
     assert record.handle.end_reason == "cancel"
     assert store.get("resp_1", None) is None and store.bytes == 0
+
+
+async def test_the_sink_retains_plain_deltas_and_leaves_the_end_to_write(nursery):
+    store = make_store()
+    await nursery.start(store.serve)
+    record = background("resp_1")
+    store.start_background(record, trio.sleep_forever)
+    writer = RecordWriter(store, record)
+    sink = writer.sink()
+    assert sink is not None
+    finish = item(2, finish_reason="stop", usage=Usage(1, 2))
+    # The deltas of one read pass: one delta event (after the opening events); the
+    # finish is left for write().
+    assert sink([item(0, " a"), item(1, " b"), finish]) == [finish]
+    kinds = [kind for kind, _ in record.retained]
+    assert kinds[-1] == "response.output_text.delta" and len(kinds) == 5
+    assert json.loads(record.retained[-1][1])["delta"] == " a b"
+    assert store.bytes == sum(len(data) for _, data in record.retained) + RECORD_OVERHEAD + 4
+    assert not record.finished
+    assert await writer.write([finish])
+    assert record.finished and record.events.text == " a b"
+    assert [kind for kind, _ in record.retained][-1] == "response.completed"
+
+
+async def test_deltas_past_a_bound_are_left_by_the_sink_for_write_to_refuse(nursery):
+    store = make_store(max_events=5)
+    await nursery.start(store.serve)
+    record = background("resp_1")
+    store.start_background(record, trio.sleep_forever)
+    writer = RecordWriter(store, record)
+    sink = writer.sink()
+    assert sink is not None
+    assert sink([item(0, " a")]) == []  # created + 4 opening events: 5
+    held = [item(1, " b"), item(2, " c")]
+    assert sink(held) == held  # one delta event more passes 5: nothing retained or taken
+    assert len(record.retained) == 5 and record.events.text == " a"
+    with pytest.raises(WriterRefused) as caught:
+        await writer.write(held)
+    assert caught.value.error.code == "response_events_overflow"

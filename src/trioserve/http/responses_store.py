@@ -44,7 +44,7 @@ from ..protocol import OutputItem
 from .admission import RETRY_AFTER
 from .lifecycle import RequestHandle
 from .writers.responses import Event, ResponseEvents
-from .writers.stream import WriterBase
+from .writers.stream import Sink, WriterBase, text_of
 
 log = logging.getLogger("trioserve.responses")
 
@@ -326,6 +326,34 @@ class RecordWriter(WriterBase):
     def __init__(self, store: ResponseStore, record: StoredResponse) -> None:
         self.store = store
         self.record = record
+
+    def sink(self) -> Sink | None:
+        """A synchronous path for plain deltas: the engine connection retains them in its
+        read pass (``Subscription.sink``), and the response's task stays asleep. What
+        ends the response (the finish, an engine error) and deltas that meet a bound are
+        left to :meth:`write`, which ends the response as it must (``response.failed``,
+        one abort). (A bound method: every running response holds its sink.)"""
+        return self._retain_now
+
+    def _retain_now(self, items: list[OutputItem]) -> list[OutputItem]:
+        texts: list[str] = []
+        taken = 0
+        for item in items:
+            if item.finish_reason is not None or item.error is not None:
+                break
+            if item.data:
+                texts.append(text_of(item.data))
+            taken += 1
+        if texts:
+            events = self.record.events
+            mark = events.mark()
+            text = "".join(texts)
+            try:
+                self.store.append(self.record, events.output(text), len(text.encode()))
+            except WriterRefused:
+                events.rollback(mark)
+                return items  # write() meets the bound again, and fails the response
+        return items[taken:]
 
     async def write(self, batch: list[OutputItem]) -> bool:
         events = self.record.events
