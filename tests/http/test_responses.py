@@ -18,6 +18,7 @@ from tests.helpers.responses import (
     start_natural_engine,
 )
 from tests.helpers.waiting import wait_until
+from trioserve import metrics
 from trioserve.sdk.mock import expected_text
 
 
@@ -395,3 +396,25 @@ async def test_a_silent_stream_starts_with_created_then_keepalive_comments(nurse
     assert b"response.output_item.added" not in data
     await raw.aclose()
     await wait_until(lambda: frontend.ends("ka") == ["aborted"], "one abort")
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "route", "status"),
+    [
+        ("GET", "/v1/responses/resp_nope", "/v1/responses/{id}", "404"),
+        ("POST", "/v1/responses/resp_nope/cancel", "/v1/responses/{id}/cancel", "404"),
+        ("DELETE", "/v1/responses/resp_nope", "/v1/responses/{id}", "404"),
+        ("PUT", "/v1/responses/resp_nope", "/v1/responses/{id}", "405"),
+    ],
+)
+async def test_the_metrics_name_a_responses_route_by_its_template(
+    frontend, method, path, route, status
+):
+    def count() -> float:
+        labels = {"route": route, "method": method, "status": status}
+        return metrics.REGISTRY.get_sample_value("trioserve_http_requests_total", labels) or 0.0
+
+    before = count()
+    async with frontend.client() as client:
+        await client.request(method, path)
+    await wait_until(lambda: count() == before + 1, "the request counted")
