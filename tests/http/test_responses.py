@@ -9,7 +9,7 @@ import openai
 import pytest
 import trio
 
-from tests.helpers.frontends import capture_submits, start_frontend
+from tests.helpers.frontends import capture_submits, start_engine, start_frontend
 from tests.helpers.http import raw_request, read_until
 from tests.helpers.responses import (
     aborts_sent,
@@ -19,7 +19,7 @@ from tests.helpers.responses import (
 )
 from tests.helpers.waiting import wait_until
 from trioserve import metrics
-from trioserve.sdk.mock import expected_text
+from trioserve.sdk.mock import PREFIX_BLOCK_WORDS, expected_text
 
 
 @pytest.fixture
@@ -418,3 +418,47 @@ async def test_the_metrics_name_a_responses_route_by_its_template(
     async with frontend.client() as client:
         await client.request(method, path)
     await wait_until(lambda: count() == before + 1, "the request counted")
+
+
+@pytest.mark.parametrize("how", [None, "header", "user", "prompt_cache_key", "background"])
+async def test_a_session_of_responses_sticks_to_one_engine(nursery, http_server, how):
+    engines = [await start_engine(nursery) for _ in range(3)]
+    addresses = [e.address for e in engines]
+    frontend = await start_frontend(
+        nursery, None, server=http_server, engines=addresses, routing="affinity"
+    )
+    async with frontend.client() as client:
+        for i in range(12):
+            body: dict = {"input": f"unrelated question {i}", "max_output_tokens": 2}
+            headers = {}
+            if how in ("header", "background"):
+                headers["x-session-id"] = "session-42"
+            if how == "background":
+                body["background"] = True
+            elif how is not None:
+                body[how] = "someone-42"
+            response = await client.post("/v1/responses", json=body, headers=headers)
+            assert response.status_code == 200
+            if how == "background":  # one at a time (affinity yields to load)
+                response_id = response.json()["id"]
+                await client.get(f"/v1/responses/{response_id}", params={"stream": "true"})
+    submitted = lambda: sorted(e.stats.submitted for e in engines)  # noqa: E731
+    await wait_until(lambda: sum(submitted()) == 12, "every response submitted")
+    if how is None:  # the prompts alone spread (so the key is what keeps them together)
+        assert max(submitted()) < 12
+    else:
+        assert submitted() == [0, 0, 12]
+
+
+async def test_prefix_cache_hits_show_in_the_responses_usage(nursery, http_server):
+    engine = await start_engine(nursery, prefix_cache=1000)
+    frontend = await start_frontend(nursery, engine, server=http_server)
+    instructions = " ".join(f"rule{i}" for i in range(4 * PREFIX_BLOCK_WORDS))
+    cached = []
+    async with frontend.client() as client:
+        for i in range(3):
+            body = {"instructions": instructions, "input": f"question {i}", "max_output_tokens": 2}
+            response = await client.post("/v1/responses", json=body)
+            cached.append(response.json()["usage"]["input_tokens_details"]["cached_tokens"])
+    # The first fills the engine's cache; the later ones find the instructions there.
+    assert cached == [0, 4 * PREFIX_BLOCK_WORDS, 4 * PREFIX_BLOCK_WORDS]

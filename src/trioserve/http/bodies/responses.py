@@ -376,6 +376,9 @@ def parse_response(
         "chat",
         {"messages": messages},
         engine_params(req, body),
+        # The session key of affinity routing (never sent to the engine): what the
+        # Responses API has for "keep my prompt's cache", else the user.
+        session_key=req.prompt_cache_key or req.user or None,
     )
     return ResponseGeneration(
         submit,

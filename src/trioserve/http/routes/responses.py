@@ -32,7 +32,7 @@ from ..bodies.validation import INT_MAX, parse_bool
 from ..exchange import JSON_HEADERS, Exchange
 from ..lifecycle import ERROR_WRITE_TIMEOUT, RequestHandle, connection_watches, run_generation
 from ..responses_store import RecordWriter, StoredResponse
-from ..services import Services
+from ..services import Services, with_session
 from ..writers.responses import (
     ResponseEvents,
     ResponsesJSONWriter,
@@ -78,7 +78,7 @@ async def _create_background(
     owner = exchange.key_index
     # The engine knows a background response by its id (unique, so never a duplicate);
     # DELETE /v1/requests/{response id} ends it too.
-    submit = attrs.evolve(generation.submit, request_id=events.id)
+    submit = with_session(exchange, attrs.evolve(generation.submit, request_id=events.id))
     handle = RequestHandle(
         events.id,
         owner=owner,
