@@ -12,9 +12,7 @@ when the time is up. Needs the test extras (hypothesis).
 
 from __future__ import annotations
 
-import argparse
 import sys
-import time
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
@@ -29,6 +27,8 @@ from tests.helpers.http1_fuzz import (
     traffic,
     websocket_traffic,
 )
+
+import fuzz_runner
 
 #: Examples per round: small enough that the time limit is kept to within a round.
 ROUND = {"parser": 2000, "server": 200, "websocket": 200}
@@ -52,24 +52,7 @@ def property_for(target: str):
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=60.0, help="how long to fuzz")
-    parser.add_argument("--target", choices=[*ROUND, "all"], default="all")
-    args = parser.parse_args()
-    targets = list(ROUND) if args.target == "all" else [args.target]
-    end = time.monotonic() + args.seconds
-    rounds = dict.fromkeys(targets, 0)
-    while time.monotonic() < end:
-        for target in targets:
-            try:
-                property_for(target)()
-            except Exception as exc:
-                print(f"{target}: a failing example after {rounds[target]} rounds: {exc!r}")
-                return 1
-            rounds[target] += 1
-    summary = ", ".join(f"{t}: {n} rounds of {ROUND[t]} examples" for t, n in rounds.items())
-    print(f"no failure in {args.seconds:g} s ({summary})")
-    return 0
+    return fuzz_runner.main(__doc__.split("\n\n")[0], ROUND, property_for)
 
 
 if __name__ == "__main__":

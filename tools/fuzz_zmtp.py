@@ -13,9 +13,7 @@ when the time is up. Needs the test extras (hypothesis).
 
 from __future__ import annotations
 
-import argparse
 import sys
-import time
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
@@ -34,6 +32,8 @@ from tests.helpers.zmtp_fuzz import (
     reads,
     stray_frame,
 )
+
+import fuzz_runner
 
 
 def _null(data: st.DataObject) -> None:
@@ -87,24 +87,9 @@ def property_for(target: str):
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=60.0, help="how long to fuzz")
-    parser.add_argument("--target", choices=[*TARGETS, "all"], default="all")
-    args = parser.parse_args()
-    targets = list(TARGETS) if args.target == "all" else [args.target]
-    end = time.monotonic() + args.seconds
-    rounds = dict.fromkeys(targets, 0)
-    while time.monotonic() < end:
-        for target in targets:
-            try:
-                property_for(target)()
-            except Exception as exc:
-                print(f"{target}: a failing example after {rounds[target]} rounds: {exc!r}")
-                return 1
-            rounds[target] += 1
-    summary = ", ".join(f"{t}: {n} rounds of {TARGETS[t][1]} examples" for t, n in rounds.items())
-    print(f"no failure in {args.seconds:g} s ({summary})")
-    return 0
+    return fuzz_runner.main(
+        __doc__.split("\n\n")[0], {t: n for t, (_, n) in TARGETS.items()}, property_for
+    )
 
 
 if __name__ == "__main__":

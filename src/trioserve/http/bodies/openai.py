@@ -196,6 +196,17 @@ def _check_common(req: _Common, errors: list[dict[str, str]]) -> None:
         errors.append({"loc": "$.stop", "msg": "expected a string or a list of strings"})
 
 
+def check_parts(count: int, total: int, loc: str, per: str) -> None:
+    """422 past the bound on content parts: ``count`` in one ``per`` (a message, an input
+    item), ``total`` in the request so far."""
+    if count > MAX_CONTENT_PARTS or total > MAX_CONTENT_PARTS_TOTAL:
+        message = (
+            f"at most {MAX_CONTENT_PARTS} content parts per {per} and "
+            f"{MAX_CONTENT_PARTS_TOTAL} per request"
+        )
+        raise invalid([{"loc": loc, "msg": message}])
+
+
 def _check_messages(body: dict[str, Any], errors: Errors) -> None:
     """Check ``body["messages"]`` whole, before anything is built from it: its size
     first (a 422 at once past :data:`MAX_MESSAGES` or a content part bound), then every
@@ -232,16 +243,7 @@ def _check_messages(body: dict[str, Any], errors: Errors) -> None:
             )
             continue
         parts_total += len(content)
-        if len(content) > MAX_CONTENT_PARTS or parts_total > MAX_CONTENT_PARTS_TOTAL:
-            raise invalid(
-                [
-                    {
-                        "loc": f"$.messages[{i}].content",
-                        "msg": f"at most {MAX_CONTENT_PARTS} content parts per message and "
-                        f"{MAX_CONTENT_PARTS_TOTAL} per request",
-                    }
-                ]
-            )
+        check_parts(len(content), parts_total, f"$.messages[{i}].content", "message")
         for j, part in enumerate(content):
             _check_part(part, i, j, errors)
 

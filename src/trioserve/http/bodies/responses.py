@@ -24,7 +24,7 @@ from ...protocol import Submit
 from ..writers.responses import ResponseEvents
 from .media import MediaFetcher
 from .multimodal import part_media
-from .openai import MAX_CONTENT_PARTS, MAX_CONTENT_PARTS_TOTAL, MAX_MESSAGES, MAX_TOKENS
+from .openai import MAX_MESSAGES, MAX_TOKENS, check_parts
 from .validation import (
     Errors,
     _json_type,
@@ -246,16 +246,7 @@ def _messages(
             errors.add("expected a string or a list of content parts", f"{loc}.content")
             continue
         parts_total += len(content)
-        if len(content) > MAX_CONTENT_PARTS or parts_total > MAX_CONTENT_PARTS_TOTAL:
-            raise invalid(
-                [
-                    {
-                        "loc": f"{loc}.content",
-                        "msg": f"at most {MAX_CONTENT_PARTS} content parts per item and "
-                        f"{MAX_CONTENT_PARTS_TOTAL} per request",
-                    }
-                ]
-            )
+        check_parts(len(content), parts_total, f"{loc}.content", "item")
         parts: list[dict[str, Any]] = []
         for j, part in enumerate(content):
             part_loc = f"{loc}.content[{j}]"
