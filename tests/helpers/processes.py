@@ -92,22 +92,35 @@ class Proc:
             await self.process.wait()
 
 
-async def start_engine_process(nursery: trio.Nursery, port: int, *extra: str) -> Proc:
+async def start_mock_engine(
+    nursery: trio.Nursery,
+    address: str,
+    *extra: str,
+    tokens_per_second: float = 200,
+    ttft_ms: float = 2,
+) -> Proc:
+    """``trioserve engine mock --bind address``, once it serves."""
     engine = await Proc.start(
         nursery,
         "engine",
         "mock",
         "--bind",
-        f"tcp://127.0.0.1:{port}",
+        address,
         "--tokens-per-second",
-        "200",
+        f"{tokens_per_second:g}",
         "--ttft-ms",
-        "2",
-        "--allow-fault-injection",  # the tests drive faults through the mock's knobs
+        f"{ttft_ms:g}",
         *extra,
     )
     await engine.wait_for_output("mock engine serving")
     return engine
+
+
+async def start_engine_process(nursery: trio.Nursery, port: int, *extra: str) -> Proc:
+    # The tests drive faults through the mock's knobs.
+    return await start_mock_engine(
+        nursery, f"tcp://127.0.0.1:{port}", "--allow-fault-injection", *extra
+    )
 
 
 async def start_frontend_process(nursery: trio.Nursery, *args: str) -> tuple[Proc, str]:

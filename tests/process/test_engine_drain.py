@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from tests.helpers.frontends import start_frontend
-from tests.helpers.processes import Proc, free_port
+from tests.helpers.processes import Proc, free_port, start_mock_engine
 from tests.helpers.waiting import HANG_GUARD, wait_until
 from trioserve.sdk.mock import expected_text
 
@@ -20,20 +20,7 @@ pytestmark = pytest.mark.integration
 
 
 async def start_mock(nursery: trio.Nursery, address: str, *extra: str) -> Proc:
-    engine = await Proc.start(
-        nursery,
-        "engine",
-        "mock",
-        "--bind",
-        address,
-        "--tokens-per-second",
-        "50",
-        "--ttft-ms",
-        "2",
-        *extra,
-    )
-    await engine.wait_for_output("mock engine serving")
-    return engine
+    return await start_mock_engine(nursery, address, *extra, tokens_per_second=50)
 
 
 def final_stats(engine: Proc) -> dict[str, int]:

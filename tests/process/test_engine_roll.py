@@ -22,7 +22,7 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers.dns_server import start_dns_server
-from tests.helpers.processes import Proc, free_port, start_frontend_process
+from tests.helpers.processes import Proc, free_port, start_frontend_process, start_mock_engine
 from tests.helpers.waiting import HANG_GUARD
 from trioserve.sdk.mock import expected_text
 
@@ -38,21 +38,9 @@ PROGRESS = 12
 
 
 async def start_mock(nursery: trio.Nursery, address: str) -> Proc:
-    engine = await Proc.start(
-        nursery,
-        "engine",
-        "mock",
-        "--bind",
-        address,
-        "--tokens-per-second",
-        "50",
-        "--ttft-ms",
-        "5",
-        "--grace-period",
-        "30",
+    return await start_mock_engine(
+        nursery, address, "--grace-period", "30", tokens_per_second=50, ttft_ms=5
     )
-    await engine.wait_for_output("mock engine serving")
-    return engine
 
 
 def engine_accounts(engine: Proc) -> tuple[int, dict[str, int]]:
