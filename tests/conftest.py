@@ -3,11 +3,32 @@ in-process on port 0 (tests/helpers/frontends.py), all on 127.0.0.1."""
 
 from __future__ import annotations
 
+import socket
+from collections.abc import Iterator
+
 import pytest
 import trio
 
 from tests.helpers.frontends import Frontend, start_engine, start_frontend
+from trioserve.config import Settings
 from trioserve.sdk import TrioEngine
+
+
+@pytest.fixture(scope="session", autouse=True)
+def default_port_held() -> Iterator[None]:
+    """Hold trioserve's default port for the whole session, as a user's ``trioserve run``
+    (the README's first command) would: a test that needs it free fails here every time,
+    not only on the machines where it happens to be taken. Already taken: the same."""
+    holder = socket.socket()
+    try:
+        holder.bind(("127.0.0.1", Settings().port))
+        holder.listen(1)
+    except OSError:
+        pass
+    try:
+        yield
+    finally:
+        holder.close()
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.helpers.processes import free_port
 from trioserve.cli import build_parser, main
 from trioserve.config import Settings
 
@@ -48,9 +49,9 @@ def test_run_hands_the_bounds_to_the_server(monkeypatch):
     monkeypatch.setattr("trioserve.server.frontend.serve_frontend", serve_frontend)
     monkeypatch.setattr("trioserve.cli._tune_gc", lambda: None)
     status = main(
-        ["run", "--engine", "tcp://127.0.0.1:9", "--responses-ttl", "30",
-         "--responses-max-events", "100", "--max-background-responses", "2",
-         "--responses-store-mb", "0.5"]
+        ["run", "--port", str(free_port()), "--engine", "tcp://127.0.0.1:9",
+         "--responses-ttl", "30", "--responses-max-events", "100",
+         "--max-background-responses", "2", "--responses-store-mb", "0.5"]
     )  # fmt: skip
     assert status == 0
     [settings] = seen
