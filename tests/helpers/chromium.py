@@ -31,7 +31,10 @@ ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 
 
 def chromium_path() -> str:
-    """The browser, or a skip when it is not installed here (CI installs it: .ci/run)."""
+    """The browser, or a skip when it is not installed here (CI installs it: .ci/run).
+
+    Call it from a synchronous fixture (tests/http/conftest.py's ``chromium``): a skip raised
+    inside a trio test reaches pytest through pytest-trio, which drops its reason."""
     found = shutil.which("chromium") or shutil.which("chromium-browser")
     if found is None:
         if os.environ.get("CI"):
@@ -98,11 +101,12 @@ class Page:
 
 
 @contextlib.asynccontextmanager
-async def open_chromium(profile: Path) -> AsyncIterator[Page]:
-    """A headless Chromium with an empty profile under ``profile``, and its first tab."""
+async def open_chromium(chromium: str, profile: Path) -> AsyncIterator[Page]:
+    """A headless Chromium (the binary ``chromium``) with an empty profile under
+    ``profile``, and its first tab."""
     process = await trio.lowlevel.open_process(
         [
-            chromium_path(),
+            chromium,
             "--headless=new",
             "--no-sandbox",  # root in CI's container: the sandbox needs user namespaces
             "--disable-gpu",

@@ -42,11 +42,11 @@ async def state(page, index: int) -> str:
 
 @pytest.mark.parametrize("transport", ["ws", "sse"])
 async def test_a_prompt_streams_and_stop_ends_it_with_one_abort(
-    nursery, tmp_path, transport, http_server
+    nursery, tmp_path, transport, http_server, chromium
 ):
     engine = await start_engine(nursery)
     frontend = await start_frontend(nursery, engine, server=http_server)
-    async with open_chromium(tmp_path / "profile") as page:
+    async with open_chromium(chromium, tmp_path / "profile") as page:
         await page.open(frontend.url + "/")
         await models_loaded(page)
 
@@ -88,11 +88,11 @@ async def test_a_prompt_streams_and_stop_ends_it_with_one_abort(
 
 
 async def test_with_api_keys_the_page_asks_for_one_and_shows_refusals_as_sent(
-    nursery, tmp_path, http_server
+    nursery, tmp_path, http_server, chromium
 ):
     engine = await start_engine(nursery)
     frontend = await start_frontend(nursery, engine, server=http_server, api_keys=["sk-play-1"])
-    async with open_chromium(tmp_path / "profile") as page:
+    async with open_chromium(chromium, tmp_path / "profile") as page:
         await page.open(frontend.url + "/")
         notice = await page.wait_for(
             "document.getElementById('notice').textContent", "the refused model list"
@@ -144,13 +144,15 @@ async def test_the_pages_allow_only_their_own_script_and_style(frontend):
             assert re.search(r"<(script|link|img)[^>]*(src|href)=", response.text) is None
 
 
-async def test_the_docs_page_lists_every_route_and_tries_one(nursery, tmp_path, http_server):
+async def test_the_docs_page_lists_every_route_and_tries_one(
+    nursery, tmp_path, http_server, chromium
+):
     engine = await start_engine(nursery)
     frontend = await start_frontend(nursery, engine, server=http_server)
     async with frontend.client() as client:
         spec = (await client.get("/openapi.json")).json()
     count = sum(len(ops) for ops in spec["paths"].values())
-    async with open_chromium(tmp_path / "profile") as page:
+    async with open_chromium(chromium, tmp_path / "profile") as page:
         await page.open(frontend.url + "/docs")
         await page.wait_for("!!document.getElementById('createEmbedding')", "the operations")
         listed = await page.evaluate("document.querySelectorAll('#operations details.op').length")
@@ -171,7 +173,7 @@ async def test_the_docs_page_lists_every_route_and_tries_one(nursery, tmp_path, 
         await page.screenshot(f"docs-{http_server}.png")
 
 
-async def test_the_docs_page_sends_query_parameters(nursery, tmp_path, http_server):
+async def test_the_docs_page_sends_query_parameters(nursery, tmp_path, http_server, chromium):
     engine = await start_engine(nursery)
     frontend = await start_frontend(nursery, engine, server=http_server)
     async with frontend.client() as client:
@@ -179,7 +181,7 @@ async def test_the_docs_page_sends_query_parameters(nursery, tmp_path, http_serv
             "/v1/responses", json={"input": "Hi", "max_output_tokens": 3, "background": True}
         )
     response_id = created.json()["id"]
-    async with open_chromium(tmp_path / "profile") as page:
+    async with open_chromium(chromium, tmp_path / "profile") as page:
         await page.open(frontend.url + "/docs")
         await page.wait_for("!!document.getElementById('retrieveResponse')", "the operations")
         # The retrieve operation: its id, and stream=true (starting_after left empty).
