@@ -18,6 +18,10 @@ FORBIDDEN = [
     ("trioserve.http", ("trioserve.server", "trioserve.transport", "hypercorn", "zmq")),
     ("trioserve.sdk", ("trioserve.http", "trioserve.server", "trioserve.engine", "hypercorn")),
     ("trioserve.errors", ("trioserve.",)),
+    (
+        "trioserve.text",
+        ("trio", "zmq", "hypercorn", "trioserve.http", "trioserve.engine", "trioserve.server"),
+    ),
 ]
 
 

@@ -1,0 +1,67 @@
+"""Model outputs for each format: one call, several, none, malformed, unicode in the
+arguments, a call after reasoning, a call cut off. Shared by the chunking tests and the
+parity tests against vLLM's own parser classes (tests/vllm/test_parser_parity.py)."""
+
+from __future__ import annotations
+
+from trioserve.text.agents import ParserNames, ToolUse
+
+HERMES = [
+    "The weather in Paris is sunny.",
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+    'Let me check. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", '
+    '"unit": "celsius"}}\n</tool_call>',
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "get_time", "arguments": {"zone": "Europe/Paris"}}\n</tool_call>',
+    '<tool_call>\n{"name": "translate", "arguments": {"text": "naïve café 日本語 🙂", '
+    '"escaped": "a \\"quote\\" and \\\\ \\u00e9"}}\n</tool_call>',
+    '<tool_call>\n{"name": "nested", "arguments": {"a": [1, -2.5e3, true, false, null], '
+    '"b": {"c": {"d": []}}}}\n</tool_call>',
+    "<tool_call>\nthis is not json\n</tool_call>",
+    'An example: <tool_ is not a tag, and "<tool" neither.',
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}',
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par',
+    '<tool_call>\n{"arguments": {"city": "Paris"}, "name": "get_weather"}\n</tool_call>',
+    '<tool_call>\n{"name": "no_arguments"}\n</tool_call>',
+    '<tool_call>{"name":"compact","arguments":{"x":1}}</tool_call>',
+]
+
+THINKING = [
+    "Let me think about it.</think>The answer is 4.",
+    "<think>Let me think.</think>\n\nThe answer is 4.",
+    "Thinking without an end",
+    "</think>Just the answer.",
+    "reason with <thin and </thi partial markers</think>answer with </think> again",
+]
+
+QWEN3_WITH_CALLS = [
+    "I should call the tool.</think>\n\n<tool_call>\n"
+    '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+    'Straight to a call <tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>',
+]
+
+CORPUS: dict[ParserNames, list[str]] = {
+    ParserNames("hermes"): HERMES,
+    ParserNames("qwen3_json"): HERMES[:3],
+    ParserNames(None, "deepseek_r1"): THINKING,
+    ParserNames(None, "qwen3"): THINKING,
+    ParserNames("hermes", "qwen3"): QWEN3_WITH_CALLS + THINKING,
+    ParserNames("hermes", "deepseek_r1"): QWEN3_WITH_CALLS,
+}
+
+_TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+]
+FORCED = [
+    (ParserNames(), ToolUse(_TOOLS, "required"), text)
+    for text in [
+        '[{"name": "get_weather", "parameters": {"city": "Paris"}}]',
+        '[{"name": "get_weather", "parameters": {"city": "Paris"}}, '
+        '{"name": "get_weather", "parameters": {"city": "Oslo"}}]',
+        "I will not call anything.",
+        '[{"name": "get_weather", "parameters": {"city": "Pa',
+    ]
+] + [
+    (ParserNames(), ToolUse(_TOOLS, "get_weather", named="get_weather"), text)
+    for text in ['{"city": "Paris"}', '  {"city": "日本"}', "no object", '{"city": ']
+]
