@@ -47,7 +47,7 @@ def test_run_hands_the_bounds_to_the_server(monkeypatch):
         seen.append(settings)
 
     monkeypatch.setattr("trioserve.server.frontend.serve_frontend", serve_frontend)
-    monkeypatch.setattr("trioserve.cli._tune_gc", lambda: None)
+    monkeypatch.setattr("trioserve.cli.run.tune_gc", lambda: None)
     status = main(
         ["run", "--port", str(free_port()), "--engine", "tcp://127.0.0.1:9",
          "--responses-ttl", "30", "--responses-max-events", "100",

@@ -22,6 +22,8 @@ FORBIDDEN = [
         "trioserve.text",
         ("trio", "zmq", "hypercorn", "trioserve.http", "trioserve.engine", "trioserve.server"),
     ),
+    # Options written once: beneath the settings, knowing nothing of trioserve.
+    ("trioserve.options", ("trioserve.",)),
 ]
 
 

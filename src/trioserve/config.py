@@ -1,120 +1,422 @@
-"""Settings shared by the CLI, the server and the application."""
+"""Settings shared by the CLI, the server and the application.
+
+Each field is also an option of ``trioserve run``: its metadata (``options.option``) gives
+the flag, help, group and unit, and ``cli/`` derives the command line from them. To add an
+option, add a field here (its group one of ``cli.run.GROUPS``); nothing else is written.
+"""
 
 from __future__ import annotations
 
 import attrs
 
+from .options import KIB, MIB, SECONDS, option
+
+#: Kubernetes must give a frontend pod this much, the one formula of the help and of
+#: docs/deployment.md: ``--graceful-timeout`` counts from the signal, and the last error
+#: events have ERROR_WRITE_TIMEOUT (5 s) plus a second to leave (``hard_stop_after``).
+GRACE_RULE = "terminationGracePeriodSeconds > preStop + max(--drain-delay, --graceful-timeout) + 6"
+
 
 @attrs.define
 class Settings:
-    host: str = "127.0.0.1"
-    port: int = 8000
-    #: Engine addresses (``tcp://``, ``ipc://``, ``dns://NAME:PORT``); empty means "start
-    #: the built-in mock engine".
-    engines: list[str] = attrs.Factory(list)
-    #: How requests are routed among engines: "least-load" or "affinity"
-    #: (``engine/routing.py``).
-    routing: str = "least-load"
-    #: Affinity routing: an engine keeps its keys while its load is at most this many
-    #: times the mean load.
-    affinity_load_factor: float = 1.25
-    #: Seconds between two resolutions of the ``dns://`` engine names.
-    engine_refresh: float = 5.0
-    #: The DNS server ``dns://`` names are resolved with (``HOST:PORT``); "": the system's
-    #: resolver (``engine/discovery.py``).
-    engine_dns_server: str = ""
-    #: Server-wide request deadline in seconds (0: none).
-    request_timeout: float = 600.0
-    #: Largest deadline a client may ask for with ``X-Request-Timeout``.
-    max_request_timeout: float = 3600.0
-    #: Per-request buffer of engine outputs (items) before the client counts as too slow.
-    stream_buffer: int = 256
-    max_body_bytes: int = 128 * 1024 * 1024
-    #: Request bodies (JSON, urlencoded) held in memory across all requests at once; past
-    #: it, 503 ``body_memory_exhausted`` (multipart uploads go to disk and count nothing).
-    max_body_memory_bytes: int = 1024 * 1024 * 1024
-    #: Seconds a request body may stall between two pieces (408 past it; 0: no limit).
-    body_timeout: float = 30.0
-    #: Seconds from a request's head to the end of its body (408 past it; 0: no limit;
-    #: built-in server).
-    body_deadline: float = 120.0
-    #: Connections open at once (built-in server; past it, 503 and close; 0: three quarters
-    #: of the descriptor limit).
-    max_connections: int = 0
-    #: Generation requests served at once (HTTP and WebSocket); past it, 503 at once.
-    max_concurrent_requests: int = 256
-    #: Origins allowed by CORS (``*``: any, never with credentials); empty: no CORS.
-    cors_origins: list[str] = attrs.Factory(list)
-    cors_allow_credentials: bool = False
-    #: Seconds of silence after which an SSE stream gets a comment line (0: never).
-    sse_keepalive: float = 15.0
-    #: Where uploaded files are written while their request runs ("": a private directory
-    #: of this process, made fresh in the system's temporary directory).
-    upload_dir: str = ""
-    #: Fetch ``http(s)://`` media URLs in requests (off: the SSRF surface).
-    allow_remote_media: bool = False
-    #: Largest remote media fetched for one request, in bytes (all its URLs together).
-    remote_media_max_bytes: int = 32 * 1024 * 1024
-    #: Seconds one remote media fetch may take, from connect to last byte.
-    remote_media_timeout: float = 10.0
+    # -- listening and serving
+    host: str = option("127.0.0.1", group="serving", help="address to listen on")
+    port: int = option(
+        8000, group="serving", kind="port", help="port to listen on (0: any free one)"
+    )
     #: The HTTP server: "builtin" (trioserve's own, HTTP/1.1) or "hypercorn" (HTTP/2, TLS).
-    server: str = "builtin"
-    #: Seconds one socket write may take before the connection is dropped (built-in server).
-    write_timeout: float = 30.0
-    #: Seconds an idle keep-alive connection stays open.
-    keep_alive_timeout: float = 5.0
-    #: Generation requests one WebSocket may run at once.
-    ws_max_requests: int = 64
-    #: Let a browser page of any origin open /v1/ws (see App._websocket_origin_allowed).
-    ws_allow_any_origin: bool = False
-    #: Serve the chat page at ``/`` (``--no-playground``: a 404 there).
-    playground: bool = True
-    #: Largest WebSocket message accepted; a larger one closes the socket with 1009.
-    ws_max_message_bytes: int = 1024 * 1024
-    #: Seconds between WebSocket pings (0: none).
-    ws_ping_interval: float = 20.0
-    #: Seconds a finished response stays retrievable (``GET /v1/responses/{id}``).
-    responses_ttl: float = 600.0
-    #: Events one background response may retain for replay (``starting_after``); past
-    #: it, the response fails (``response_events_overflow``) and its engine request is
-    #: aborted.
-    responses_max_events: int = 16384
-    #: Background responses (``background: true``) generating at once; past it, 503.
-    max_background_responses: int = 64
-    #: Bytes the response store may hold in all (events, texts, finished responses);
-    #: finished responses are dropped oldest first to stay under it.
-    responses_store_bytes: int = 256 * 2**20
-    heartbeat_interval: float = 1.0
-    heartbeat_timeout: float = 3.0
-    #: Largest frame accepted from an engine, in bytes (``zmtp.MAX_MESSAGE``); a larger
-    #: one fails that engine.
-    engine_max_message_bytes: int = 128 * 2**20
-    #: CURVE on the engine link (``transport/keys.py`` reads them): this frontend's secret
-    #: key file and the engines' public key file; none: NULL, clear text.
-    engine_curve_secret_key: str = ""
-    engine_curve_server_key: str = ""
-    #: Seconds to keep serving after SIGTERM before the listener closes.
-    drain_delay: float = 5.0
-    #: Seconds from SIGTERM until what is still running is ended.
-    graceful_timeout: float = 30.0
-    #: API keys (``Authorization: Bearer``) every route but /health, /live and /metrics
-    #: requires; empty: none required (``http/auth.py``).
-    api_keys: list[str] = attrs.field(factory=list, repr=False)  # never in a log line
-    #: /metrics requires a key too (when there are keys).
-    metrics_require_key: bool = False
-    #: TLS (``tls.py``): the server's certificate chain and its key, PEM files; no
-    #: certificate: plain HTTP.
-    ssl_certfile: str = ""
-    ssl_keyfile: str = ""
-    #: CAs whose client certificates are accepted (mutual TLS); none: no client
-    #: certificate is asked for.
-    ssl_ca_certs: str = ""
-    #: With ``ssl_ca_certs``: a client certificate is "required" or "optional".
-    ssl_client_cert: str = "required"
-    #: One line per request on the ``trioserve.access`` logger (at INFO).
-    access_log: bool = True
-    #: Where to send OpenTelemetry traces (OTLP over HTTP, protobuf); "": no tracing, and
-    #: nothing of OpenTelemetry is imported.
-    otlp_traces_endpoint: str = ""
-    #: Serve ``GET /debug/requests``, the live view of the requests in flight.
-    debug_endpoints: bool = False
+    server: str = option(
+        "builtin",
+        group="serving",
+        kind="server_name",
+        choices=("builtin", "hypercorn"),
+        help="HTTP server: builtin, trioserve's own lean HTTP/1.1 server (`h11` is accepted "
+        "as its old name), or hypercorn's trio worker (adds HTTP/2 over TLS); see "
+        "docs/benchmarks.md",
+    )
+    max_connections: int = option(
+        0,
+        group="serving",
+        kind="non_negative",
+        metavar="N",
+        help="connections open at once; past it a new one gets 503 and is closed (built-in "
+        "server; 0: three quarters of the open-file limit)",
+    )
+    write_timeout: float = option(
+        30.0,
+        group="serving",
+        kind="positive",
+        unit=SECONDS,
+        help="seconds one socket write may take before the connection is dropped (built-in "
+        "server; hypercorn has no such bound)",
+    )
+    keep_alive_timeout: float = option(
+        5.0,
+        group="serving",
+        kind="positive",
+        unit=SECONDS,
+        help="seconds an idle keep-alive connection stays open",
+    )
+
+    # -- engines
+    #: Empty: `trioserve run` starts the built-in mock engine.
+    engines: list[str] = option(
+        [],
+        group="engines",
+        flag="--engine",
+        kind="engine_address",
+        metavar="ADDRESS",
+        help="ZeroMQ address of an engine, tcp://HOST:PORT or ipc://PATH, e.g. "
+        "tcp://10.0.0.5:5555, or dns://NAME:PORT for an engine at every address of NAME "
+        "(a Kubernetes headless Service), followed as it changes (repeatable)",
+    )
+    engine_refresh: float = option(
+        5.0,
+        group="engines",
+        kind="positive",
+        unit=SECONDS,
+        help="seconds between two resolutions of the dns:// engine names",
+    )
+    #: "": the system's resolver (``engine/discovery.py``).
+    engine_dns_server: str = option(
+        "",
+        group="engines",
+        kind="dns_server",
+        metavar="HOST:PORT",
+        help="resolve dns:// engine names with this DNS server (full names, no search "
+        "domains) instead of the system's resolver",
+    )
+    #: ``engine/routing.py`` (its POLICIES are these choices).
+    routing: str = option(
+        "least-load",
+        group="engines",
+        choices=("least-load", "affinity"),
+        help="least-load: the engine with the fewest requests running and waiting, then "
+        "the emptiest KV cache; affinity: the same session (X-Session-Id, else the body's "
+        "user) or prompt prefix to the same engine while its load stays within "
+        "--affinity-load-factor of the mean, so engines reuse cached prefixes",
+    )
+    affinity_load_factor: float = option(
+        1.25,
+        group="engines",
+        kind="load_factor",
+        metavar="FACTOR",
+        help="--routing affinity: an engine keeps its sessions while its load is at most "
+        "this many times the mean load",
+    )
+    heartbeat_interval: float = option(
+        1.0,
+        group="engines",
+        kind="positive",
+        unit=SECONDS,
+        help="seconds between pings to each engine",
+    )
+    heartbeat_timeout: float = option(
+        3.0,
+        group="engines",
+        kind="positive",
+        unit=SECONDS,
+        help="seconds of engine silence before its requests fail with 503 and it is reconnected",
+    )
+    #: ``zmtp.MAX_MESSAGE``.
+    engine_max_message_bytes: int = option(
+        128 * 2**20,
+        group="engines",
+        flag="--engine-max-frame-mb",
+        kind="positive",
+        unit=MIB,
+        help="largest frame accepted from an engine, in MiB; a larger one fails that engine "
+        "(docs/protocol.md)",
+    )
+
+    # -- requests
+    request_timeout: float = option(
+        600.0,
+        group="requests",
+        kind="non_negative",
+        unit=SECONDS,
+        help="deadline of every generation request in seconds (0: none); a client may "
+        "ask for another with the X-Request-Timeout header",
+    )
+    max_request_timeout: float = option(
+        3600.0,
+        group="requests",
+        kind="positive",
+        unit=SECONDS,
+        help="the largest X-Request-Timeout honoured, in seconds",
+    )
+    #: HTTP and WebSocket alike.
+    max_concurrent_requests: int = option(
+        256,
+        group="requests",
+        kind="positive",
+        metavar="N",
+        help="generation requests served at once; past it, 503 with Retry-After at once",
+    )
+    stream_buffer: int = option(
+        256,
+        group="requests",
+        kind="positive",
+        metavar="ITEMS",
+        help="engine outputs buffered per request; a client further behind is ended "
+        "with a slow_client error and its engine request aborted",
+    )
+    sse_keepalive: float = option(
+        15.0,
+        group="requests",
+        kind="non_negative",
+        unit=SECONDS,
+        help="seconds of silence after which an SSE stream gets a comment line, so "
+        "proxies keep it open while the engine prefills (0: never)",
+    )
+
+    # -- request bodies and media
+    max_body_bytes: int = option(
+        128 * 2**20,
+        group="bodies",
+        flag="--max-body-mb",
+        kind="positive",
+        unit=MIB,
+        help="largest request body in MiB (413 past it)",
+    )
+    max_body_memory_bytes: int = option(
+        1024 * 2**20,
+        group="bodies",
+        flag="--max-body-memory-mb",
+        kind="positive",
+        unit=MIB,
+        help="request bodies held in memory across all requests at once, in MiB; past it a "
+        "request is refused with 503 body_memory_exhausted (multipart uploads go to disk "
+        "and do not count)",
+    )
+    body_timeout: float = option(
+        30.0,
+        group="bodies",
+        kind="non_negative",
+        unit=SECONDS,
+        help="seconds a request body may stall before the request ends with 408 (0: none)",
+    )
+    body_deadline: float = option(
+        120.0,
+        group="bodies",
+        kind="non_negative",
+        unit=SECONDS,
+        help="seconds from a request's head to the end of its body, 408 past it (built-in "
+        "server; 0: none)",
+    )
+    upload_dir: str = option(
+        "",
+        group="bodies",
+        metavar="DIR",
+        help="directory for uploaded files while their request runs (default: a private "
+        "directory of this process, made fresh under the system temp dir, mode 0700)",
+    )
+    #: Off: the SSRF surface.
+    allow_remote_media: bool = option(
+        False,
+        group="bodies",
+        help="fetch http(s) media URLs given in requests (off by default: the server "
+        "would fetch any URL a client names)",
+    )
+    remote_media_max_bytes: int = option(
+        32 * 2**20,
+        group="bodies",
+        flag="--remote-media-max-mb",
+        kind="positive",
+        unit=MIB,
+        help="largest total of remote media fetched for one request, in MiB",
+    )
+    remote_media_timeout: float = option(
+        10.0,
+        group="bodies",
+        kind="positive",
+        unit=SECONDS,
+        help="seconds one remote media fetch may take",
+    )
+
+    # -- API keys and browsers
+    #: ``http/auth.py``; `trioserve run` adds the keys of --api-key-file and
+    #: TRIOSERVE_API_KEY.
+    api_keys: list[str] = option(
+        [],
+        group="access",
+        flag="--api-key",
+        kind="api_key",
+        metavar="KEY",
+        repr=False,  # never in a log line
+        help="require 'Authorization: Bearer KEY' on every route but /health, /live and "
+        "/metrics (repeatable: any listed key passes; on the command line a key is "
+        "visible to other local users: prefer --api-key-file or TRIOSERVE_API_KEY, "
+        "which adds one more key)",
+    )
+    metrics_require_key: bool = option(
+        False, group="access", help="/metrics requires an API key too (when keys are set)"
+    )
+    #: ``*``: any, never with credentials.
+    cors_origins: list[str] = option(
+        [],
+        group="access",
+        flag="--cors-origin",
+        metavar="ORIGIN",
+        help="allow browser requests from this origin, e.g. https://app.example "
+        "(repeatable; '*' for any origin, without credentials)",
+    )
+    cors_allow_credentials: bool = option(
+        False,
+        group="access",
+        help="let browsers send cookies/authorization to the --cors-origin origins (not with '*')",
+    )
+    #: See App._websocket_origin_allowed.
+    ws_allow_any_origin: bool = option(
+        False,
+        group="access",
+        help="let a browser page of any origin open /v1/ws; without it, only origins "
+        "--cors-origin allows and this server's own (clients that are not browsers send "
+        "no Origin and are not affected)",
+    )
+    playground: bool = option(
+        True,
+        group="access",
+        flag="--no-playground",
+        help="serve no chat page at / (it is a 404 then); /docs and /openapi.json stay",
+    )
+
+    # -- WebSocket
+    ws_max_requests: int = option(
+        64,
+        group="websocket",
+        kind="positive",
+        metavar="N",
+        help="generation requests one WebSocket may run at once",
+    )
+    ws_max_message_bytes: int = option(
+        1024 * 1024,
+        group="websocket",
+        flag="--ws-max-message-kb",
+        kind="positive",
+        unit=KIB,
+        help="largest WebSocket message; a larger one closes the socket with 1009",
+    )
+    ws_ping_interval: float = option(
+        20.0,
+        group="websocket",
+        kind="non_negative",
+        unit=SECONDS,
+        help="seconds between WebSocket pings (0: none)",
+    )
+
+    # -- the Responses API's store
+    responses_ttl: float = option(
+        600.0,
+        group="responses",
+        kind="positive",
+        unit=SECONDS,
+        help="seconds a finished response stays retrievable (GET /v1/responses/{id}); "
+        "responses live in this process's memory only",
+    )
+    responses_max_events: int = option(
+        16384,
+        group="responses",
+        kind="positive",
+        metavar="N",
+        help="events a background response retains for replay; past it the response fails "
+        "(response_events_overflow) and its engine request is aborted",
+    )
+    max_background_responses: int = option(
+        64,
+        group="responses",
+        kind="positive",
+        metavar="N",
+        help="background responses (background: true) generating at once; past it, 503",
+    )
+    #: Events, texts and finished responses together.
+    responses_store_bytes: int = option(
+        256 * 2**20,
+        group="responses",
+        flag="--responses-store-mb",
+        kind="positive",
+        unit=MIB,
+        help="memory the response store may hold, in MiB; finished responses are dropped "
+        "oldest first to stay under it",
+    )
+
+    # -- stopping
+    drain_delay: float = option(
+        5.0,
+        group="stopping",
+        kind="non_negative",
+        unit=SECONDS,
+        help="seconds to keep serving after SIGTERM, so load balancers stop routing here "
+        "before the listener closes (SIGINT, Ctrl-C at a terminal, skips it)",
+    )
+    graceful_timeout: float = option(
+        30.0,
+        group="stopping",
+        kind="non_negative",
+        unit=SECONDS,
+        help="seconds from SIGTERM (or SIGINT) until requests still running are ended; it "
+        f"includes --drain-delay. In Kubernetes: {GRACE_RULE} (docs/deployment.md)",
+    )
+
+    # -- observability
+    access_log: bool = option(
+        True,
+        group="observability",
+        flag="--no-access-log",
+        help="no line per request on the trioserve.access logger (on by default, at info)",
+    )
+    #: "": no tracing, and nothing of OpenTelemetry is imported.
+    otlp_traces_endpoint: str = option(
+        "",
+        group="observability",
+        metavar="URL",
+        help="send OpenTelemetry traces of generation requests over OTLP/HTTP to URL, e.g. "
+        "http://collector:4318 (/v1/traces is added to a URL without a path); needs "
+        "pip install 'trioserve[tracing]'",
+    )
+    debug_endpoints: bool = option(
+        False,
+        group="observability",
+        help="serve GET /debug/requests, the requests in flight and where each one is "
+        "(behind the API key when keys are set)",
+    )
+
+    # -- TLS (``server/tls.py``)
+    ssl_certfile: str = option(
+        "",
+        group="tls",
+        metavar="PEM",
+        help="serve HTTPS with this certificate (chain); needs --ssl-keyfile",
+    )
+    ssl_keyfile: str = option("", group="tls", metavar="PEM", help="the certificate's private key")
+    #: "": no client certificate is asked for.
+    ssl_ca_certs: str = option(
+        "",
+        group="tls",
+        metavar="PEM",
+        help="mutual TLS: accept client certificates signed by these CAs",
+    )
+    ssl_client_cert: str = option(
+        "required",
+        group="tls",
+        choices=("required", "optional"),
+        unset=True,  # given without --ssl-ca-certs is a mistake to say
+        help="with --ssl-ca-certs: must clients present a certificate (default: required)",
+    )
+
+    # -- the engine link's CURVE (``transport/keys.py`` reads the files); none: NULL
+    engine_curve_server_key: str = option(
+        "",
+        group="curve",
+        metavar="FILE",
+        help="speak CURVE to every --engine, which must hold the secret key of this public "
+        "key (PREFIX.key from `trioserve keygen PREFIX`, or a bare Z85 key); needs "
+        "--engine-curve-secret-key",
+    )
+    engine_curve_secret_key: str = option(
+        "",
+        group="curve",
+        metavar="FILE",
+        help="this frontend's secret key (PREFIX.key_secret; its public key must be in the "
+        "engines' --curve-authorized-keys)",
+    )

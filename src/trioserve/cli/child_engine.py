@@ -1,0 +1,107 @@
+"""The engine `trioserve run` starts as its child (the mock, or vLLM with ``--vllm``): started
+first, served through, stopped last."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from functools import partial
+
+import trio
+
+log = logging.getLogger("trioserve")
+
+#: Seconds `trioserve run` waits for the mock engine it started before listening.
+MOCK_ENGINE_WAIT = 10.0
+#: Seconds `trioserve run --vllm` waits for vLLM to load the model (about a minute for a
+#: small model on two cores) before listening anyway, with 503s until it is ready.
+VLLM_LOAD_TIMEOUT = 600.0
+#: Seconds between the lines that say the engine is still loading.
+PROGRESS_INTERVAL = 15.0
+#: Seconds a child engine has to stop after SIGTERM before it is killed (vLLM shuts its
+#: EngineCore process down first).
+CHILD_STOP_TIMEOUT = 10.0
+
+
+class ChildEngine:
+    """An engine that `trioserve run` starts, serves through, and stops last.
+
+    The server listens once the engine has answered (or after ``wait`` seconds), so that
+    "Running on" means ready; an engine that exits while the server runs stops the server
+    with status 1 and a line that says so, rather than leaving it answering 503s.
+    """
+
+    def __init__(
+        self,
+        what: str,
+        command: list[str],
+        *,
+        wait: float,
+        progress: bool = False,
+        cpus: set[int] | None = None,
+    ):
+        self.what = what
+        self.command = command
+        self.wait = wait
+        self.progress = progress
+        #: The CPUs the engine may run on (None: any).
+        self.cpus = cpus
+        self.status = 0
+
+    async def serve(self, frontend_serve: Callable[..., Awaitable[None]]) -> None:
+        """Start the engine, then ``frontend_serve(engine_wait=..., task_status=...)``
+        (``serve_frontend``, or the supervisor of ``--workers``); stop the engine last."""
+        # A session of its own: a Ctrl-C at the terminal reaches the frontend only,
+        # which drains first and stops the engine last.
+        cpus = self.cpus
+        process = await trio.lowlevel.open_process(
+            self.command,
+            start_new_session=True,
+            preexec_fn=None if cpus is None else partial(os.sched_setaffinity, 0, cpus),
+        )
+        where = "" if cpus is None else f" on CPUs {','.join(map(str, sorted(cpus)))}"
+        log.info("started %s (pid %d)%s", self.what, process.pid, where)
+        try:
+            async with trio.open_nursery() as nursery:
+
+                async def frontend(task_status: trio.TaskStatus[object]) -> None:
+                    await frontend_serve(engine_wait=self.wait, task_status=task_status)
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(self._watch, process, nursery.cancel_scope)
+                loading = trio.CancelScope()
+                if self.progress:
+                    nursery.start_soon(self._say_loading, loading)
+                await nursery.start(frontend)
+                loading.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._stop(process)
+
+    async def _say_loading(self, scope: trio.CancelScope) -> None:
+        with scope:
+            started = trio.current_time()
+            while True:
+                await trio.sleep(PROGRESS_INTERVAL)
+                waited = trio.current_time() - started
+                log.info(
+                    "%s is still loading (%.0f s); listening once it is ready", self.what, waited
+                )
+
+    async def _watch(self, process: trio.Process, scope: trio.CancelScope) -> None:
+        code = await process.wait()
+        log.error("%s exited with code %s; stopping", self.what, code)
+        self.status = 1
+        scope.cancel()
+
+    async def _stop(self, process: trio.Process) -> None:
+        if process.returncode is None:
+            process.terminate()
+            with trio.move_on_after(CHILD_STOP_TIMEOUT):
+                await process.wait()
+            if process.returncode is None:
+                log.warning("%s did not stop in %g s; killing it", self.what, CHILD_STOP_TIMEOUT)
+                process.kill()
+                await process.wait()
+        log.info("%s stopped (exit code %s)", self.what, process.returncode)

@@ -1,0 +1,315 @@
+"""``trioserve run``: its options (``Settings``, and :class:`RunOptions` for what only this
+command knows), and serving them: the checks, then the frontend, with the engine it starts
+as its child when no --engine is given.
+
+To add an option to ``trioserve run``: add a field to ``config.Settings`` (the server reads
+it) or to :class:`RunOptions` (only this command does), made with ``options.option``: its
+flag, help, group (a key of :data:`GROUPS`) and unit. Nothing else is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+import os
+import shlex
+import sys
+import tempfile
+from collections.abc import Awaitable, Callable
+from functools import partial
+from pathlib import Path
+
+import attrs
+import trio
+
+from .. import logs
+from ..config import Settings
+from ..errors import CommandError
+from ..options import SECONDS, add_options, from_args, option
+from . import preflight
+from .argument_types import BY_KIND, vllm_cpus
+from .child_engine import MOCK_ENGINE_WAIT, VLLM_LOAD_TIMEOUT, ChildEngine
+from .parsers import USAGE_ERROR, HelpFormatter, Parser, log_format_option, log_level_option
+
+log = logging.getLogger("trioserve")
+
+#: The groups of ``run --help``, in the order shown: a field's ``group`` names one.
+GROUPS = {
+    "serving": "listening and serving",
+    "engines": "engines (docs/engines.md)",
+    "requests": "generation requests: deadlines and bounds",
+    "bodies": "request bodies and media",
+    "access": "API keys and browsers (docs/security.md)",
+    "websocket": "the WebSocket, /v1/ws (docs/websocket.md)",
+    "responses": "the Responses API's store (docs/api.md)",
+    "stopping": "stopping: SIGTERM and SIGINT (docs/deployment.md)",
+    "observability": "observability (docs/metrics.md)",
+    "tls": "TLS (both servers; hypercorn adds HTTP/2 over it)",
+    "curve": "the engine link's security: CURVE, encrypted and authenticated (docs/security.md)",
+    "vllm": "a vLLM engine started as a child (needs vllm installed)",
+    "mock": "built-in mock engine (only without --engine or --vllm)",
+}
+
+
+@attrs.define
+class RunOptions:
+    """The options of ``trioserve run`` that are not the server's settings."""
+
+    workers: int = option(
+        1,
+        group="serving",
+        kind="positive",
+        metavar="N",
+        help="frontend processes sharing the port, each with its own engine connections; "
+        "a supervisor forwards signals, restarts a worker that dies and serves /metrics "
+        "summed over them (docs/deployment.md); the mock engine is started once for all",
+    )
+    api_key_file: str = option(
+        "",
+        group="access",
+        metavar="PATH",
+        help="read API keys from PATH, one a line (blank lines and # comments ignored)",
+    )
+    vllm: str = option(
+        "",
+        group="vllm",
+        metavar="MODEL",
+        help="serve MODEL (a name or a path) with a vLLM engine started as a child "
+        "process; the server listens once the model is loaded",
+    )
+    vllm_args: str = option(
+        "",
+        group="vllm",
+        metavar="ARGS",
+        help="more options for the vLLM engine, as `vllm serve` spells them, in one "
+        "string, e.g. '--max-model-len 2048 --dtype bfloat16'",
+    )
+    vllm_cpus: str = option(
+        "auto",
+        group="vllm",
+        kind="cpu_set",
+        metavar="CPUS",
+        help="the CPUs the vLLM engine may run on: `auto` (every CPU but the last, when "
+        "there are two or more: vLLM's CPU backend keeps busy on every CPU it may use and "
+        "would starve the frontend, whose aborts then come late), `all`, or a list such as "
+        "`0-2,4`",
+    )
+    vllm_load_timeout: float = option(
+        VLLM_LOAD_TIMEOUT,
+        group="vllm",
+        kind="positive",
+        unit=SECONDS,
+        help="seconds to wait for the model to load before giving up",
+    )
+    mock_tokens_per_second: float = option(
+        50.0,
+        group="mock",
+        kind="positive",
+        metavar="N",
+        help="tokens the mock generates per second, per request",
+    )
+    mock_ttft_ms: float = option(
+        20.0,
+        group="mock",
+        kind="non_negative",
+        metavar="MS",
+        help="the mock's time to first token, in milliseconds",
+    )
+    mock_model: str = option(
+        "mock", group="mock", metavar="NAME", help="the model name the mock serves"
+    )
+    mock_fault_injection: bool = option(
+        False,
+        group="mock",
+        help="let clients use the mock's fault-injection knobs (mock_stall_s, …): any client "
+        "could then stall the engine for everyone; for tests and benchmarks",
+    )
+
+
+def add_parser(commands: argparse._SubParsersAction[Parser]) -> None:
+    run = commands.add_parser(
+        "run",
+        usage="%(prog)s [OPTION ...]",
+        help="serve the HTTP API (starts the mock engine when no --engine is given)",
+        description=(
+            "Serve the HTTP API. With no --engine, a mock engine is started as a child "
+            "process and stopped with the server. SIGTERM drains: readiness turns 503 at "
+            "once, requests are still served for --drain-delay seconds (so load balancers "
+            "stop sending any), then the listener closes and in-flight requests may finish "
+            "until --graceful-timeout (counted from the signal). SIGINT (Ctrl-C) drains the "
+            "same way but skips --drain-delay: with nothing in flight, the server stops at "
+            "once. A second signal ends what is left at once."
+        ),
+        formatter_class=HelpFormatter,
+    )
+    log_level_option(run, argparse.SUPPRESS)
+    log_format_option(run, argparse.SUPPRESS)
+    groups = {name: run.add_argument_group(title) for name, title in GROUPS.items()}
+    add_options(groups, Settings, types=BY_KIND)
+    add_options(groups, RunOptions, types=BY_KIND)
+
+
+def run(args: argparse.Namespace) -> int:
+    options = from_args(RunOptions, args)
+    if args.cors_allow_credentials and "*" in args.cors_origin:
+        raise CommandError(
+            "--cors-allow-credentials needs explicit --cors-origin values, not '*': name "
+            "the origins, or leave --cors-allow-credentials out",
+            USAGE_ERROR,
+        )
+    from ..http import auth
+
+    try:
+        auth.load_keys([], None, os.environ)  # the --api-key values are checked when parsed
+    except ValueError as exc:
+        raise CommandError(f"{exc}: set it to a valid key, or unset it", USAGE_ERROR) from exc
+    try:
+        api_keys = auth.load_keys(args.api_key, options.api_key_file or None, os.environ)
+    except ValueError as exc:  # the key file
+        raise CommandError(
+            f"{exc}; --api-key-file takes a readable file of keys, one a line"
+        ) from exc
+    if api_keys:
+        log.info("API keys required: %d configured", len(api_keys))
+        for index, key in enumerate(api_keys):
+            if not auth.subprotocol_safe(key):
+                log.warning(
+                    "API key #%d has characters a browser cannot send in a WebSocket "
+                    "subprotocol (trioserve.bearer.<KEY>); it works in headers only",
+                    index,
+                )
+    tls_error = preflight.tls_usage_error(args)
+    if tls_error:
+        raise CommandError(tls_error, USAGE_ERROR)
+    if args.otlp_traces_endpoint:
+        try:
+            import opentelemetry.exporter.otlp.proto.http.trace_exporter
+            import opentelemetry.sdk.trace  # noqa: F401
+        except ImportError as exc:
+            raise CommandError(
+                f"--otlp-traces-endpoint needs OpenTelemetry's SDK and OTLP exporter ({exc}): "
+                "pip install 'trioserve[tracing]'"
+            ) from None
+    from ..server.frontend import serve_frontend
+
+    settings = from_args(Settings, args, api_keys=api_keys)
+    preflight.check_tls_files(settings)
+    preflight.check_upload_dir(settings.upload_dir)
+    if options.vllm and not settings.engines:
+        preflight.check_vllm_installed()
+    preflight.check_can_listen(settings.host, settings.port)
+    preflight.check_engine_curve(settings)
+    status = 0
+    supervisor = None
+    if options.workers > 1:
+        from ..server.workers import Supervisor, worker_command
+
+        supervisor = Supervisor(
+            settings,
+            options.workers,
+            worker_command("trioserve.cli:worker_main"),
+            log_level=args.log_level,
+            log_format=args.log_format,
+        )
+    # The frontend: this process, or its workers (started with the engine's address,
+    # which is only known below when this process starts the engine).
+    serve: Callable[..., Awaitable[None]] = (
+        partial(serve_frontend, settings) if supervisor is None else supervisor.serve
+    )
+
+    async def main_task() -> None:
+        if settings.engines:
+            await serve()
+            return
+        with tempfile.TemporaryDirectory(prefix="trioserve-") as tmp:
+            address = f"ipc://{Path(tmp) / 'engine.sock'}"
+            settings.engines = [address]
+            child = _child_engine(args, options, address)
+            await child.serve(serve)
+            nonlocal status
+            status = child.status
+
+    tune_gc()
+    try:
+        trio.run(main_task)
+    except* OSError as group:
+        # A port taken after check_can_listen let it go is still the operator's to fix:
+        # one line, no traceback. Any other OSError is a bug worth its traceback.
+        cannot_listen, others = group.split(
+            lambda e: getattr(e, "errno", None) in preflight.LISTEN_ERRORS
+        )
+        if others is not None:
+            raise others from None
+        assert cannot_listen is not None
+        [first, *_] = preflight.leaves(cannot_listen)
+        raise CommandError(
+            preflight.listen_error(settings.host, settings.port, first)
+        ) from cannot_listen
+    if supervisor is not None:
+        status = status or supervisor.status
+    return status
+
+
+def _child_engine(args: argparse.Namespace, options: RunOptions, address: str) -> ChildEngine:
+    """The engine this process starts, bound to ``address``: vLLM with --vllm, else the mock."""
+    common = [sys.executable, "-m", "trioserve", "--log-level", args.log_level]
+    common += ["--log-format", args.log_format]
+    common_tail = ["--bind", address, "--exit-with-parent", str(os.getpid())]
+    if options.vllm:
+        return ChildEngine(
+            f"the vLLM engine for {options.vllm}",
+            [*common, "engine", "vllm", options.vllm, *common_tail]
+            + shlex.split(options.vllm_args),
+            wait=options.vllm_load_timeout,
+            progress=True,
+            cpus=vllm_cpus(options.vllm_cpus),
+        )
+    return ChildEngine(
+        "the mock engine",
+        [
+            *common,
+            "engine",
+            "mock",
+            *common_tail,
+            "--model",
+            options.mock_model,
+            "--tokens-per-second",
+            str(options.mock_tokens_per_second),
+            "--ttft-ms",
+            str(options.mock_ttft_ms),
+            *(["--allow-fault-injection"] if options.mock_fault_injection else []),
+        ],
+        wait=MOCK_ENGINE_WAIT,
+    )
+
+
+def worker_main() -> int:
+    """A worker of ``trioserve run --workers N``: the supervisor starts it and sends it
+    what to serve on its stdin (``server/workers.py``); not for running by hand."""
+    from ..server import workers
+
+    spec = workers.WorkerSpec.read(sys.stdin.buffer)
+    logs.configure(spec.log_level, spec.log_format, worker=spec.index)
+    tune_gc()
+    trio.run(workers.run_worker, spec)
+    return 0
+
+
+#: The young generation is collected after this many new container objects (CPython's
+#: default is 700).
+GC_GEN0_THRESHOLD = 10_000
+
+
+def tune_gc() -> None:
+    """Keep the garbage collector's full passes off the relay path.
+
+    A full collection walks every tracked object, and after start-up most of them are
+    modules, classes and functions that live as long as the process; under a CPU quota
+    its passes became inter-token stalls for every open stream (the figures are in
+    docs/benchmarks.md). So what is alive at start-up moves to the permanent generation,
+    and the young generation is collected every GC_GEN0_THRESHOLD allocations.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_GEN0_THRESHOLD, 10, 10)
