@@ -242,3 +242,20 @@ async def test_an_engine_error_before_any_output_is_logged_with_its_status(front
     await wait_until(lambda: len(access_lines()) == 1)
     line = access_lines()[0]
     assert (line["status"], line["end"]) == (429, "engine_error")
+
+
+async def test_a_request_refused_before_any_output_has_no_ttft_and_no_tokens(
+    frontend, access_lines
+):
+    # A request the engine refuses at once (a too-long prompt, a refused parameter) never
+    # produced a token: it must not pull the TTFT histogram down nor count as generated.
+    route = "/v1/completions"
+    before = stream_figures("mock", route)
+    async with frontend.client() as client:
+        body = {"prompt": "x", "max_tokens": 3, "mock_error_after": 0, "mock_error_status": 400}
+        assert (await client.post(route, json=body)).status_code == 400
+    await wait_until(lambda: len(access_lines()) == 1)
+    after = stream_figures("mock", route)
+    assert (after["ttft"], after["generated"]) == (before["ttft"], before["generated"])
+    line = access_lines()[0]
+    assert (line["ttft"], line["completion_tokens"]) == (None, None)

@@ -312,7 +312,11 @@ class Subscription:
             items.clear()
         else:
             batch = [items.popleft() for _ in range(limit)]
-        self._written(len(batch))
+        # An error item is the request's end, not an output: a request the engine refused
+        # before any output has no time to first token and generated nothing.
+        written = len(batch) - (batch[-1].error is not None)
+        if written:
+            self._written(written)
         return batch
 
     def _written(self, count: int) -> None:
