@@ -13,7 +13,7 @@ import trio_websocket
 
 from tests.helpers.frontends import LONG, start_frontend
 from tests.helpers.step_engine import start_step_engine
-from tests.helpers.waiting import wait_until
+from tests.helpers.waiting import HANG_GUARD, wait_until
 from tests.helpers.websocket import collect, receive, request, ws_url
 from trioserve import metrics
 from trioserve.protocol import Usage
@@ -259,3 +259,19 @@ async def test_a_request_refused_before_any_output_has_no_ttft_and_no_tokens(
     assert (after["ttft"], after["generated"]) == (before["ttft"], before["generated"])
     line = access_lines()[0]
     assert (line["ttft"], line["completion_tokens"]) == (None, None)
+
+
+async def test_a_websocket_handshake_on_another_path_is_logged_and_counted_there(
+    frontend, access_lines
+):
+    def counted(route: str) -> float:
+        return sample("trioserve_http_requests_total", route=route, method="GET", status="404")
+
+    before = counted("unmatched"), counted("/v1/ws")
+    url = f"ws://{frontend.host}:{frontend.port}/ws"
+    with pytest.raises(trio_websocket.ConnectionRejected), trio.fail_after(HANG_GUARD):
+        async with trio_websocket.open_websocket_url(url):
+            pass
+    await wait_until(lambda: len(access_lines()) == 1)
+    assert (access_lines()[0]["path"], access_lines()[0]["status"]) == ("/ws", 404)
+    assert (counted("unmatched"), counted("/v1/ws")) == (before[0] + 1, before[1])

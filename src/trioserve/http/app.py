@@ -26,7 +26,7 @@ from .bodies.responses import ResponsesRequest
 from .channel import AsgiChannel, Receive, RequestHead, ResponseChannel, Send, head_of
 from .cors import CorsPolicy
 from .exchange import JSON_HEADERS, ClientGone, Exchange
-from .observe import Observer
+from .observe import WEBSOCKET_ROUTE, Observer
 from .openapi import JSON, MULTIPART, URLENCODED, Doc, json_body
 from .routes import (
     debug,
@@ -436,7 +436,7 @@ class App:
         elif kind == "lifespan":
             await _lifespan(receive, send)
         elif kind == "websocket":
-            if scope["path"] == "/v1/ws":
+            if scope["path"] == WEBSOCKET_ROUTE:
                 await self._websocket(scope, receive, send)
             else:
                 await self._no_websocket_route(scope, receive, send)
@@ -493,6 +493,7 @@ class App:
                 arrived=arrived,
                 end=error.code,
                 requests=0,
+                path=scope["path"],
             )
 
     async def _no_websocket_route(

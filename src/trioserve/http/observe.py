@@ -44,6 +44,8 @@ METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS",
 CLIENT_CLOSED = 499
 #: Longest path written to the access log (longer ones are cut).
 MAX_LOGGED_PATH = 512
+#: The WebSocket route's path (its metric label; any other handshake path is ``unmatched``).
+WEBSOCKET_ROUTE = "/v1/ws"
 
 
 class Observer:
@@ -171,15 +173,19 @@ class Observer:
         arrived: float,
         end: str,
         requests: int,
+        path: str = WEBSOCKET_ROUTE,
     ) -> None:
-        """A WebSocket handshake has been refused (``status`` its answer), or an accepted
-        socket (101) has closed: ``end`` says how, ``requests`` how many it carried."""
-        metrics.http_requests("/v1/ws", "GET", status).inc()
+        """A WebSocket handshake on ``path`` has been refused (``status`` its answer), or an
+        accepted socket (101) has closed: ``end`` says how, ``requests`` how many it
+        carried. A handshake on another path than the WebSocket route's is counted under
+        route ``unmatched``, as an HTTP request on a made-up path is."""
+        route = WEBSOCKET_ROUTE if path == WEBSOCKET_ROUTE else "unmatched"
+        metrics.http_requests(route, "GET", status).inc()
         if self.access_log and ACCESS.isEnabledFor(logging.INFO):
             self._access(
                 client=client,
                 method="GET",
-                path="/v1/ws",
+                path=_loggable(path),
                 protocol="HTTP/1.1",
                 status=status,
                 sent=sent,
