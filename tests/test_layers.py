@@ -17,6 +17,10 @@ FORBIDDEN = [
     ("trioserve.engine", ("trioserve.http", "trioserve.server", "zmq", "hypercorn")),
     ("trioserve.http", ("trioserve.server", "trioserve.transport", "hypercorn", "zmq")),
     ("trioserve.sdk", ("trioserve.http", "trioserve.server", "trioserve.engine", "hypercorn")),
+    (
+        "trioserve.enginecore",
+        ("trioserve.http", "trioserve.server", "trioserve.engine", "trioserve.text", "hypercorn"),
+    ),
     ("trioserve.errors", ("trioserve.",)),
     (
         "trioserve.text",
