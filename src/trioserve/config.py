@@ -10,6 +10,7 @@ from __future__ import annotations
 import attrs
 
 from .options import KIB, MIB, SECONDS, option
+from .text.agents import REASONING_PARSERS, TOOL_CALL_PARSERS
 
 #: Kubernetes must give a frontend pod this much, the one formula of the help and of
 #: docs/deployment.md: ``--graceful-timeout`` counts from the signal, and the last error
@@ -419,4 +420,22 @@ class Settings:
         metavar="FILE",
         help="this frontend's secret key (PREFIX.key_secret; its public key must be in the "
         "engines' --curve-authorized-keys)",
+    )
+
+    # -- tool calls and reasoning, parsed out of chat answers (``text/agents``)
+    tool_call_parser: str = option(
+        "",
+        group="agents",
+        metavar="NAME",
+        choices=tuple(sorted(TOOL_CALL_PARSERS)),
+        help="parse tool calls out of chat answers in this format, as vLLM names it "
+        '(every engine); turns on tool_choice "auto" (without it, "auto" is refused)',
+    )
+    reasoning_parser: str = option(
+        "",
+        group="agents",
+        metavar="NAME",
+        choices=tuple(sorted(REASONING_PARSERS)),
+        help="split the reasoning from chat answers in this format, as vLLM names it "
+        "(every engine)",
     )

@@ -87,6 +87,14 @@ def add_parser(commands: argparse._SubParsersAction[Parser]) -> None:
         "tokens (0: none)",
     )
     mock_engine.add_argument(
+        "--answer-tokens",
+        type=int,
+        default=0,
+        metavar="N",
+        help="end answers with finish_reason stop after N tokens (where max_tokens leaves "
+        "room); 0: they run to max_tokens and end length",
+    )
+    mock_engine.add_argument(
         "--allow-fault-injection",
         action="store_true",
         help="obey the mock_* params of requests (stalls, errors, timing); off, a request "
@@ -147,6 +155,7 @@ def engine_mock(args: argparse.Namespace) -> int:
         ttft_ms=args.ttft_ms,
         allow_fault_injection=args.allow_fault_injection,
         prefix_cache=args.prefix_cache,
+        answer_tokens=args.answer_tokens,
     )
     try:
         curve = curve_keys(args)

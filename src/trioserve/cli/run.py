@@ -27,7 +27,7 @@ from .. import logs
 from ..config import Settings
 from ..errors import CommandError
 from ..options import SECONDS, add_options, from_args, option
-from . import preflight
+from . import agent_flags, preflight
 from .argument_types import BY_KIND, vllm_cpus
 from .child_engine import MOCK_ENGINE_WAIT, VLLM_LOAD_TIMEOUT, ChildEngine
 from .parsers import USAGE_ERROR, HelpFormatter, Parser, log_format_option, log_level_option
@@ -47,6 +47,7 @@ GROUPS = {
     "observability": "observability (docs/metrics.md)",
     "tls": "TLS (both servers; hypercorn adds HTTP/2 over it)",
     "curve": "the engine link's security: CURVE, encrypted and authenticated (docs/security.md)",
+    "agents": "tool calls and reasoning (docs/api.md)",
     "vllm": "a vLLM engine started as a child (needs vllm installed)",
     "mock": "built-in mock engine (only without --engine or --vllm)",
 }
@@ -118,6 +119,21 @@ class RunOptions:
     )
     mock_model: str = option(
         "mock", group="mock", metavar="NAME", help="the model name the mock serves"
+    )
+    enable_auto_tool_choice: bool = option(
+        False,
+        group="agents",
+        help='vLLM\'s switch for tool_choice "auto": accepted, and needs --tool-call-parser '
+        "(which turns it on by itself)",
+    )
+    mock_answer_tokens: int = option(
+        0,
+        group="mock",
+        kind="non_negative",
+        metavar="N",
+        help="end the mock's answers with finish_reason stop after N tokens (where "
+        "max_tokens leaves room), as a model's end of sequence; 0: they run to max_tokens "
+        "and end length",
     )
     mock_fault_injection: bool = option(
         False,
@@ -194,6 +210,17 @@ def run(args: argparse.Namespace) -> int:
     from ..server.frontend import serve_frontend
 
     settings = from_args(Settings, args, api_keys=api_keys)
+    try:
+        flags = agent_flags.resolve(
+            settings.tool_call_parser,
+            settings.reasoning_parser,
+            options.enable_auto_tool_choice,
+            shlex.split(options.vllm_args) if options.vllm and not settings.engines else None,
+        )
+    except agent_flags.FlagError as exc:
+        raise CommandError(str(exc), USAGE_ERROR) from None
+    settings.tool_call_parser = flags.tool_call_parser
+    settings.reasoning_parser = flags.reasoning_parser
     preflight.check_tls_files(settings)
     preflight.check_upload_dir(settings.upload_dir)
     if options.vllm and not settings.engines:
@@ -225,7 +252,7 @@ def run(args: argparse.Namespace) -> int:
         with tempfile.TemporaryDirectory(prefix="trioserve-") as tmp:
             address = f"ipc://{Path(tmp) / 'engine.sock'}"
             settings.engines = [address]
-            child = _child_engine(args, options, address)
+            child = _child_engine(args, options, address, flags.engine_args)
             await child.serve(serve)
             nonlocal status
             status = child.status
@@ -251,16 +278,18 @@ def run(args: argparse.Namespace) -> int:
     return status
 
 
-def _child_engine(args: argparse.Namespace, options: RunOptions, address: str) -> ChildEngine:
-    """The engine this process starts, bound to ``address``: vLLM with --vllm, else the mock."""
+def _child_engine(
+    args: argparse.Namespace, options: RunOptions, address: str, vllm_args: list[str]
+) -> ChildEngine:
+    """The engine this process starts, bound to ``address``: vLLM with --vllm (given
+    ``vllm_args``), else the mock."""
     common = [sys.executable, "-m", "trioserve", "--log-level", args.log_level]
     common += ["--log-format", args.log_format]
     common_tail = ["--bind", address, "--exit-with-parent", str(os.getpid())]
     if options.vllm:
         return ChildEngine(
             f"the vLLM engine for {options.vllm}",
-            [*common, "engine", "vllm", options.vllm, *common_tail]
-            + shlex.split(options.vllm_args),
+            [*common, "engine", "vllm", options.vllm, *common_tail, *vllm_args],
             wait=options.vllm_load_timeout,
             progress=True,
             cpus=vllm_cpus(options.vllm_cpus),
@@ -279,6 +308,8 @@ def _child_engine(args: argparse.Namespace, options: RunOptions, address: str) -
             "--ttft-ms",
             str(options.mock_ttft_ms),
             *(["--allow-fault-injection"] if options.mock_fault_injection else []),
+            "--answer-tokens",
+            str(options.mock_answer_tokens),
         ],
         wait=MOCK_ENGINE_WAIT,
     )

@@ -235,6 +235,7 @@ class _StreamingMember(WriterBase):
             if item.data:
                 out.append(fmt.delta(text_of(item.data), SSE_EVENT))
             if item.finish_reason is not None:
+                out += (b"data: " + chunk + b"\n\n" for chunk in fmt.flush())
                 out += (b"data: ", fmt.finish(item.finish_reason), b"\n\n")
                 self.result.collected[self.index] = Collected(
                     finish_reason=item.finish_reason, usage=item.usage

@@ -16,6 +16,7 @@ from ..config import Settings
 from ..engine import EngineClient
 from ..errors import HTTPError
 from ..protocol import Submit
+from ..text.agents import ParserNames
 from .admission import Admission, BodyBudget
 from .bodies.forms import JSON, MULTIPART, URLENCODED, Body, read_body
 from .bodies.media import MediaFetcher
@@ -74,9 +75,14 @@ class Services:
     #: Background and stored responses (``/v1/responses``); its ``serve`` runs in the
     #: server's nursery (``server/frontend.py``).
     responses: ResponseStore = attrs.field(init=False)
+    #: The formats answers are parsed in for tool calls and reasoning (``text/agents``).
+    parsers: ParserNames = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         settings = self.settings
+        self.parsers = ParserNames(
+            settings.tool_call_parser or None, settings.reasoning_parser or None
+        )
         self.admission = Admission(settings.max_concurrent_requests)
         self.body_budget = BodyBudget(settings.max_body_memory_bytes)
         self.responses = ResponseStore(

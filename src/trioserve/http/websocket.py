@@ -269,7 +269,12 @@ class WebSocketConnection:
         if endpoint == "responses":
             return parse_response(body, request_id, services.resolve_model, streamed=True), timeout
         generation = parse_generation(
-            capability, body, request_id, services.resolve_model, streamed=True
+            capability,
+            body,
+            request_id,
+            services.resolve_model,
+            streamed=True,
+            parsers=services.parsers,
         )
         return generation, timeout
 

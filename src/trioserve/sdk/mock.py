@@ -20,6 +20,15 @@ that names one ends with a 400 error item (:data:`FAULT_INJECTION_OFF`):
   the first token, as a hung GPU would; heartbeats stop too;
 - ``mock_by_seed``: ``{"<seed>": {knobs}}``, knobs that apply only to the request whose
   ``seed`` param is that number (one image of an ``n > 1`` request, say).
+- ``mock_answer``: the answer's text, as the model would write it (tool calls and
+  reasoning included: the frontend parses them), ``mock_chars_per_token`` characters per
+  token (default :data:`ANSWER_CHARS_PER_TOKEN`); it ends ``stop``, or ``length`` where
+  ``max_tokens`` cuts it. So a test or a client can script any model output.
+
+Without ``mock_answer``, an answer runs to ``max_tokens`` (default
+:data:`DEFAULT_MAX_TOKENS`) and ends ``length``; an engine made with ``answer_tokens=N``
+(``trioserve run --mock-answer-tokens N``) ends its answers ``stop`` after N tokens
+instead, as a model that reaches its end of sequence, where ``max_tokens`` leaves room.
 
 A prefix cache, simulated (``prefix_cache`` blocks, off by default): a text prompt is read
 in blocks of :data:`PREFIX_BLOCK_WORDS` words, each known by a hash of everything up to its
@@ -64,6 +73,8 @@ WORDS = tuple(
 )
 
 DEFAULT_MAX_TOKENS = 16
+#: Characters of a scripted answer (``mock_answer``) per token.
+ANSWER_CHARS_PER_TOKEN = 4
 
 #: Per-request params that only an engine started with fault injection allowed obeys.
 KNOB_PREFIX = "mock_"
@@ -364,6 +375,21 @@ def _optional_int(params: dict[str, Any], name: str) -> int | None:
     return int(value)
 
 
+def _scripted(params: dict[str, Any], max_tokens: Any) -> tuple[list[Output], str]:
+    """The steps of a ``mock_answer``: its text cut every ``mock_chars_per_token``
+    characters; ``stop``, or ``length`` where ``max_tokens`` cuts it."""
+    answer = params["mock_answer"]
+    if not isinstance(answer, str) or not answer:
+        raise RequestError(400, "mock_answer must be a non-empty string", "invalid_request")
+    size = params.get("mock_chars_per_token", ANSWER_CHARS_PER_TOKEN)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise RequestError(400, "mock_chars_per_token must be a positive integer")
+    tokens = [answer[i : i + size] for i in range(0, len(answer), size)]
+    if max_tokens is not None and max_tokens < len(tokens):
+        return [Output(data=t) for t in tokens[:max_tokens]], "length"
+    return [Output(data=t) for t in tokens], "stop"
+
+
 class PrefixCache:
     """The mock's simulated prefix cache: at most ``capacity`` blocks, least recently used
     forgotten first (see the module docstring)."""
@@ -414,7 +440,10 @@ class MockBackend:
         capabilities: list[str] | tuple[str, ...] = CAPABILITIES,
         allow_fault_injection: bool = False,
         prefix_cache: int = 0,
+        answer_tokens: int = 0,
     ) -> None:
+        #: Tokens after which an answer ends ``stop`` (0: it runs to ``max_tokens``).
+        self.answer_tokens = answer_tokens
         self.prefix_cache = PrefixCache(prefix_cache) if prefix_cache > 0 else None
         self.engine_id = engine_id
         self.allow_fault_injection = allow_fault_injection
@@ -432,10 +461,15 @@ class MockBackend:
                 max_tokens = DEFAULT_MAX_TOKENS
             if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
                 raise RequestError(400, "max_tokens must be a positive integer", "invalid_request")
+            if "mock_answer" in params:
+                return _scripted(params, params.get("max_tokens"))
             prompt = prompt_text(request)
+            reason = "length"
+            if self.answer_tokens and self.answer_tokens <= max_tokens:
+                max_tokens, reason = self.answer_tokens, "stop"
             # Lazy: a long generation (10 million tokens in the slow-client tests) costs
             # nothing until it runs.
-            return _LazyTokens(_prompt_seed(prompt), max_tokens), "length"
+            return _LazyTokens(_prompt_seed(prompt), max_tokens), reason
         prompt = str(inputs.get("prompt", inputs.get("input", "")))
         seed = params.get("seed")
         if task == "speech":

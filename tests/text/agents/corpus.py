@@ -21,6 +21,7 @@ HERMES = [
     'An example: <tool_ is not a tag, and "<tool" neither.',
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}',
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par',
+    '<tool_call>\n{"name": "get_wea',
     '<tool_call>\n{"arguments": {"city": "Paris"}, "name": "get_weather"}\n</tool_call>',
     '<tool_call>\n{"name": "no_arguments"}\n</tool_call>',
     '<tool_call>{"name":"compact","arguments":{"x":1}}</tool_call>',

@@ -13,7 +13,9 @@ import attrs
 
 from ...errors import HTTPError
 from ...protocol import Submit
+from ...text.agents import ParserNames
 from ..writers.openai import StreamFormat
+from .agents import AgentOptions, parse_agent_options
 from .validation import (
     Errors,
     _json_type,
@@ -340,6 +342,8 @@ class Generation:
     include_usage: bool
     #: Choices asked for; more than one are as many engine requests (:meth:`choices`).
     n: int = 1
+    #: Tool calls and reasoning to parse out of each choice's text (``bodies/agents.py``).
+    agents: AgentOptions | None = None
 
     def choices(self) -> list[Submit]:
         """The engine requests of ``n`` > 1 choices: ids ``<id>.<i>``, and with a seed,
@@ -366,6 +370,9 @@ class Generation:
         # (and 0 == False: hence the identity tests).
         asked = self.submit.params.get("logprobs")
         fmt.with_logprobs = asked is not None and asked is not False
+        if self.agents is not None:
+            fmt.parsers = self.agents.parser
+            fmt.parser = self.agents.parser()
         return fmt
 
 
@@ -380,16 +387,20 @@ def parse_generation(
     resolve_model: Any,
     *,
     streamed: bool = False,
+    parsers: ParserNames = ParserNames(),  # noqa: B008 (frozen)
 ) -> Generation:
     """Validate ``body`` for ``capability`` and translate it (422 :class:`HTTPError` if bad).
 
     ``resolve_model(requested: str | None) -> str`` picks the model to use; ``streamed``:
-    the transport streams whatever the body says (WebSocket).
+    the transport streams whatever the body says (WebSocket); ``parsers``: the formats
+    the server parses tool calls and reasoning in (chat only).
     """
     req: _Common
+    agents = None
     if capability == "chat":
         req = parse_chat(body)
         submit = chat_submit(request_id, resolve_model(req.model), req, body)
+        agents = parse_agent_options(body, parsers, submit.params)
     else:
         req = parse_completion(body)
         submit = completion_submit(request_id, resolve_model(req.model), req, body)
@@ -402,7 +413,7 @@ def parse_generation(
     if n > 1 and submit.params.get("logprobs") not in (None, False):
         raise invalid([{"loc": "$.n", "msg": "n > 1 with logprobs is not served yet"}])
     include_usage = bool(options and options.include_usage)
-    return Generation(submit, capability, bool(req.stream), include_usage, n)
+    return Generation(submit, capability, bool(req.stream), include_usage, n, agents)
 
 
 #: What ``json.dumps`` does with a str, without the two Python calls around it (per token).

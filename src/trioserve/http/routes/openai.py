@@ -28,7 +28,9 @@ async def completions(services: Services, exchange: Exchange) -> None:
 async def _generate(services: Services, exchange: Exchange, capability: str) -> None:
     timeout = services.begin(exchange)
     body = await services.json_body(exchange)
-    generation = parse_generation(capability, body, exchange.request_id, services.resolve_model)
+    generation = parse_generation(
+        capability, body, exchange.request_id, services.resolve_model, parsers=services.parsers
+    )
     generation = await resolve_chat_media(generation, services.media_fetcher())
     generation = attrs.evolve(generation, submit=with_session(exchange, generation.submit))
     fmt = generation.stream_format()

@@ -8,9 +8,19 @@ from __future__ import annotations
 import functools
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ...protocol import Usage
+from ...text.agents import (
+    Answer,
+    Event,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArguments,
+    ToolCallStart,
+)
+from ...text.agents.output import OutputParser
 
 _json_string = json.encoder.encode_basestring_ascii
 
@@ -74,6 +84,11 @@ class StreamFormat:
         #: Whether the request asked for log probabilities: its deltas carry them, and
         #: take :meth:`delta_with_logprobs` (writers give such streams no fast path).
         self.with_logprobs = False
+        #: The parser of this stream's text (tool calls, reasoning), and how to make one
+        #: for each choice of a whole body; None: the text is the answer as it comes.
+        #: A parsed stream's deltas are built whole (no fast path either).
+        self.parser: OutputParser | None = None
+        self.parsers: Callable[[], OutputParser | None] | None = None
 
     # The pre-encoded parts of a streamed chunk, each built on first use: a non-streaming
     # answer never needs them.
@@ -105,16 +120,50 @@ class StreamFormat:
         """A delta chunk between ``frame``'s two parts (an SSE event's, say: one join per
         token); the first one names the role (a caller whose chunk did not leave sets
         :attr:`started` back)."""
+        if self.parser is not None:
+            before, after = frame
+            return b"".join(before + chunk + after for chunk in self.chunks(text))
         prefix = self._prefix if self.started else self._first_prefix
         self.started = True
         before, after = frame
         return b"".join((before, prefix, _json_string(text).encode(), self._suffix, after))
+
+    def chunks(self, text: str, logprobs: Any = None) -> list[bytes]:
+        """The chunks of one delta of a parsed stream (none while the parser holds its
+        text back), the log probabilities on the first (on an empty delta if there is
+        none, as vLLM sends them)."""
+        assert self.parser is not None
+        deltas = event_deltas(self.parser.feed(text))
+        if logprobs is not None and not deltas:
+            deltas = [{}]
+        return [self._chunk(delta, logprobs if i == 0 else None) for i, delta in enumerate(deltas)]
+
+    def flush(self) -> list[bytes]:
+        """The chunks of what the parser held back, at the end of the stream."""
+        if self.parser is None:
+            return []
+        return [self._chunk(delta, None) for delta in event_deltas(self.parser.finish())]
+
+    def _chunk(self, delta: dict[str, Any], logprobs: Any) -> bytes:
+        if not self.started:
+            delta = {"role": "assistant", **delta}
+            self.started = True
+        choice = {
+            "index": self.index,
+            "delta": delta,
+            "logprobs": None if logprobs is None else {"content": logprobs},
+            "finish_reason": None,
+        }
+        return self._head + _dumps([choice]) + b"}"
 
     def delta_with_logprobs(
         self, text: str, logprobs: Any, frame: tuple[bytes, bytes] = (b"", b"")
     ) -> bytes:
         """A delta chunk with the engine's log probabilities of its tokens (in the
         OpenAI shape of the task: see docs/protocol.md), built whole."""
+        if self.parser is not None:
+            before, after = frame
+            return b"".join(before + chunk + after for chunk in self.chunks(text, logprobs))
         if self.kind == "chat":
             delta: dict[str, Any] = {"content": text}
             if not self.started:
@@ -132,6 +181,10 @@ class StreamFormat:
         return b"".join((before, self._head, _dumps([choice]), b"}", after))
 
     def finish(self, reason: str) -> bytes:
+        """The chunk that ends the stream (after :meth:`flush`'s): ``tool_calls`` is the
+        reason of a stream that called tools."""
+        if self.parser is not None:
+            reason = self.parser.finish_reason(reason)
         if self.kind == "chat":
             choice = {"index": self.index, "delta": {}, "logprobs": None, "finish_reason": reason}
         else:
@@ -165,9 +218,15 @@ class StreamFormat:
         self, index: int, text: str, finish_reason: str | None, logprobs: Any
     ) -> dict[str, Any]:
         if self.kind == "chat":
+            parser = self.parsers() if self.parsers is not None else None
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if parser is not None:
+                message, called = parsed_message(parser, text)
+                if called and not parser.named and finish_reason == "stop":
+                    finish_reason = "tool_calls"
             return {
                 "index": index,
-                "message": {"role": "assistant", "content": text},
+                "message": message,
                 "logprobs": None if logprobs is None else {"content": logprobs},
                 "finish_reason": finish_reason,
             }
@@ -184,3 +243,71 @@ class StreamFormat:
                 "usage": usage_dict(usage),
             }
         )
+
+
+def event_deltas(events: list[Event]) -> list[dict[str, Any]]:
+    """The chat ``delta`` objects of a parser's events: as few as keep their order
+    (reasoning, then content, then calls), the name and the first arguments of a call
+    together, as OpenAI streams them."""
+    deltas: list[dict[str, Any]] = []
+    delta: dict[str, Any] = {}
+    for event in events:
+        if isinstance(event, ReasoningDelta):
+            if "content" in delta or "tool_calls" in delta:
+                deltas.append(delta)
+                delta = {}
+            delta["reasoning"] = delta.get("reasoning", "") + event.text
+        elif isinstance(event, TextDelta):
+            if "tool_calls" in delta:
+                deltas.append(delta)
+                delta = {}
+            delta["content"] = delta.get("content", "") + event.text
+        elif isinstance(event, ToolCallStart):
+            delta.setdefault("tool_calls", []).append(
+                {
+                    "index": event.index,
+                    "id": event.id,
+                    "type": "function",
+                    "function": {"name": event.name},
+                }
+            )
+        elif isinstance(event, ToolCallArguments):
+            calls = delta.setdefault("tool_calls", [])
+            if calls and calls[-1]["index"] == event.index:
+                function = calls[-1]["function"]
+                function["arguments"] = function.get("arguments", "") + event.text
+            else:
+                calls.append({"index": event.index, "function": {"arguments": event.text}})
+    if delta:
+        deltas.append(delta)
+    return deltas
+
+
+def parsed_message(parser: OutputParser, text: str) -> tuple[dict[str, Any], bool]:
+    """The ``message`` of a whole answer ``text``, parsed, and whether it calls tools: as
+    vLLM answers it, a call that broke off (malformed, or cut by ``max_tokens``) leaves
+    the whole answer as text, and content that is only whitespace around calls is none."""
+    answer = Answer()
+    answer.add(parser.feed(text))
+    answer.add(parser.finish())
+    content = answer.text
+    calls = answer.calls
+    if any(not call.complete for call in calls):
+        calls, content = [], "".join(parser.answer_text) or None
+    if calls and content is not None and not content.strip():
+        content = None
+    if calls and parser.forced:
+        content = ""  # as vLLM answers a forced call
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if parser.reasoning is not None:
+        message["reasoning"] = answer.thinking
+    if parser.tools is not None:
+        message["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
+            for call in calls
+        ]
+    return message, bool(calls)

@@ -176,6 +176,7 @@ class SSEWriter(WriterBase):
                 text = text_of(item.data)
                 out.append(fmt.delta(text, SSE_EVENT))
             if item.finish_reason is not None:
+                out += (b"data: " + chunk + b"\n\n" for chunk in fmt.flush())
                 out += (b"data: ", fmt.finish(item.finish_reason), b"\n\n")
                 if fmt.include_usage:
                     out += (b"data: ", fmt.usage(item.usage), b"\n\n")
@@ -204,7 +205,7 @@ class SSEWriter(WriterBase):
         own status). (Bound methods, not closures: every open stream holds its sink.)
         """
         exchange = self.exchange
-        if not exchange.writes_now or self.fmt.with_logprobs:
+        if not exchange.writes_now or self.fmt.with_logprobs or self.fmt.parser is not None:
             return None
         return self._send_now if exchange.started else self._start_now
 

@@ -54,12 +54,18 @@ class WebSocketWriter(WriterBase):
         for item in batch:
             if item.error is not None:
                 raise engine_error(item)
-            if item.logprobs is not None:
+            if fmt.parser is not None:
+                if item.data or item.logprobs is not None:
+                    for chunk in fmt.chunks(text_of(item.data or ""), item.logprobs):
+                        await send(head + chunk.decode() + "}")
+            elif item.logprobs is not None:
                 chunk = fmt.delta_with_logprobs(text_of(item.data or ""), item.logprobs)
                 await send(head + chunk.decode() + "}")
             elif item.data:
                 await send(head + fmt.delta(text_of(item.data)).decode() + "}")
             if item.finish_reason is not None:
+                for chunk in fmt.flush():
+                    await send(head + chunk.decode() + "}")
                 await send(head + fmt.finish(item.finish_reason).decode() + "}")
                 done = {"type": "done", "id": self.client_id, "usage": usage_dict(item.usage)}
                 await send(_dumps(done))

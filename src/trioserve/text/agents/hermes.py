@@ -52,7 +52,7 @@ class HermesToolParser:
             if self.call is not None:
                 out += self.call.close()
             if self.call is None or self.call.failed:
-                self._text(self.held + self.buffer, out)
+                self._text(self.held + (self.call.text if self.call else "") + self.buffer, out)
         self.buffer = self.held = ""
         self.state = _TEXT
         return out

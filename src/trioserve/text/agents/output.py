@@ -57,12 +57,15 @@ class OutputParser:
         *,
         parallel: bool = True,
         named: bool = False,
+        forced: bool = False,
         include_reasoning: bool = True,
     ) -> None:
         self.reasoning = reasoning
         self.tools = tools
         self.parallel = parallel
+        #: The call was forced: by a named function (``named``), or ``required``.
         self.named = named
+        self.forced = forced or named
         self.include_reasoning = include_reasoning
         self.called = False
         #: The text handed to the tool-call parser (the answer, if its calls broke off).
@@ -125,18 +128,23 @@ def output_parser(
         thinking = thinking_enabled(template_kwargs, reasoning_effort)
         reasoning = REASONING_PARSERS[names.reasoning](thinking)
     tools: StreamParser | None = None
-    named = False
+    named = forced = False
     parallel = True
     if tool_use is not None:
         parallel = tool_use.parallel
         if tool_use.named is not None:
             tools, named = NamedToolParser(make_id, tool_use.named), True
         elif tool_use.choice == "required":
-            tools = RequiredToolParser(make_id)
+            tools, forced = RequiredToolParser(make_id), True
         elif names.tool_call is not None:
             tools = TOOL_CALL_PARSERS[names.tool_call](make_id)
     if reasoning is None and tools is None:
         return None
     return OutputParser(
-        reasoning, tools, parallel=parallel, named=named, include_reasoning=include_reasoning
+        reasoning,
+        tools,
+        parallel=parallel,
+        named=named,
+        forced=forced,
+        include_reasoning=include_reasoning,
     )

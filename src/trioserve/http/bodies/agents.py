@@ -1,0 +1,154 @@
+"""What a chat request asks of tool calls and reasoning: ``tools``, ``tool_choice``,
+``parallel_tool_calls``, ``chat_template_kwargs``, ``reasoning_effort``,
+``include_reasoning``; checked as vLLM's ``ChatCompletionRequest`` checks them, and
+translated into the parser of its answer (``text/agents``) and what the engine is sent.
+
+The frontend parses the answer, whatever the engine; so the engine is asked only to
+render the tools into the prompt and generate: it is sent ``tool_choice: "none"``
+(vLLM's renderer then keeps the tools for the template and parses nothing), and for a
+forced call (``required``, a named function) the JSON schema that constrains its answer
+to the call(s), as vLLM's own server hands it over (``structured_outputs``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from ...text.agents import ParserNames, ToolUse, forced_schema, output_parser
+from ...text.agents.output import OutputParser
+from .validation import Errors, _json_type
+
+#: Most tools one request may declare (OpenAI's limit): each one's schema is compiled
+#: by the engine's structured outputs when a call is forced.
+MAX_TOOLS = 128
+
+#: What ``reasoning_effort`` takes (vLLM's values).
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+
+
+@attrs.frozen
+class AgentOptions:
+    """One chat request's parsing: what :meth:`parser` builds for each choice."""
+
+    names: ParserNames
+    tool_use: ToolUse | None
+    template_kwargs: dict[str, Any] | None
+    reasoning_effort: str | None
+    include_reasoning: bool
+
+    def parser(self) -> OutputParser | None:
+        return output_parser(
+            self.names,
+            self.tool_use,
+            self.template_kwargs,
+            self.reasoning_effort,
+            self.include_reasoning,
+        )
+
+
+def _check_tools(tools: Any, errors: Errors) -> list[dict[str, Any]]:
+    if type(tools) is not list:
+        errors.add(f"expected a list of tools, got {_json_type(tools)}", "$.tools")
+        return []
+    if not tools:
+        errors.add("`tools` must not be an empty array; omit it instead", "$.tools")
+    if len(tools) > MAX_TOOLS:
+        errors.add(f"at most {MAX_TOOLS} tools", "$.tools")
+        return []
+    for i, tool in enumerate(tools):
+        if type(tool) is not dict or tool.get("type", "function") != "function":
+            errors.add('expected {"type": "function", "function": {...}}', "$.tools[%d]", i)
+            continue
+        function = tool.get("function")
+        if type(function) is not dict:
+            errors.add("expected an object", "$.tools[%d].function", i)
+            continue
+        name = function.get("name")
+        if type(name) is not str or not name:
+            errors.add("expected a non-empty string", "$.tools[%d].function.name", i)
+        params = function.get("parameters")
+        if params is not None and type(params) is not dict:
+            errors.add("expected a JSON schema object", "$.tools[%d].function.parameters", i)
+    return tools
+
+
+def _check_choice(choice: Any, tools: list[dict[str, Any]] | None, errors: Errors) -> Any:
+    if choice is None:
+        return "auto" if tools else "none"
+    if choice == "none":
+        return choice
+    if tools is None:
+        errors.add("when using `tool_choice`, `tools` must be set", "$.tool_choice")
+        return "none"
+    if choice in ("auto", "required"):
+        return choice
+    function = choice.get("function") if type(choice) is dict else None
+    name = function.get("name") if type(function) is dict else None
+    if type(name) is not str or not name:
+        errors.add(
+            'expected "none", "auto", "required" or '
+            '{"type": "function", "function": {"name": "my_function"}}',
+            "$.tool_choice",
+        )
+        return "none"
+    declared = {t["function"].get("name") for t in tools if type(t.get("function")) is dict}
+    if name not in declared:
+        errors.add(
+            f"the tool specified in `tool_choice` ({name[:64]!r}) is not one of `tools`",
+            "$.tool_choice",
+        )
+    return choice
+
+
+def parse_agent_options(
+    body: dict[str, Any], names: ParserNames, params: dict[str, Any]
+) -> AgentOptions | None:
+    """Check ``body``'s tool and reasoning fields (a 422 when they are wrong); adjust
+    ``params`` (what the engine is sent) in place; None when the answer is plain text."""
+    errors = Errors()
+    tools = body.get("tools")
+    if tools is not None:
+        tools = _check_tools(tools, errors)
+    choice = _check_choice(body.get("tool_choice"), tools, errors)
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and type(parallel) is not bool:
+        errors.add("expected a boolean", "$.parallel_tool_calls")
+    include_reasoning = body.get("include_reasoning", True)
+    if type(include_reasoning) is not bool:
+        errors.add("expected a boolean", "$.include_reasoning")
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None and type(kwargs) is not dict:
+        errors.add("expected an object", "$.chat_template_kwargs")
+        kwargs = None
+    effort = body.get("reasoning_effort")
+    if effort is not None and effort not in EFFORTS:
+        errors.add(f"expected one of {', '.join(EFFORTS)}", "$.reasoning_effort")
+        effort = None
+    if errors:
+        raise errors.error()
+    if choice == "auto" and names.tool_call is None:
+        errors.add(
+            '"auto" tool choice requires a tool-call parser: start trioserve with '
+            "--tool-call-parser NAME (docs/api.md, Tool calls)",
+            "$.tool_choice",
+        )
+        raise errors.error()
+
+    tool_use = None
+    if tools and choice != "none":
+        named = choice["function"]["name"] if isinstance(choice, dict) else None
+        tool_use = ToolUse(tools, named or choice, named, parallel is not False)
+        schema = forced_schema(tools, choice, parallel)
+        if schema is not None:
+            # As vLLM's adjust_request: the call is the answer, whatever format was asked.
+            params["structured_outputs"] = {"json": schema}
+            params.pop("response_format", None)
+        # Tool-call markers are special tokens in some models: keep them in the text.
+        params.setdefault("skip_special_tokens", False)
+    if tools is not None:
+        params["tool_choice"] = "none"  # the engine renders the tools, this frontend parses
+    if tool_use is None and names.reasoning is None:
+        return None
+    return AgentOptions(names, tool_use, kwargs, effort, include_reasoning)
