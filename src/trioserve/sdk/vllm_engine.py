@@ -374,6 +374,12 @@ def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
     if args.model_tag is not None:  # vLLM's positional MODEL, as `vllm serve` takes it
         args.model = args.model_tag
+    if getattr(args, "tool_call_parser", None) or getattr(args, "enable_auto_tool_choice", False):
+        # The frontend parses answers (text/agents); vLLM's engine has no use for these.
+        log.warning(
+            "--tool-call-parser and --enable-auto-tool-choice are the frontend's: give them "
+            "to `trioserve run` (this engine renders the tools and leaves the parsing to it)"
+        )
     try:
         curve = curve_keys(args)  # before the model loads: a wrong key file fails at once
     except ValueError as exc:
