@@ -24,7 +24,8 @@ FORBIDDEN = [
     ("trioserve.errors", ("trioserve.",)),
     (
         "trioserve.text",
-        ("trio", "zmq", "hypercorn", "trioserve.http", "trioserve.engine", "trioserve.server"),
+        ("trio", "zmq", "hypercorn", "httpx", "trioserve.http", "trioserve.engine")
+        + ("trioserve.transport", "trioserve.server", "trioserve.sdk", "trioserve.protocol"),
     ),
     # Options written once: beneath the settings, knowing nothing of trioserve.
     ("trioserve.options", ("trioserve.",)),

@@ -12,6 +12,9 @@
       EngineError             about an engine: the request did not complete (503 family)
         NoEngineError, EngineLostError, EngineOverloadedError, UnencodableRequestError,
         EngineFailedError > ProtocolVersionError
+        TextInputError        what the text layer refuses (400): a sampling parameter vLLM
+                              would reject, a prompt too long, a template's raise_exception
+          ChatTemplateError, PromptTooLongError, UnsupportedContentError
       EngineItemError         the engine ended the request with an error item
       WriterRefused           the response cannot take what the engine sends
       SlowClientError         the client fell behind its buffer bound
@@ -193,6 +196,37 @@ class HTTPError(TrioserveError):
 
     def detail_body(self) -> bytes:
         return json.dumps(self.detail_payload(), separators=(",", ":")).encode()
+
+
+class TextInputError(HTTPError):
+    """A request the text layer refuses before anything reaches the engine: a 400 naming
+    the parameter (``param``), with vLLM's own message where vLLM refuses the same."""
+
+    default_code = "invalid_request"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(400, message, code or self.default_code, param=param)
+
+
+class ChatTemplateError(TextInputError):
+    """The chat template refused the conversation (its ``raise_exception``), failed to
+    render it, or the model has none: the template's own message."""
+
+    default_code = "chat_template_error"
+
+
+class PromptTooLongError(TextInputError):
+    """The prompt leaves no room in the model's context (or ``max_tokens`` asks for more
+    than there is)."""
+
+    default_code = "context_length_exceeded"
+
+
+class UnsupportedContentError(TextInputError):
+    """A content part the text pipeline cannot render (an image, audio: multimodal input
+    is not served on the token-id path)."""
+
+    default_code = "unsupported_content"
 
 
 def from_engine(status: int, message: str, type: str) -> HTTPError:
