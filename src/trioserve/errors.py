@@ -197,6 +197,46 @@ class HTTPError(TrioserveError):
     def detail_body(self) -> bytes:
         return json.dumps(self.detail_payload(), separators=(",", ":")).encode()
 
+    @property
+    def anthropic_status(self) -> int:
+        """The status of this error on Anthropic's routes (``/v1/messages``), which answer
+        a body that does not validate with 400, not 422."""
+        return 400 if self.status == 422 else self.status
+
+    def anthropic_payload(self, request_id: str | None = None) -> dict[str, Any]:
+        """Anthropic's error shape (``{"type": "error", "error": {"type", "message"}}``,
+        and the request's id), with trioserve's machine-readable ``code`` and the field
+        ``details`` kept inside ``error``: more than Anthropic sends, which its clients
+        ignore."""
+        error: dict[str, Any] = {
+            "type": ANTHROPIC_TYPES.get(self.status)
+            or ("api_error" if self.status >= 500 else "invalid_request_error"),
+            "message": self.message,
+            "code": self.code,
+        }
+        if self.details is not None:
+            error["details"] = self.details
+        payload: dict[str, Any] = {"type": "error", "error": error}
+        if request_id is not None:
+            payload["request_id"] = request_id
+        return payload
+
+    def anthropic_body(self, request_id: str | None = None) -> bytes:
+        return json.dumps(self.anthropic_payload(request_id), separators=(",", ":")).encode()
+
+
+#: Anthropic's error types by status (anything else: ``invalid_request_error`` below 500,
+#: ``api_error`` from 500 on).
+ANTHROPIC_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
+
 
 class TextInputError(HTTPError):
     """A request the text layer refuses before anything reaches the engine: a 400 naming

@@ -1,4 +1,4 @@
-"""The fault matrix: response kind by end path by phase, each ending exactly once.
+"""The fault matrix: route by response kind by end path by phase, each ending exactly once.
 
 For every combination the test asserts, on the engine side, that the request ended
 exactly once (the engine finished it xor it received one abort), that the frontend's
@@ -24,12 +24,23 @@ import trio
 
 from tests.helpers.frontends import start_engine, start_frontend
 from tests.helpers.http import raw_request, read_until
+from tests.helpers.responses import named_events
 from tests.helpers.waiting import wait_until
 from trioserve import metrics
 
 PHASES = {"before": 0, "mid": 3}
 PATHS = ["disconnect", "deadline", "engine_error", "engine_lost", "cancel"]
 KINDS = ["json", "sse"]
+#: The routes, each with its body and the SSE event that carries outputs (one a token on
+#: completions; one a batch of tokens on messages, so there the client has seen output
+#: once it has one).
+ROUTES = {
+    "/v1/completions": ({"prompt": "matrix"}, "data: "),
+    "/v1/messages": (
+        {"messages": [{"role": "user", "content": "matrix"}]},
+        "event: content_block_delta",
+    ),
+}
 
 
 def count_tasks() -> int:
@@ -72,16 +83,30 @@ async def next_request_is_served(frontend) -> None:
     assert response.text.endswith("data: [DONE]\n\n")
 
 
+def error_of(route: str, text: str) -> dict:
+    """The error object a started SSE stream of ``route`` ended with (its last event)."""
+    if route == "/v1/messages":
+        *_, last = named_events(text)
+        assert last[0] == "error"
+        assert "message_stop" not in [name for name, _ in named_events(text)]
+        return last[1]["error"]
+    events = events_of(text)
+    assert "[DONE]" not in events
+    return events[-1]["error"]
+
+
 @pytest.mark.parametrize("phase", PHASES)
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("kind", KINDS)
-async def test_request_ends_exactly_once(setup, kind, path, phase):
+@pytest.mark.parametrize("route", ROUTES)
+async def test_request_ends_exactly_once(setup, route, kind, path, phase):
     engine, frontend = setup
     n = PHASES[phase]
-    request_id = f"{kind}-{path}-{phase}"
+    request_id = f"{route.rsplit('/', 1)[1]}-{kind}-{path}-{phase}"
     key = (frontend.frontend_id, request_id)
+    content, output_event = ROUTES[route]
     body = {
-        "prompt": "matrix",
+        **content,
         "max_tokens": 100_000,
         "stream": kind == "sse",
         **(
@@ -109,11 +134,9 @@ async def test_request_ends_exactly_once(setup, kind, path, phase):
                 await relayed.wait()
 
     if path == "disconnect":
-        stream = await raw_request(
-            frontend, "POST", "/v1/completions", json.dumps(body).encode(), **headers
-        )
+        stream = await raw_request(frontend, "POST", route, json.dumps(body).encode(), **headers)
         if kind == "sse" and n:
-            await read_until(stream, b"data: ")  # the client has seen output
+            await read_until(stream, output_event.encode())  # the client has seen output
         else:
             await reached_phase()
         await stream.aclose()
@@ -121,13 +144,12 @@ async def test_request_ends_exactly_once(setup, kind, path, phase):
 
         async def call() -> None:
             async with frontend.client() as client:
-                async with client.stream(
-                    "POST", "/v1/completions", json=body, headers=headers
-                ) as response:
+                async with client.stream("POST", route, json=body, headers=headers) as response:
                     text = ""
                     async for chunk in response.aiter_text():
                         text += chunk
-                        if n and text.count("data: ") >= n:
+                        seen = text.count(output_event)
+                        if n and seen >= (n if route == "/v1/completions" else 1):
                             relayed.set()
                 result["status"], result["text"] = response.status_code, text
 
@@ -162,10 +184,9 @@ async def test_request_ends_exactly_once(setup, kind, path, phase):
         status = {"deadline": 504, "engine_error": 502, "engine_lost": 503, "cancel": 499}[path]
         if kind == "sse" and n:
             assert result["status"] == 200
-            events = events_of(result["text"])
-            assert "[DONE]" not in events
-            assert len(events) == n + 1
-            assert events[-1]["error"]["code"] == code
+            assert error_of(route, result["text"])["code"] == code
+            if route == "/v1/completions":
+                assert len(events_of(result["text"])) == n + 1
         else:
             assert result["status"] == status
             assert json.loads(result["text"])["error"]["code"] == code

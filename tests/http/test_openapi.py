@@ -71,13 +71,19 @@ async def test_the_native_route_documents_its_own_error_shape(frontend):
     assert chat["422"]["content"]["application/json"]["schema"]["$ref"].endswith("/Error")
 
 
-async def test_with_api_keys_every_route_but_the_open_ones_needs_a_bearer_key(nursery, http_server):
+async def test_with_api_keys_every_route_but_the_open_ones_needs_a_key(nursery, http_server):
     engine = await start_engine(nursery)
     frontend = await start_frontend(
         nursery, engine, server=http_server, api_keys=["k1"], playground=False
     )
     spec = await fetch_spec(frontend)
-    assert spec["security"] == [{"bearer": []}]
+    # A bearer token, or X-Api-Key (as Anthropic's clients send it).
+    assert spec["security"] == [{"bearer": []}, {"apiKey": []}]
+    assert spec["components"]["securitySchemes"]["apiKey"] == {
+        "type": "apiKey",
+        "in": "header",
+        "name": "X-Api-Key",
+    }
     assert "/" not in spec["paths"]  # --no-playground
     open_paths = {"/health", "/live", "/metrics", "/docs", "/openapi.json"}
     for path, ops in spec["paths"].items():

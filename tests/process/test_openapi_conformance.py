@@ -48,6 +48,7 @@ GENERATION = (
     "POST /v1/chat/completions",
     "POST /v1/completions",
     "POST /v1/responses",
+    "POST /v1/messages",
     "POST /generate",
     "POST /v1/embeddings",
     "POST /v1/audio/speech",
@@ -126,7 +127,7 @@ async def test_every_answer_matches_the_openapi_description(nursery, tmp_path):
         "1024",
     )
     output = await run_schemathesis(url, tmp_path)
-    assert "Tested: 20" in output  # every route of the description was run
+    assert "Tested: 22" in output  # every route of the description was run
 
 
 @pytest.mark.integration
@@ -146,7 +147,7 @@ async def test_with_api_keys_the_description_and_the_answers_agree(nursery, tmp_
     output = await run_schemathesis(
         url, tmp_path, "--header", "Authorization: Bearer sekret-1", max_examples=8
     )
-    assert "Tested: 20" in output
+    assert "Tested: 22" in output
 
 
 def responses_scenario(url: str) -> list[tuple[str, int]]:

@@ -20,6 +20,7 @@ from ..engine import EngineClient
 from ..errors import HTTPError
 from . import openapi as api
 from .auth import ApiKeys, header_values, select_subprotocol
+from .bodies.anthropic import CountTokensRequest, MessagesRequest
 from .bodies.embeddings import EmbeddingRequest
 from .bodies.openai import ChatCompletionRequest, CompletionRequest
 from .bodies.responses import ResponsesRequest
@@ -29,6 +30,7 @@ from .exchange import JSON_HEADERS, ClientGone, Exchange
 from .observe import WEBSOCKET_ROUTE, Observer
 from .openapi import JSON, MULTIPART, URLENCODED, Doc, json_body
 from .routes import (
+    anthropic,
     debug,
     embeddings,
     generate,
@@ -55,8 +57,9 @@ class Route:
     doc: Doc
     #: The engine capability the route needs; generation routes take an admission slot.
     capability: str | None = None
-    #: Errors in the native ``{"detail": ...}`` shape.
-    detail_errors: bool = False
+    #: The shape of its errors (``Exchange.error_shape``): ``openai``, ``detail`` (the
+    #: native ``{"detail": ...}``) or ``anthropic``.
+    error_shape: str = "openai"
 
 
 def _generation(operation_id: str, summary: str, body: type, ok: dict, **more: object) -> Doc:
@@ -109,6 +112,33 @@ ROUTES: dict[tuple[str, str], Route] = {
         ),
         "chat",
     ),
+    ("POST", "/v1/messages"): Route(
+        anthropic.messages,
+        _generation(
+            "createMessage",
+            "A message (Anthropic's Messages API): JSON, or its events (SSE)",
+            MessagesRequest,
+            {**json_body("Message"), "text/event-stream": api.sse_events("MessageEvent")},
+            description="Errors are in Anthropic's shape (AnthropicError), with 400 where "
+            "the other routes say 422; the key may come as X-Api-Key.",
+            example={"max_tokens": 16, "messages": [{"role": "user", "content": "Hello!"}]},
+        ),
+        "chat",
+        error_shape="anthropic",
+    ),
+    ("POST", "/v1/messages/count_tokens"): Route(
+        anthropic.count_tokens,
+        Doc(
+            "countMessageTokens",
+            "The input tokens of a message (Anthropic's Messages API)",
+            "generation",
+            CountTokensRequest,
+            ok=json_body("MessageTokensCount"),
+            example={"messages": [{"role": "user", "content": "Hello!"}]},
+        ),
+        "chat",
+        error_shape="anthropic",
+    ),
     ("POST", "/v1/embeddings"): Route(
         embeddings.handle,
         _generation(
@@ -131,7 +161,7 @@ ROUTES: dict[tuple[str, str], Route] = {
             example={"prompt": "Hello", "max_tokens": 8},
         ),
         "generate",
-        detail_errors=True,
+        error_shape="detail",
     ),
     ("POST", "/v1/audio/speech"): Route(
         speech.handle,
@@ -327,6 +357,8 @@ DEBUG_ROUTES: dict[tuple[str, str], Route] = {
     ),
 }
 _PATHS = {path for _, path in ROUTES}
+#: Paths whose every answer is in Anthropic's error shape (their 401 and 405 included).
+_ANTHROPIC_PATHS = {path for (_, path), route in ROUTES.items() if route.error_shape == "anthropic"}
 
 
 @attrs.frozen
@@ -405,7 +437,7 @@ class App:
 
     def openapi_spec(self) -> dict[str, Any]:
         routes = [
-            (method, path, route.doc, route.detail_errors)
+            (method, path, route.doc, route.error_shape)
             for table in (ROUTES, TEMPLATED)
             for (method, path), route in table.items()
             if path != "/" or self.settings.playground
@@ -559,13 +591,16 @@ class App:
                 ):
                     await self._preflight(exchange, origin)
                     return
+            if exchange.path in _ANTHROPIC_PATHS:
+                exchange.error_shape = "anthropic"  # before the key's check: its 401 too
             if self.api_keys.enabled and exchange.path not in self.open_paths:
+                headers = exchange.head.headers
                 exchange.key_index = self.api_keys.authenticate(
-                    header_values(exchange.head.headers, b"authorization")
+                    header_values(headers, b"authorization"), header_values(headers, b"x-api-key")
                 )
             route = self.routes.get((exchange.method, exchange.path)) or _fallback(exchange)
             if route.capability is not None:
-                exchange.detail_errors = route.detail_errors
+                exchange.error_shape = route.error_shape
                 services.require_capability(route.capability, exchange)
                 # (Its admission slot is taken once its body is complete: services.run.)
                 exchange.body_budget = services.body_budget

@@ -63,7 +63,7 @@ def refusal(message: str, *, invalid: bool = True) -> HTTPError:
     )
 
 
-MISSING = "no API key: send it as 'Authorization: Bearer <key>'"
+MISSING = "no API key: send it as 'Authorization: Bearer <key>' (or 'X-Api-Key: <key>')"
 MALFORMED = "the Authorization header must be 'Bearer <key>'"
 WRONG = "the API key is not valid"
 AMBIGUOUS = "more than one API key was sent"
@@ -95,16 +95,22 @@ class ApiKeys:
             found += (index - found) * same
         return None if found < 0 else found
 
-    def authenticate(self, authorization: Sequence[bytes]) -> int | None:
+    def authenticate(
+        self, authorization: Sequence[bytes], api_key: Sequence[bytes] = ()
+    ) -> int | None:
         """Which key an HTTP request came with: the values of its ``Authorization``
-        headers in, the key's index out (None when no keys are configured). Raises the
-        401 :class:`HTTPError` to send when the request may not pass."""
+        headers and of its ``X-Api-Key`` headers (``api_key``: how Anthropic's clients
+        send a key) in, the key's index out (None when no keys are configured). One key,
+        in one header, or a 401: raises the :class:`HTTPError` to send when the request
+        may not pass."""
         if not self._digests:
             return None
-        if not authorization:
+        if not authorization and not api_key:
             raise refusal(MISSING, invalid=False)
-        if len(authorization) > 1:
+        if len(authorization) + len(api_key) > 1:
             raise refusal(AMBIGUOUS)
+        if api_key:
+            return self._check(api_key[0].strip(b" \t"))
         return self._check(bearer_token(authorization[0]))
 
     def authenticate_websocket(

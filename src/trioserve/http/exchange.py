@@ -59,7 +59,7 @@ class Exchange:
         "body_budget",
         "body_held",
         "channel",
-        "detail_errors",
+        "error_shape",
         "extra_headers",
         "handle",
         "head",
@@ -91,8 +91,10 @@ class Exchange:
         self.request_id = self._request_id()
         #: Added to every response (CORS).
         self.extra_headers: Headers = []
-        #: Errors in the native ``{"detail": ...}`` shape instead of OpenAI's.
-        self.detail_errors = False
+        #: The shape of its error bodies: OpenAI's (``openai``), the native routes'
+        #: ``{"detail": ...}`` (``detail``) or Anthropic's (``anthropic``, which also
+        #: answers 400 where the others say 422).
+        self.error_shape = "openai"
         #: The index of the API key the request came with (``http/auth.py``; None: no
         #: keys configured, or a route open to all).
         self.key_index: int | None = None
@@ -248,8 +250,16 @@ class Exchange:
         await self.respond(status, json.dumps(obj, separators=(",", ":")).encode())
 
     async def respond_error(self, error: HTTPError) -> None:
-        body = error.detail_body() if self.detail_errors else error.body()
-        await self.respond(error.status, body, [*JSON_HEADERS, *error.headers])
+        shape = self.error_shape
+        status = error.status
+        if shape == "detail":
+            body = error.detail_body()
+        elif shape == "anthropic":
+            body = error.anthropic_body(self.request_id)
+            status = error.anthropic_status
+        else:
+            body = error.body()
+        await self.respond(status, body, [*JSON_HEADERS, *error.headers])
 
     def watch_disconnect(self, on_gone: Callable[[], None]) -> AbstractAsyncContextManager[None]:
         """While the context is open, ``on_gone`` is called once if the client goes away.

@@ -21,6 +21,7 @@ from typing import Any
 import attrs
 
 from .. import __version__
+from .openapi_anthropic import ANSWERS as ANTHROPIC_ANSWERS
 
 OPENAPI_VERSION = "3.1.0"
 
@@ -627,6 +628,8 @@ GENERATION_ERRORS = {
     503: "overloaded, shutting down, no engine, engine lost or failed, slow client",
     504: "the deadline passed (deadline_exceeded)",
 }
+#: The error schema of each error shape (``Exchange.error_shape``).
+ERROR_SCHEMAS = {"openai": "Error", "detail": "DetailError", "anthropic": "AnthropicError"}
 UNAUTHORIZED = "no valid API key (invalid_api_key; only when the server has API keys)"
 
 
@@ -638,7 +641,7 @@ def _error_response(description: str, schema: str = "Error") -> dict[str, Any]:
     }
 
 
-def operation(doc: Doc, method: str, detail_errors: bool, components: dict[str, Any]) -> dict:
+def operation(doc: Doc, method: str, error_shape: str, components: dict[str, Any]) -> dict:
     request_id = {"$ref": "#/components/headers/X-Request-Id"}
     op: dict[str, Any] = {
         "operationId": doc.operation_id,
@@ -700,34 +703,43 @@ def operation(doc: Doc, method: str, detail_errors: bool, components: dict[str, 
             "headers": {"X-Request-Id": request_id},
             "content": answer,
         }
-    shape = "DetailError" if detail_errors else "Error"
+    shape = ERROR_SCHEMAS[error_shape]
     if doc.generation:
         for status, description in GENERATION_ERRORS.items():
+            if error_shape == "anthropic" and status == 422:
+                continue  # (Anthropic's 400)
+            if error_shape == "anthropic" and status == 400:
+                description = (
+                    f"{description}; the body does not validate ({GENERATION_ERRORS[422]})"
+                )
             responses[str(status)] = _error_response(description, shape)
-    responses["401"] = _error_response(UNAUTHORIZED)
+    responses["401"] = _error_response(
+        UNAUTHORIZED, "AnthropicError" if error_shape == "anthropic" else "Error"
+    )
     # Anything else (405, errors of the HTTP server itself): the error body.
     responses["default"] = _error_response(
         "an error: the body says which (code)",
-        shape if not detail_errors else "AnyError",
+        "AnyError" if error_shape == "detail" else shape,
     )
     op["responses"] = responses
     return op
 
 
 def build_spec(
-    routes: Iterable[tuple[str, str, Doc, bool]],
+    routes: Iterable[tuple[str, str, Doc, str]],
     *,
     api_keys: bool,
     open_paths: Iterable[str],
 ) -> dict[str, Any]:
-    """The OpenAPI document for ``routes``: (method, path template, doc, errors in the
-    native shape). With ``api_keys``, every path but ``open_paths`` needs a bearer key."""
-    components: dict[str, Any] = dict(ANSWERS)
+    """The OpenAPI document for ``routes``: (method, path template, doc, the shape of its
+    errors: ``Exchange.error_shape``). With ``api_keys``, every path but ``open_paths``
+    needs a key (a bearer token, or ``X-Api-Key``)."""
+    components: dict[str, Any] = {**ANSWERS, **ANTHROPIC_ANSWERS}
     components["AnyError"] = {"anyOf": [ref("Error"), ref("DetailError")]}
     paths: dict[str, dict[str, Any]] = {}
     open_set = set(open_paths)
-    for method, path, doc, detail_errors in routes:
-        op = operation(doc, method, detail_errors, components)
+    for method, path, doc, error_shape in routes:
+        op = operation(doc, method, error_shape, components)
         if api_keys and path in open_set:
             op["security"] = []
             del op["responses"]["401"]
@@ -752,11 +764,14 @@ def build_spec(
                     "schema": {"type": "string"},
                 }
             },
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "apiKey": {"type": "apiKey", "in": "header", "name": "X-Api-Key"},
+            },
         },
     }
     if api_keys:
-        spec["security"] = [{"bearer": []}]
+        spec["security"] = [{"bearer": []}, {"apiKey": []}]
     return spec
 
 

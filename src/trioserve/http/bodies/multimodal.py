@@ -78,6 +78,40 @@ async def translate_messages(
     return out, modalities
 
 
+async def resolve_parts(
+    submit: Submit, where: tuple[tuple[int, int, str], ...], fetcher: MediaFetcher
+) -> Submit:
+    """``submit`` with the image parts at ``where`` ((message index, part index, JSON
+    path of the part in the client's body) in ``inputs.messages``) fetched or decoded into
+    media records (as chat's ``image_url`` parts are), and the modalities the engine will
+    read, in the order they first appear, in ``inputs.modalities``: the routes whose
+    bodies are not chat's (the Responses API, Anthropic's Messages) say where their media
+    came from, so an error names the client's own field."""
+    at = {(m, p): loc for m, p, loc in where}
+    modalities: list[str] = []
+    messages = []
+    for m, message in enumerate(submit.inputs["messages"]):
+        content = message.get("content")
+        if type(content) is not list:
+            parts = None
+            if "text" not in modalities:
+                modalities.append("text")
+        else:
+            parts = []
+            for p, part in enumerate(content):
+                loc = at.get((m, p))
+                modality = "text"
+                if loc is not None:
+                    media = await part_media(part, loc, fetcher)
+                    modality = media.modality
+                    part = {"type": modality, "media": media.record()}
+                if modality not in modalities:
+                    modalities.append(modality)
+                parts.append(part)
+        messages.append(message if parts is None else {**message, "content": parts})
+    return attrs.evolve(submit, inputs={"messages": messages, "modalities": modalities})
+
+
 async def resolve_chat_media(generation: Generation, fetcher: MediaFetcher) -> Generation:
     """The chat ``generation`` with its media resolved (other capabilities unchanged)."""
     if generation.capability != "chat":

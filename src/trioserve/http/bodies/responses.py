@@ -23,7 +23,7 @@ import attrs
 from ...protocol import Submit
 from ..writers.responses import ResponseEvents
 from .media import MediaFetcher
-from .multimodal import part_media
+from .multimodal import resolve_parts
 from .openai import MAX_MESSAGES, MAX_TOKENS, check_parts
 from .validation import (
     Errors,
@@ -384,31 +384,7 @@ def parse_response(
 async def resolve_media(
     generation: ResponseGeneration, fetcher: MediaFetcher
 ) -> ResponseGeneration:
-    """``generation`` with its image parts fetched or decoded into media records (as
-    chat's ``image_url`` parts are: ``bodies/multimodal.py``), and the modalities the
-    engine will read, in the order they first appear, in ``inputs.modalities``."""
-    submit = generation.submit
-    where = {(m, p): loc for m, p, loc in generation.media}
-    modalities: list[str] = []
-    messages = []
-    for m, message in enumerate(submit.inputs["messages"]):
-        content = message["content"]
-        if type(content) is str:
-            parts = None
-            if "text" not in modalities:
-                modalities.append("text")
-        else:
-            parts = []
-            for p, part in enumerate(content):
-                loc = where.get((m, p))
-                modality = "text"
-                if loc is not None:
-                    media = await part_media(part, loc, fetcher)
-                    modality = media.modality
-                    part = {"type": modality, "media": media.record()}
-                if modality not in modalities:
-                    modalities.append(modality)
-                parts.append(part)
-        messages.append(message if parts is None else {**message, "content": parts})
-    inputs = {"messages": messages, "modalities": modalities}
-    return attrs.evolve(generation, submit=attrs.evolve(submit, inputs=inputs))
+    """``generation`` with its image parts fetched or decoded into media records
+    (``multimodal.resolve_parts``)."""
+    submit = await resolve_parts(generation.submit, generation.media, fetcher)
+    return attrs.evolve(generation, submit=submit)

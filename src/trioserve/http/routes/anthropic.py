@@ -1,0 +1,66 @@
+"""Anthropic's Messages API: ``POST /v1/messages`` and ``POST /v1/messages/count_tokens``.
+
+A message is a chat request to the engine (``bodies/anthropic.py`` translates it), run
+through the one request lifecycle as chat completions are (its client leaving aborts it,
+once), and answered as a ``Message`` object or its event stream (``writers/anthropic.py``).
+Errors are in Anthropic's shape (the application sets the exchange's ``error_shape`` for
+these paths, the 401 included); ``X-Api-Key`` carries the key as well as
+``Authorization``; ``anthropic-version`` and ``anthropic-beta`` are accepted and ignored.
+"""
+
+from __future__ import annotations
+
+import math
+
+import orjson
+
+from ..bodies.anthropic import parse_count_tokens, parse_messages
+from ..bodies.multimodal import resolve_parts
+from ..exchange import JSON_HEADERS, Exchange
+from ..services import Services
+from ..writers.anthropic import MessageEvents, MessagesJSONWriter, MessagesSSEWriter
+from ..writers.stream import Writer
+
+#: Characters counted as one token by ``count_tokens`` when no tokenizer of the model is
+#: known here: the usual rule of thumb for English text and code (docs/api.md).
+CHARS_PER_TOKEN = 4
+
+
+async def messages(services: Services, exchange: Exchange) -> None:
+    timeout = services.begin(exchange)
+    body = await services.json_body(exchange)
+    generation = parse_messages(body, exchange.request_id, services.resolve_model)
+    submit = generation.submit
+    if generation.media:
+        submit = await resolve_parts(submit, generation.media, services.media_fetcher())
+    events = MessageEvents(f"msg_{exchange.request_id}", submit.model, stream=generation.stream)
+    writer: Writer
+    if generation.stream:
+        writer = MessagesSSEWriter(exchange, events)
+        keepalive = services.settings.sse_keepalive
+    else:
+        writer, keepalive = MessagesJSONWriter(exchange, events), 0
+    await services.run(exchange, submit, "chat", writer, timeout, keepalive=keepalive)
+
+
+async def count_tokens(services: Services, exchange: Exchange) -> None:
+    """``{"input_tokens": N}``: what the messages, the system prompt and the tools come
+    to. Without a tokenizer of the model here, an estimate (``CHARS_PER_TOKEN``), which
+    the answer says (``"estimated": true``)."""
+    services.check_accepting()
+    body = await services.json_body(exchange)
+    count = parse_count_tokens(body, services.resolve_model)
+    text = [orjson.dumps(count.tools).decode()] if count.tools else []
+    for message in count.messages:
+        content = message.get("content")
+        if type(content) is str:
+            text.append(content)
+        elif type(content) is list:
+            text.extend(part["text"] for part in content if part.get("type") == "text")
+        for call in message.get("tool_calls") or ():
+            text.append(call["function"]["name"] + call["function"]["arguments"])
+        if message.get("reasoning"):
+            text.append(message["reasoning"])
+    characters = sum(len(piece) for piece in text)
+    answer = {"input_tokens": math.ceil(characters / CHARS_PER_TOKEN), "estimated": True}
+    await exchange.respond(200, orjson.dumps(answer), JSON_HEADERS)
