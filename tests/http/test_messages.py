@@ -12,6 +12,7 @@ import pytest
 
 from tests.helpers.frontends import capture_submits, start_engine, start_frontend
 from tests.helpers.responses import named_events
+from tests.helpers.waiting import wait_until
 from trioserve import metrics
 from trioserve.http.bodies.anthropic import parse_messages
 from trioserve.sdk.mock import expected_text
@@ -371,7 +372,7 @@ async def test_the_route_is_described_and_counted(frontend):
 
     before = served()
     await sdk(frontend).messages.create(model="mock", max_tokens=1, messages=HELLO)
-    assert served() == before + 1
+    await wait_until(lambda: served() == before + 1, "the message counted")
     async with frontend.client() as client:
         spec = (await client.get("/openapi.json")).json()
     operation = spec["paths"]["/v1/messages"]["post"]
