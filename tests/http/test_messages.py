@@ -160,7 +160,11 @@ async def test_system_blocks_images_tools_and_results_reach_the_engine_as_chat(f
     assert messages[3] == {"role": "tool", "tool_call_id": "t1", "content": "sunny"}
     assert messages[4] == {"role": "user", "content": "thanks"}
     assert submit.inputs["modalities"] == ["text", "image"]
-    assert submit.params == {
+    # tool_choice any is chat's required: the engine renders the tools and is held to
+    # the calls by structured outputs; the frontend parses (bodies/agents.py).
+    params = dict(submit.params)
+    assert params.pop("structured_outputs")["json"]["type"] == "array"
+    assert params == {
         "max_tokens": 3,
         "temperature": 0.5,
         "top_k": 5,
@@ -176,8 +180,9 @@ async def test_system_blocks_images_tools_and_results_reach_the_engine_as_chat(f
                 },
             }
         ],
-        "tool_choice": "required",
+        "tool_choice": "none",
         "parallel_tool_calls": False,
+        "skip_special_tokens": False,
     }
     # metadata.user_id is the session key of affinity routing (never on the wire).
     body = {"max_tokens": 1, "messages": HELLO, "metadata": {"user_id": "u1"}}

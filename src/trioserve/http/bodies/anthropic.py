@@ -36,6 +36,8 @@ from typing import Any
 import attrs
 
 from ...protocol import Submit
+from ...text.agents import OutputParser, ParserNames, output_parser
+from .agents import AgentOptions, parse_agent_options
 from .openai import MAX_MESSAGES, MAX_TOKENS, check_parts
 from .validation import (
     Bounds,
@@ -155,8 +157,23 @@ class MessagesGeneration:
     stream: bool
     #: The image parts to fetch or decode: (message index, part index, JSON path).
     media: tuple[tuple[int, int, str], ...] = ()
-    #: Whether the request offers tools (a model's call is then a ``tool_use`` block).
-    tools: bool = False
+    #: Tool calls and reasoning to parse out of the answer (``bodies/agents.py``).
+    agents: AgentOptions | None = None
+
+    def parser(self, make_id: Any) -> OutputParser | None:
+        """The parser of this message's answer (calls' ids from ``make_id()``), or None
+        when its text is the answer as it is."""
+        agents = self.agents
+        if agents is None:
+            return None
+        return output_parser(
+            agents.names,
+            agents.tool_use,
+            agents.template_kwargs,
+            agents.reasoning_effort,
+            agents.include_reasoning,
+            make_id=make_id,
+        )
 
 
 def _image_url(source: Any, loc: str, errors: Errors) -> str | None:
@@ -439,13 +456,19 @@ def _check_body(body: dict[str, Any]) -> None:
 
 
 def parse_messages(
-    body: dict[str, Any], request_id: str, resolve_model: Any, *, streamed: bool = False
+    body: dict[str, Any],
+    request_id: str,
+    resolve_model: Any,
+    *,
+    streamed: bool = False,
+    parsers: ParserNames = ParserNames(),  # noqa: B008 (frozen)
 ) -> MessagesGeneration:
     """Validate ``body`` and translate it (a 422 :class:`HTTPError`, which this route
     answers as Anthropic's 400, if it is bad).
 
     ``resolve_model(requested: str | None) -> str`` picks the model (503/404 from it);
-    ``streamed``: the transport streams whatever the body says.
+    ``streamed``: the transport streams whatever the body says; ``parsers``: the formats
+    the server parses tool calls and reasoning in (``--tool-call-parser``, ...).
     """
     _check_body(body)
     req = structure(body, MessagesRequest)
@@ -476,6 +499,16 @@ def parse_messages(
     engine.update(params)
     if kwargs:
         engine["chat_template_kwargs"] = kwargs
+    # What chat completions check and parse, in chat's terms: the tools, the choice, the
+    # thinking asked of the template. (The engine is sent what chat's would be.)
+    chat: dict[str, Any] = {
+        name: engine[name]
+        for name in ("tools", "tool_choice", "parallel_tool_calls", "reasoning_effort")
+        if name in engine
+    }
+    if kwargs:
+        chat["chat_template_kwargs"] = kwargs
+    agents = parse_agent_options(chat, parsers, engine)
     user = (req.metadata or {}).get("user_id")
     submit = Submit(
         request_id,
@@ -489,7 +522,7 @@ def parse_messages(
         submit,
         stream=bool(req.stream) or streamed,
         media=tuple(translation.media),
-        tools=bool(req.tools),
+        agents=agents,
     )
 
 

@@ -18,7 +18,12 @@ from ..bodies.anthropic import parse_count_tokens, parse_messages
 from ..bodies.multimodal import resolve_parts
 from ..exchange import JSON_HEADERS, Exchange
 from ..services import Services
-from ..writers.anthropic import MessageEvents, MessagesJSONWriter, MessagesSSEWriter
+from ..writers.anthropic import (
+    MessageEvents,
+    MessagesJSONWriter,
+    MessagesSSEWriter,
+    tool_use_id,
+)
 from ..writers.stream import Writer
 
 #: Characters counted as one token by ``count_tokens`` when no tokenizer of the model is
@@ -29,11 +34,18 @@ CHARS_PER_TOKEN = 4
 async def messages(services: Services, exchange: Exchange) -> None:
     timeout = services.begin(exchange)
     body = await services.json_body(exchange)
-    generation = parse_messages(body, exchange.request_id, services.resolve_model)
+    generation = parse_messages(
+        body, exchange.request_id, services.resolve_model, parsers=services.parsers
+    )
     submit = generation.submit
     if generation.media:
         submit = await resolve_parts(submit, generation.media, services.media_fetcher())
-    events = MessageEvents(f"msg_{exchange.request_id}", submit.model, stream=generation.stream)
+    events = MessageEvents(
+        f"msg_{exchange.request_id}",
+        submit.model,
+        stream=generation.stream,
+        parser=generation.parser(tool_use_id),
+    )
     writer: Writer
     if generation.stream:
         writer = MessagesSSEWriter(exchange, events)

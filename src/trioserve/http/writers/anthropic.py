@@ -24,13 +24,23 @@ tokens, and ``message_delta`` the whole usage (Anthropic's clients take both fro
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 import orjson
 
 from ...errors import EngineItemError, HTTPError
 from ...protocol import OutputItem, Usage
+from ...text.agents import (
+    Event,
+    OutputParser,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArguments,
+    ToolCallStart,
+)
 from ..exchange import JSON_HEADERS, Exchange
+from .openai import parsed_message
 from .stream import SSE_HEADERS, WriterBase, end_batch, engine_error, stream_body, text_of
 
 _json_string = json.encoder.encode_basestring_ascii
@@ -55,6 +65,11 @@ def usage_object(usage: Usage | None) -> dict[str, int]:
     if cached is not None:
         out["cache_read_input_tokens"] = cached
     return out
+
+
+def tool_use_id() -> str:
+    """A ``tool_use`` block's id, as Anthropic spells them (``toolu_...``)."""
+    return f"toolu_{uuid.uuid4().hex}"
 
 
 def event(name: str, data: dict[str, Any]) -> bytes:
@@ -106,12 +121,26 @@ _DELTAS = {
 
 class MessageEvents:
     """One message: its state, the ``Message`` object of that state, and (``stream``)
-    its events, as SSE bytes. Without ``stream`` the methods only change the state."""
+    its events, as SSE bytes. Without ``stream`` the methods only change the state.
 
-    def __init__(self, message_id: str, model: str, *, stream: bool) -> None:
+    ``parser`` (``text/agents``): what reads the model's text into thinking, text and
+    tool calls, when the request has tools or the server a reasoning parser. Streamed,
+    each of its events is rendered as it comes (a call's name in its
+    ``content_block_start``, its arguments as they are generated); not streamed, the
+    whole answer is read at the end as chat completions read it (a call that broke off
+    leaves the answer as text, whitespace around calls is no text block)."""
+
+    def __init__(
+        self, message_id: str, model: str, *, stream: bool, parser: OutputParser | None = None
+    ) -> None:
         self.id = message_id
         self.model = model
         self.stream = stream
+        self.parser = parser
+        #: The answer's text as the engine wrote it (not streamed, with a parser).
+        self.raw: list[str] = []
+        #: Whitespace held ahead of a text block (streamed, with a parser).
+        self.blank: list[str] = []
         self.blocks: list[_Block] = []
         self.open: _Block | None = None
         #: Whether ``message_start`` has been rendered.
@@ -188,13 +217,27 @@ class MessageEvents:
         return out
 
     def text(self, text: str) -> list[bytes]:
-        return self._delta("text", text) if text else []
+        if not text:
+            return []
+        if (
+            self.parser is not None
+            and self.stream
+            and (self.open is None or self.open.kind != "text")
+        ):
+            # Whitespace ahead of a call (a newline after the thinking) makes no text
+            # block, as in a whole answer: held until text that is not whitespace comes.
+            self.blank.append(text)
+            if text.isspace():
+                return []
+            text, self.blank = "".join(self.blank), []
+        return self._delta("text", text)
 
     def thinking(self, text: str) -> list[bytes]:
         return self._delta("thinking", text) if text else []
 
     def tool_call(self, call_id: str, name: str) -> list[bytes]:
         """A ``tool_use`` block begins (its arguments follow)."""
+        self.blank = []
         return self._switch("tool_use", call_id, name)
 
     def tool_arguments(self, text: str) -> list[bytes]:
@@ -205,7 +248,11 @@ class MessageEvents:
 
     def finish(self, finish_reason: str, usage: Usage | None) -> list[bytes]:
         """The events that close the open block and the message."""
-        out = self._close()
+        out: list[bytes] = []
+        if self.blank and not self.blocks:  # an answer of whitespace only
+            blank, self.blank = "".join(self.blank), []
+            out += self._delta("text", blank)
+        out += self._close()
         called = any(block.kind == "tool_use" for block in self.blocks)
         reason = STOP_REASONS.get(finish_reason, "end_turn")
         self.stop_reason = "tool_use" if called and reason == "end_turn" else reason
@@ -219,6 +266,45 @@ class MessageEvents:
     def fail(self, error: HTTPError) -> bytes:
         """The ``error`` event of a stream that ends with ``error``."""
         return event("error", {"error": error.anthropic_payload()["error"]})
+
+    def _feed(self, text: str) -> list[bytes]:
+        """The model's ``text``: through the parser, if any."""
+        if not text:
+            return []
+        parser = self.parser
+        if parser is None:
+            return self.text(text)
+        if not self.stream:
+            self.raw.append(text)  # read whole at the end (:meth:`_parsed`)
+            return []
+        return self._render(parser.feed(text))
+
+    def _render(self, events: list[Event]) -> list[bytes]:
+        out: list[bytes] = []
+        for parsed in events:
+            if isinstance(parsed, TextDelta):
+                out += self.text(parsed.text)
+            elif isinstance(parsed, ReasoningDelta):
+                out += self.thinking(parsed.text)
+            elif isinstance(parsed, ToolCallStart):
+                out += self.tool_call(parsed.id, parsed.name)
+            elif isinstance(parsed, ToolCallArguments):
+                out += self.tool_arguments(parsed.text)
+            # (ToolCallEnd: the block closes with the next one, or with the message.)
+        return out
+
+    def _parsed(self) -> None:
+        """The blocks of a whole answer (not streamed), read as chat completions read it."""
+        assert self.parser is not None
+        message, _ = parsed_message(self.parser, "".join(self.raw))
+        if message.get("reasoning"):
+            self.thinking(message["reasoning"])
+        if message.get("content"):
+            self.text(message["content"])
+        for call in message.get("tool_calls") or ():
+            self.tool_call(call["id"], call["function"]["name"])
+            self.tool_arguments(call["function"]["arguments"])
+        self._close()
 
     def take(self, batch: list[OutputItem]) -> tuple[list[bytes], bool, EngineItemError | None]:
         """What one batch of engine outputs renders (the deltas of each block joined),
@@ -234,13 +320,21 @@ class MessageEvents:
             if item.data:
                 texts.append(text_of(item.data))
             if item.finish_reason is not None:
-                out += self.text("".join(texts))
+                out += self._feed("".join(texts))
                 texts = []
-                out += self.finish(item.finish_reason, item.usage)
+                reason = item.finish_reason
+                parser = self.parser
+                if parser is not None:
+                    if self.stream:
+                        out += self._render(parser.finish())
+                    else:
+                        self._parsed()
+                    reason = parser.finish_reason(reason)
+                out += self.finish(reason, item.usage)
                 done = True
                 break
         if texts:
-            out += self.text("".join(texts))
+            out += self._feed("".join(texts))
         if out:
             out[:0] = self.begin()
         return out, done, failure
