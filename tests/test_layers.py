@@ -14,13 +14,33 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "trioserve"
 FORBIDDEN = [
     ("trioserve.protocol", ("trio", "zmq", "hypercorn", "trioserve.transport", "trioserve.http")),
     ("trioserve.transport", ("trioserve.protocol", "trioserve.http", "trioserve.engine")),
-    ("trioserve.engine", ("trioserve.http", "trioserve.server", "zmq", "hypercorn")),
+    # The engine client routes over the engine-link interface: it never imports a link,
+    # nor the sockets links use.
+    (
+        "trioserve.engine",
+        (
+            "trioserve.http",
+            "trioserve.server",
+            "trioserve.links",
+            "trioserve.transport",
+            "zmq",
+            "hypercorn",
+        ),
+    ),
+    # Links import the engine client's interface, never the application above it.
+    ("trioserve.links", ("trioserve.http", "trioserve.server", "hypercorn")),
     ("trioserve.http", ("trioserve.server", "trioserve.transport", "hypercorn", "zmq")),
-    ("trioserve.sdk", ("trioserve.http", "trioserve.server", "trioserve.engine", "hypercorn")),
+    (
+        "trioserve.sdk",
+        ("trioserve.http", "trioserve.server", "trioserve.engine", "trioserve.links", "hypercorn"),
+    ),
     (
         "trioserve.enginecore",
         ("trioserve.http", "trioserve.server", "trioserve.engine", "trioserve.text", "hypercorn"),
     ),
+    # The application reaches engines through the engine client alone.
+    ("trioserve.http", ("trioserve.links",)),
+    ("trioserve.ends", ("trioserve.",)),
     ("trioserve.errors", ("trioserve.",)),
     (
         "trioserve.text",

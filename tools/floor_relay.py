@@ -27,7 +27,9 @@ import uuid
 
 import trio
 
-from trioserve.engine import EngineClient, open_engine_client
+from trioserve.ends import EndReason
+from trioserve.engine import EngineClient
+from trioserve.links.protocol import open_protocol_client
 from trioserve.protocol import Submit
 from trioserve.server.http1.protocol import LAST_CHUNK, chunk
 
@@ -64,11 +66,11 @@ async def relay(stream: trio.SocketStream, engines: EngineClient, model: str) ->
                         out.append(chunk(b"data: [DONE]\n\n") + LAST_CHUNK)
                 os.write(fd, b"".join(out))
         finally:
-            sub.abort("disconnect")  # a no-op once the engine finished it
+            sub.abort(EndReason.DISCONNECT)  # a no-op once the engine finished it
 
 
 async def serve(engine: str, host: str, port: int) -> None:
-    async with open_engine_client([engine]) as engines:
+    async with open_protocol_client([engine]) as engines:
         await engines.wait_ready()
         model = engines.default_model() or "mock"
         listeners = await trio.open_tcp_listeners(port, host=host)

@@ -285,7 +285,8 @@ class EngineItemError(TrioserveError):
 
 
 class WriterRefused(TrioserveError):
-    """The writer cannot take what the engine sends; the request ends with ``reason``."""
+    """The writer cannot take what the engine sends; the request ends with ``reason`` (a
+    member of ``trioserve.ends.EndReason``)."""
 
     def __init__(self, error: HTTPError, reason: str) -> None:
         super().__init__(error.message)

@@ -28,6 +28,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
 
+from .ends import EndReason
+
 REGISTRY = CollectorRegistry(auto_describe=True)
 
 REQUESTS_IN_FLIGHT = Gauge(
@@ -66,7 +68,8 @@ REQUESTS = Counter(
 )
 ENGINE_ABORTS = Counter(
     "trioserve_engine_aborts",
-    "Aborts sent to engines, by why the request ended early.",
+    "Aborts sent to engines, by why the request ended (early, or at a stop string the "
+    "frontend matched).",
     ["reason"],
     registry=REGISTRY,
 )
@@ -157,17 +160,8 @@ DRAINING = Gauge(
     multiprocess_mode="livemax",
 )
 
-ABORT_REASONS = (
-    "disconnect",
-    "deadline",
-    "engine_lost",
-    "cancel",
-    "slow_client",
-    "drain",
-    "abandoned",
-    "response_too_large",
-    "bad_engine_output",
-)
+#: Every reason an abort can leave for (the end-reason table), rendered from the start.
+ABORT_REASONS = tuple(EndReason)
 for _reason in ABORT_REASONS:
     ENGINE_ABORTS.labels(reason=_reason)
 

@@ -18,9 +18,11 @@ from tests.helpers.fake_engine import FakeEngine, receive_a, welcome
 from tests.helpers.frontends import start_engine
 from tests.helpers.waiting import HANG_GUARD, wait_until
 from trioserve import metrics
-from trioserve.engine import HeartbeatConfig, connection, open_engine_client
+from trioserve.ends import EndReason
 from trioserve.engine.subscription import DEFAULT_BUFFER, Subscription
 from trioserve.errors import EngineFailedError, EngineLostError, SlowClientError
+from trioserve.links import protocol as connection
+from trioserve.links.protocol import HeartbeatConfig, open_protocol_client
 from trioserve.protocol import (
     PROTOCOL_VERSION,
     Abort,
@@ -42,7 +44,7 @@ async def subscribed(sub: Subscription) -> AsyncIterator[Subscription]:
     try:
         yield sub
     finally:
-        sub.abort("disconnect")
+        sub.abort(EndReason.DISCONNECT)
 
 
 def completion(request_id: str, prompt: str = "hello", **params: object) -> Submit:
@@ -58,7 +60,7 @@ async def collect(sub) -> list[OutputItem]:
 
 async def test_streams_exactly_max_tokens_in_order_then_finishes(nursery):
     engine = await start_engine(nursery)
-    async with open_engine_client([engine.address]) as client:
+    async with open_protocol_client([engine.address]) as client:
         await client.wait_ready()
         sub = client.submit(completion("r1", max_tokens=7), "completion")
         async with subscribed(sub):
@@ -72,15 +74,15 @@ async def test_streams_exactly_max_tokens_in_order_then_finishes(nursery):
 
 async def test_leaving_the_context_early_sends_exactly_one_abort(nursery):
     engine = await start_engine(nursery)
-    async with open_engine_client([engine.address]) as client:
+    async with open_protocol_client([engine.address]) as client:
         await client.wait_ready()
-        frontend = client.connections[0].frontend_id.encode()
+        frontend = client.links[0].frontend_id.encode()
         async with subscribed(
             client.submit(completion("r1", max_tokens=10_000), "completion")
         ) as sub:
             await sub.receive_batch()
         assert sub.state == "aborted"
-        assert sub.abort("again") is False  # idempotent
+        assert sub.abort(EndReason.CANCEL) is False  # idempotent
         await wait_until(lambda: engine.core.ends.get((frontend, "r1")), "the abort")
         assert engine.core.ends[(frontend, "r1")] == ["aborted"]
         assert engine.stats.aborts_received == 1 and not engine.core.running
@@ -88,7 +90,7 @@ async def test_leaving_the_context_early_sends_exactly_one_abort(nursery):
 
 async def test_aborts_of_one_scheduling_round_leave_in_one_frame(nursery):
     engine = await start_engine(nursery)
-    async with open_engine_client([engine.address]) as client:
+    async with open_protocol_client([engine.address]) as client:
         await client.wait_ready()
         subs = [
             client.submit(completion(f"r{i}", max_tokens=10_000), "completion") for i in range(20)
@@ -96,7 +98,7 @@ async def test_aborts_of_one_scheduling_round_leave_in_one_frame(nursery):
         await wait_until(lambda: len(engine.core.running) == 20, "20 running requests")
         frames_before = engine.core.stats.aborts_received
         for sub in subs:
-            sub.abort("disconnect")
+            sub.abort(EndReason.DISCONNECT)
         await wait_until(lambda: not engine.core.running, "all aborted")
         assert engine.core.stats.aborts_received - frames_before == 20
         assert engine.core.stats.unknown_aborts == 0
@@ -104,9 +106,9 @@ async def test_aborts_of_one_scheduling_round_leave_in_one_frame(nursery):
 
 async def test_a_slow_subscriber_never_blocks_the_others(nursery):
     engine = await start_engine(nursery, tokens_per_second=2000)
-    async with open_engine_client([engine.address]) as client:
+    async with open_protocol_client([engine.address]) as client:
         await client.wait_ready()
-        frontend = client.connections[0].frontend_id.encode()
+        frontend = client.links[0].frontend_id.encode()
         failures = []
         slow = client.submit(
             completion("slow", max_tokens=500), "completion", buffer=4, on_failure=failures.append
@@ -126,7 +128,7 @@ async def test_a_slow_subscriber_never_blocks_the_others(nursery):
 
 async def test_engine_error_item_ends_the_request_without_an_abort(nursery):
     engine = await start_engine(nursery)
-    async with open_engine_client([engine.address]) as client:
+    async with open_protocol_client([engine.address]) as client:
         await client.wait_ready()
         sub = client.submit(
             completion("e1", mock_error_after=2, mock_error_status=429), "completion"
@@ -144,7 +146,7 @@ async def test_a_sink_takes_what_it_returns_nothing_of_and_errors_never_reach_it
     # (maybe without its data) and still ends the subscription; an error item always
     # goes the consumer's way.
     engine = await start_engine(nursery, tokens_per_second=200)
-    async with open_engine_client([engine.address]) as client:
+    async with open_protocol_client([engine.address]) as client:
         await client.wait_ready()
         seen: list[OutputItem] = []
 
@@ -175,7 +177,7 @@ async def test_a_sink_takes_what_it_returns_nothing_of_and_errors_never_reach_it
 
 def unread_bytes(client) -> int:
     """What the kernel holds, unread, on the client's socket to its (only) engine."""
-    sock = client.connections[0]._pump._sock
+    sock = client.links[0]._pump._sock
     return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0" * 4))[0]
 
 
@@ -187,7 +189,7 @@ async def parked_sinks(*request_ids: str) -> AsyncIterator[tuple[FakeEngine, byt
     client and the calls."""
     fake = FakeEngine()
     try:
-        async with open_engine_client([fake.address]) as client, trio.open_nursery() as inner:
+        async with open_protocol_client([fake.address]) as client, trio.open_nursery() as inner:
             ident, _ = await fake.receive()
             fake.send(ident, welcome())
             await client.wait_ready()
@@ -204,7 +206,7 @@ async def parked_sinks(*request_ids: str) -> AsyncIterator[tuple[FakeEngine, byt
             await wait_until(lambda: all(s._waiter for s in subs), "parked consumers")
             yield fake, ident, client, calls
             for sub in subs:
-                sub.abort("test")
+                sub.abort(EndReason.CANCEL)
             inner.cancel_scope.cancel()
     finally:
         fake.close()
@@ -256,7 +258,7 @@ async def test_a_backlog_read_in_one_pass_does_not_end_a_waiting_consumer():
     # waiting for outputs still is, at its bound.
     fake = FakeEngine()
     try:
-        async with open_engine_client([fake.address]) as client, trio.open_nursery() as inner:
+        async with open_protocol_client([fake.address]) as client, trio.open_nursery() as inner:
             ident, _ = await receive_a(fake, Hello)
             fake.send(ident, welcome())
             await client.wait_ready()
@@ -298,7 +300,7 @@ async def test_a_backlog_read_in_one_pass_does_not_end_a_waiting_consumer():
 async def test_two_engines_share_the_load_and_models_are_merged(nursery):
     first = await start_engine(nursery, model="m1")
     second = await start_engine(nursery, model="m2")
-    async with open_engine_client([first.address, second.address]) as client:
+    async with open_protocol_client([first.address, second.address]) as client:
         await client.wait_ready()
         assert {m.id for m in client.models()} == {"m1", "m2"}
         sub = client.submit(Submit("x", "m2", "completion", {"prompt": "p"}), "completion")
@@ -323,7 +325,7 @@ async def test_an_engine_that_refuses_our_version_fails_alone_and_is_tried_again
     engine = await start_engine(nursery)
     fake = FakeEngine()
     try:
-        async with open_engine_client([engine.address, fake.address]) as client:
+        async with open_protocol_client([engine.address, fake.address]) as client:
             ident, _ = await receive_a(fake, Hello)
             if answer == "reject":
                 fake.send(ident, encode(Reject(PROTOCOL_VERSION + 1, "speaks 2 only")))
@@ -333,14 +335,14 @@ async def test_an_engine_that_refuses_our_version_fails_alone_and_is_tried_again
                 await client.wait_ready()  # returns: a failed engine has settled
             (why,) = client.failures().values()
             assert f"version {PROTOCOL_VERSION + 1}" in why
-            assert client.ready and not client.connections[1].ready
+            assert client.ready and not client.links[1].ready
             async with subscribed(
                 client.submit(completion("r1", max_tokens=3), "completion")
             ) as sub:
                 assert len(await collect(sub)) == 3
             ident, _ = await receive_a(fake, Hello)  # tried again
             fake.send(ident, welcome(model="fake"))
-            await wait_until(lambda: client.connections[1].ready, "the engine back")
+            await wait_until(lambda: client.links[1].ready, "the engine back")
             assert client.failures() == {} and client.serves_model("fake")
         failed = [r for r in caplog.records if "failed:" in r.getMessage()]
         assert len(failed) == 1 and failed[0].levelname == "ERROR"
@@ -351,7 +353,7 @@ async def test_an_engine_that_refuses_our_version_fails_alone_and_is_tried_again
 async def test_a_version_change_while_serving_fails_its_requests_once_each(quick_retry):
     fake = FakeEngine()
     try:
-        async with open_engine_client([fake.address]) as client:
+        async with open_protocol_client([fake.address]) as client:
             ident, _ = await receive_a(fake, Hello)
             fake.send(ident, welcome())
             await client.wait_ready()
@@ -371,7 +373,7 @@ async def test_a_version_change_while_serving_fails_its_requests_once_each(quick
             _, abort = await receive_a(fake, Abort)
             assert sorted(abort.request_ids) == ["r0", "r1", "r2"]
             for sub in subs:
-                assert sub.abort("again") is False  # ended once
+                assert sub.abort(EndReason.CANCEL) is False  # ended once
             # Retried: a hello (never a second abort) comes next.
             _, message = await fake.receive()
             while not isinstance(message, Hello):
@@ -385,7 +387,7 @@ async def test_a_frame_over_the_bound_fails_that_engine_not_the_frontend(nursery
     engine = await start_engine(nursery)
     fake = FakeEngine()
     try:
-        async with open_engine_client([engine.address, fake.address], max_message=1000) as client:
+        async with open_protocol_client([engine.address, fake.address], max_message=1000) as client:
             ident, _ = await receive_a(fake, Hello)
             fake.send(ident, welcome(model="fake"))
             await client.wait_ready()
@@ -423,11 +425,11 @@ async def test_impossible_pong_figures_are_ignored_with_one_warning(caplog, bad)
     fake = FakeEngine()
     try:
         heartbeat = HeartbeatConfig(interval=0.02, timeout=5.0)
-        async with open_engine_client([fake.address], heartbeat=heartbeat) as client:
+        async with open_protocol_client([fake.address], heartbeat=heartbeat) as client:
             ident, _ = await receive_a(fake, Hello)
             fake.send(ident, welcome())
             await client.wait_ready()
-            conn = client.connections[0]
+            conn = client.links[0]
             gauge = metrics.ENGINE_RUNNING.labels(engine=fake.address)
             for figures in [(3, 1, 0.25), bad, bad]:
                 _, ping = await receive_a(fake, Ping)
@@ -445,7 +447,7 @@ async def test_impossible_pong_figures_are_ignored_with_one_warning(caplog, bad)
 async def test_malformed_frames_from_an_engine_are_dropped_and_serving_goes_on():
     fake = FakeEngine()
     try:
-        async with open_engine_client([fake.address]) as client:
+        async with open_protocol_client([fake.address]) as client:
             ident, _ = await fake.receive()
             fake.send(ident, welcome())
             await client.wait_ready()
@@ -466,7 +468,7 @@ async def test_a_silent_engine_is_declared_lost_and_its_requests_fail():
     fake = FakeEngine()
     try:
         heartbeat = HeartbeatConfig(interval=0.05, timeout=0.3)
-        async with open_engine_client([fake.address], heartbeat=heartbeat) as client:
+        async with open_protocol_client([fake.address], heartbeat=heartbeat) as client:
             ident, _ = await fake.receive()
             fake.send(ident, welcome())
             await client.wait_ready()
@@ -504,14 +506,14 @@ async def test_routing_follows_the_engines_own_load_and_kv_cache(nursery):
     try:
         heartbeat = HeartbeatConfig(interval=0.02, timeout=5.0)
         addresses = [fake.address for fake in fakes]
-        async with open_engine_client(addresses, heartbeat=heartbeat) as client:
+        async with open_protocol_client(addresses, heartbeat=heartbeat) as client:
             idents = []
             for fake in fakes:
                 ident, _ = await receive_a(fake, Hello)
                 fake.send(ident, welcome())
                 idents.append(ident)
             await client.wait_ready()
-            a, b = client.connections
+            a, b = client.links
 
             def routed_to(request_id: str) -> int:
                 client.submit(completion(request_id), "completion")

@@ -14,7 +14,7 @@ from tests.helpers.dns_server import start_dns_server
 from tests.helpers.frontends import start_engine
 from tests.helpers.waiting import wait_until
 from trioserve import metrics
-from trioserve.engine import open_engine_client
+from trioserve.ends import EndReason
 from trioserve.engine.discovery import (
     Discovery,
     NameserverResolver,
@@ -24,6 +24,7 @@ from trioserve.engine.discovery import (
     parse_dns,
     parse_server,
 )
+from trioserve.links.protocol import open_protocol_client
 from trioserve.protocol import Submit
 from trioserve.sdk import MockBackend, serve_engine
 from trioserve.sdk.mock import expected_text
@@ -94,7 +95,7 @@ async def start_engine_at(nursery: trio.Nursery, ip: str, port: int):
 
 
 def addresses(client) -> list[str]:
-    return sorted(conn.address for conn in client.connections)
+    return sorted(conn.address for conn in client.links)
 
 
 async def test_connections_follow_the_dns_answers(nursery):
@@ -103,7 +104,7 @@ async def test_connections_follow_the_dns_answers(nursery):
     two = await start_engine_at(nursery, "127.0.0.3", port)
     dns = await start_dns_server(nursery, **{NAME: ["127.0.0.2"]})
     a, b = f"tcp://127.0.0.2:{port}", f"tcp://127.0.0.3:{port}"
-    async with open_engine_client(
+    async with open_protocol_client(
         [f"dns://{NAME}:{port}"],
         resolver=NameserverResolver("127.0.0.1", dns.port),
         refresh=REFRESH,
@@ -113,16 +114,16 @@ async def test_connections_follow_the_dns_answers(nursery):
         # A second address appears: connected to.
         dns.records[NAME] = ["127.0.0.2", "127.0.0.3"]
         await wait_until(lambda: addresses(client) == [a, b], "the new engine's connection")
-        await wait_until(lambda: all(c.accepting for c in client.connections), "its welcome")
+        await wait_until(lambda: all(c.accepting for c in client.links), "its welcome")
         # The first vanishes while a stream runs on it: the stream finishes there, then
         # the connection goes; nothing new is routed to it meanwhile.
-        first = next(c for c in client.connections if c.address == a)
+        first = next(c for c in client.links if c.address == a)
         running = first.submit(
             Submit("long", "mock", "completion", {"prompt": "p"}, {"max_tokens": 40})
         )
         dns.records[NAME] = ["127.0.0.3"]
         await wait_until(lambda: first.retiring, "the vanished address let go of")
-        assert first in client.connections and not first.accepting
+        assert first in client.links and not first.accepting
         later = client.submit(Submit("later", "mock", "completion", {"prompt": "q"}), "completion")
         assert later.engine.address == b
         items = []
@@ -134,7 +135,7 @@ async def test_connections_follow_the_dns_answers(nursery):
         # Its series left /metrics with it.
         exposition = metrics.render()[0].decode()
         assert f'engine="{a}"' not in exposition and f'engine="{b}"' in exposition
-        later.abort("cancel")
+        later.abort(EndReason.CANCEL)
         # An address that comes back is connected to afresh.
         dns.records[NAME] = ["127.0.0.2", "127.0.0.3"]
         await wait_until(lambda: addresses(client) == [a, b], "the address back")
@@ -147,7 +148,7 @@ async def test_a_failing_dns_server_changes_nothing_and_no_name_means_no_engines
     await start_engine_at(nursery, "127.0.0.2", port)
     dns = await start_dns_server(nursery, **{NAME: ["127.0.0.2"]})
     fixed = await start_engine(nursery)
-    async with open_engine_client(
+    async with open_protocol_client(
         [f"dns://{NAME}:{port}", fixed.address],
         resolver=NameserverResolver("127.0.0.1", dns.port),
         refresh=REFRESH,
@@ -157,7 +158,7 @@ async def test_a_failing_dns_server_changes_nothing_and_no_name_means_no_engines
         dns.failing = True
         seen = dns.queries
         await wait_until(lambda: dns.queries >= seen + 6, "three more resolutions")
-        assert len(client.connections) == 2 and all(c.accepting for c in client.connections)
+        assert len(client.links) == 2 and all(c.accepting for c in client.links)
         dns.failing = False
         del dns.records[NAME]  # NXDOMAIN: the name has no engines now; the fixed one stays
         await wait_until(lambda: addresses(client) == [fixed.address], "the engines let go")
@@ -187,7 +188,7 @@ async def test_an_engine_found_by_its_aaaa_record_is_reached_over_ipv6(nursery):
     engine = await nursery.start(partial(serve_engine, backend, "tcp://[::1]:*"))
     port = int(engine.address.rsplit(":", 1)[1])
     dns = await start_dns_server(nursery, **{NAME: ["::1"]})
-    async with open_engine_client(
+    async with open_protocol_client(
         [f"dns://{NAME}:{port}"], resolver=NameserverResolver("127.0.0.1", dns.port)
     ) as client:
         assert addresses(client) == [f"tcp://[::1]:{port}"]

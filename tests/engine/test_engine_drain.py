@@ -10,7 +10,8 @@ import trio
 
 from tests.helpers.waiting import HANG_GUARD, wait_until
 from trioserve import metrics
-from trioserve.engine import HeartbeatConfig, open_engine_client
+from trioserve.ends import EndReason
+from trioserve.links.protocol import HeartbeatConfig, open_protocol_client
 from trioserve.protocol import Submit
 from trioserve.sdk import MockBackend, serve_engine
 from trioserve.sdk.mock import expected_text
@@ -52,10 +53,10 @@ async def start_stoppable_engine(nursery: trio.Nursery, address: str = "tcp://12
 async def test_a_drained_engine_leaves_without_failing_anything(nursery, caplog):
     leaving, stop = await start_stoppable_engine(nursery)
     staying, _ = await start_stoppable_engine(nursery)
-    caplog.set_level(logging.INFO, logger="trioserve.engine.connection")
-    async with open_engine_client([leaving.address, staying.address], heartbeat=QUICK) as client:
+    caplog.set_level(logging.INFO, logger="trioserve.links.protocol")
+    async with open_protocol_client([leaving.address, staying.address], heartbeat=QUICK) as client:
         await client.wait_ready()
-        a, b = client.connections
+        a, b = client.links
         failures = []
         streams = [
             a.submit(completion(f"r{i}", f"p{i}", max_tokens=30), on_failure=failures.append)
@@ -81,8 +82,8 @@ async def test_a_drained_engine_leaves_without_failing_anything(nursery, caplog)
         await wait_until(lambda: not a.ready, "the departure noticed")
         assert client.ready and not failures and draining._value.get() == 0
         for sub in new:
-            sub.abort("cancel")
-    departures = [r for r in caplog.records if r.name == "trioserve.engine.connection"]
+            sub.abort(EndReason.CANCEL)
+    departures = [r for r in caplog.records if r.name == "trioserve.links.protocol"]
     assert any("left after draining" in r.getMessage() for r in departures)
     assert not [r for r in departures if r.levelno >= logging.WARNING], [
         r.getMessage() for r in departures if r.levelno >= logging.WARNING
@@ -92,7 +93,7 @@ async def test_a_drained_engine_leaves_without_failing_anything(nursery, caplog)
 
 async def test_readiness_turns_red_when_every_engine_drains(nursery):
     engine, _ = await start_stoppable_engine(nursery)
-    async with open_engine_client([engine.address], heartbeat=QUICK) as client:
+    async with open_protocol_client([engine.address], heartbeat=QUICK) as client:
         await client.wait_ready()
         assert client.ready
         async with trio.open_nursery() as inner:
@@ -109,9 +110,9 @@ async def test_a_draining_engine_replaced_at_its_address_is_welcomed_fresh(nurse
     # in a pong. No request was there: nothing fails, and the new one is routed to.
     old, stop = await start_stoppable_engine(nursery)
     address = old.address
-    async with open_engine_client([address], heartbeat=QUICK) as client:
+    async with open_protocol_client([address], heartbeat=QUICK) as client:
         await client.wait_ready()
-        [conn] = client.connections
+        [conn] = client.links
         await old.drain(0)
         await wait_until(lambda: conn.draining, "the draining pong")
         await stop.stop()

@@ -12,8 +12,9 @@ import trio
 from tests.helpers.frontends import start_engine, start_frontend
 from tests.helpers.waiting import HANG_GUARD, wait_until
 from trioserve import metrics
-from trioserve.engine import HeartbeatConfig, open_engine_client
+from trioserve.ends import EndReason
 from trioserve.errors import EngineLostError
+from trioserve.links.protocol import HeartbeatConfig, open_protocol_client
 from trioserve.protocol import Limits, Submit
 from trioserve.sdk.mock import expected_text
 
@@ -58,7 +59,7 @@ def ends(engine, client, request_id: str) -> list[str]:
 
 async def test_a_request_refused_by_a_draining_engine_is_served_by_another(nursery):
     first, second = await start_engine(nursery), await start_engine(nursery)
-    async with open_engine_client([first.address, second.address]) as client:
+    async with open_protocol_client([first.address, second.address]) as client:
         await client.wait_ready()
         # The submit crosses the engine's drain: it arrives after the engine began
         # draining, before the frontend heard so.
@@ -67,7 +68,7 @@ async def test_a_request_refused_by_a_draining_engine_is_served_by_another(nurse
         sub = client.submit(completion("r1", max_tokens=5), "completion")
         items = await collect(sub)
         assert "".join(item.data for item in items) == expected_text("hello", 5)
-        assert sub.engine is client.connections[1] and sub.state == "finished"
+        assert sub.engine is client.links[1] and sub.state == "finished"
         assert failovers("draining") == before + 1
         assert ends(first, client, "r1") == ["finished"]  # refused: its one end there
         assert ends(second, client, "r1") == ["finished"]
@@ -79,9 +80,9 @@ async def test_a_request_refused_at_an_engines_limit_is_served_by_another(nurser
     first = await start_engine(nursery)
     second = await start_engine(nursery)
     first.core.limits = Limits(max_requests=1)
-    async with open_engine_client([first.address, second.address]) as client:
+    async with open_protocol_client([first.address, second.address]) as client:
         await client.wait_ready()
-        a, b = client.connections
+        a, b = client.links
         # One long request on the first, two on the second: the least loaded is the
         # first, which is at its limit.
         held = [a.submit(completion("hold-a", max_tokens=10**7))]
@@ -92,7 +93,7 @@ async def test_a_request_refused_at_an_engines_limit_is_served_by_another(nurser
         assert items[-1].finish_reason == "length" and sub.engine is b
         assert failovers("refused") == before + 1
         for sub in held:
-            sub.abort("cancel")
+            sub.abort(EndReason.CANCEL)
         await wait_until(lambda: not first.core.running and not second.core.running, "aborts")
     assert ends(first, client, "r1") == ["finished"] and ends(second, client, "r1") == ["finished"]
 
@@ -100,7 +101,7 @@ async def test_a_request_refused_at_an_engines_limit_is_served_by_another(nurser
 async def test_a_request_is_resubmitted_at_most_once(nursery):
     # Every engine answers 503 before any output: tried twice, then the error is the answer.
     engines = [await start_engine(nursery) for _ in range(3)]
-    async with open_engine_client([e.address for e in engines]) as client:
+    async with open_protocol_client([e.address for e in engines]) as client:
         await client.wait_ready()
         before = failovers("refused")
         refuse = {"mock_error_after": 0, "mock_error_status": 503}
@@ -114,7 +115,7 @@ async def test_a_request_is_resubmitted_at_most_once(nursery):
 
 async def test_a_refusal_with_no_other_engine_is_the_answer(nursery):
     engine = await start_engine(nursery)
-    async with open_engine_client([engine.address]) as client:
+    async with open_protocol_client([engine.address]) as client:
         await client.wait_ready()
         drain_unannounced(engine)
         sub = client.submit(completion("r1"), "completion")
@@ -124,7 +125,7 @@ async def test_a_refusal_with_no_other_engine_is_the_answer(nursery):
 
 async def test_a_request_whose_engine_is_lost_before_any_output_goes_to_another(nursery):
     first, second = await start_engine(nursery), await start_engine(nursery)
-    async with open_engine_client([first.address, second.address], heartbeat=QUICK) as client:
+    async with open_protocol_client([first.address, second.address], heartbeat=QUICK) as client:
         await client.wait_ready()
         first.freeze()  # hung: holds what it gets, answers nothing
         before = failovers("engine_lost")
@@ -132,7 +133,7 @@ async def test_a_request_whose_engine_is_lost_before_any_output_goes_to_another(
         sub = client.submit(
             completion("r1", max_tokens=5), "completion", on_failure=failures.append
         )
-        assert sub.engine is client.connections[0]
+        assert sub.engine is client.links[0]
         items = await collect(sub)
         assert "".join(item.data for item in items) == expected_text("hello", 5)
         assert not failures and sub.state == "finished"
@@ -146,7 +147,7 @@ async def test_a_request_whose_engine_is_lost_before_any_output_goes_to_another(
 
 async def test_a_request_whose_engine_is_lost_after_an_output_fails_as_before(nursery):
     first, second = await start_engine(nursery), await start_engine(nursery)
-    async with open_engine_client([first.address, second.address], heartbeat=QUICK) as client:
+    async with open_protocol_client([first.address, second.address], heartbeat=QUICK) as client:
         await client.wait_ready()
         before = failovers("engine_lost")
         sub = client.submit(completion("r1", max_tokens=10**7), "completion")
@@ -167,22 +168,22 @@ async def test_a_request_still_prefilling_when_a_drain_runs_out_goes_to_another(
     # before any output, like any refusal.
     first = await start_engine(nursery, ttft_ms=10**7)  # no first token before the drain
     second = await start_engine(nursery)
-    async with open_engine_client([first.address, second.address]) as client:
+    async with open_protocol_client([first.address, second.address]) as client:
         await client.wait_ready()
         sub = client.submit(completion("r1", max_tokens=3), "completion")
-        assert sub.engine is client.connections[0]
+        assert sub.engine is client.links[0]
         await wait_until(lambda: first.core.running, "the request at the first engine")
         await first.drain(0)
         items = await collect(sub)
-        assert items[-1].finish_reason == "length" and sub.engine is client.connections[1]
+        assert items[-1].finish_reason == "length" and sub.engine is client.links[1]
     assert first.stats.cut_off == 1
 
 
 async def test_an_engine_whose_link_takes_nothing_more_is_passed_over(nursery, monkeypatch):
     first, second = await start_engine(nursery), await start_engine(nursery)
-    async with open_engine_client([first.address, second.address]) as client:
+    async with open_protocol_client([first.address, second.address]) as client:
         await client.wait_ready()
-        a, b = client.connections
+        a, b = client.links
         monkeypatch.setattr(a._pump, "send", lambda frames: False)
         before = failovers("overloaded")
         sub = client.submit(completion("r1", max_tokens=2), "completion")

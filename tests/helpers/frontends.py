@@ -7,6 +7,7 @@ which one they run on.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
 
 import httpx
@@ -14,6 +15,7 @@ import trio
 
 from tests.helpers.waiting import HANG_GUARD, wait_until
 from trioserve.config import Settings
+from trioserve.engine import LinkFactory
 from trioserve.protocol import Submit, decode
 from trioserve.sdk import MockBackend, TrioEngine, serve_engine
 from trioserve.server.frontend import serve_frontend
@@ -50,7 +52,7 @@ class Frontend:
 
     @property
     def frontend_id(self) -> bytes:
-        return self.app.services.engines.connections[0].frontend_id.encode()
+        return self.app.services.engines.links[0].frontend_id.encode()
 
     def ends(self, request_id: str) -> list[str]:
         """How the engine saw request ``request_id`` end: [] while running/unknown."""
@@ -62,10 +64,16 @@ class Frontend:
 
 
 async def start_frontend(
-    nursery: trio.Nursery, engine: TrioEngine | None, *, server: str, **settings: object
+    nursery: trio.Nursery,
+    engine: TrioEngine | None,
+    *,
+    server: str,
+    links: Sequence[tuple[str, LinkFactory]] = (),
+    **settings: object,
 ) -> Frontend:
-    """A frontend on ``engine`` (or on ``settings["engines"]``) served by ``server``
-    ("builtin" or "hypercorn"), ready once its engines are."""
+    """A frontend on ``engine`` (or on ``settings["engines"]``, and on ``links``: engine
+    links of a kind of the test's own) served by ``server`` ("builtin" or "hypercorn"),
+    ready once its engines are."""
     options = {
         "port": 0,
         "engines": [engine.address] if engine else [],
@@ -77,7 +85,12 @@ async def start_frontend(
     stopped = trio.Event()
 
     async def serve(task_status: trio.TaskStatus) -> None:
-        await serve_frontend(Settings(**options), handle_signals=False, task_status=task_status)  # type: ignore[arg-type]
+        await serve_frontend(
+            Settings(**options),  # type: ignore[arg-type]
+            handle_signals=False,
+            links=links,
+            task_status=task_status,
+        )
         stopped.set()
 
     app, drain, binds = await nursery.start(serve)

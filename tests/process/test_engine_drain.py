@@ -44,7 +44,7 @@ async def test_sigterm_drains_an_engine_without_failing_its_streams(nursery, loo
     address = f"tcp://127.0.0.1:{free_port()}"
     engine = await start_mock(nursery, address, "--loop", loop)
     frontend = await start_frontend(nursery, None, server="builtin", engines=[address])
-    [conn] = frontend.app.services.engines.connections
+    [conn] = frontend.app.services.engines.links
     bodies: dict[int, str] = {}
     async with frontend.client() as client:
 

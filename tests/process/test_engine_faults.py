@@ -14,6 +14,7 @@ from tests.helpers.http import wait_health
 from tests.helpers.processes import free_port, start_engine_process, start_frontend_process
 from tests.helpers.waiting import HANG_GUARD, wait_until
 from trioserve import metrics
+from trioserve.ends import EndReason
 
 pytestmark = pytest.mark.integration
 
@@ -155,13 +156,13 @@ async def test_asyncio_engine_shell_serves_the_same_protocol(nursery):
 async def test_a_busy_frontend_loop_does_not_declare_a_healthy_engine_lost(nursery):
     import time
 
-    from trioserve.engine import HeartbeatConfig, open_engine_client
+    from trioserve.links.protocol import HeartbeatConfig, open_protocol_client
     from trioserve.protocol import Submit
 
     port = free_port()
     await start_engine_process(nursery, port)
     heartbeat = HeartbeatConfig(interval=0.05, timeout=0.3)
-    async with open_engine_client([f"tcp://127.0.0.1:{port}"], heartbeat=heartbeat) as client:
+    async with open_protocol_client([f"tcp://127.0.0.1:{port}"], heartbeat=heartbeat) as client:
         with trio.fail_after(HANG_GUARD):
             await client.wait_ready()
         sub = client.submit(
@@ -173,7 +174,7 @@ async def test_a_busy_frontend_loop_does_not_declare_a_healthy_engine_lost(nurse
             time.sleep(0.5)  # noqa: ASYNC251 - the loop is busy: pongs wait unread
         await trio.sleep(0.2)
         assert client.ready and sub.state == "open"
-        sub.abort("cancel")
+        sub.abort(EndReason.CANCEL)
 
 
 @pytest.mark.parametrize("allowed", [False, True], ids=["default", "mock-fault-injection"])

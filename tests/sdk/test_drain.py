@@ -9,8 +9,8 @@ import trio
 
 from tests.helpers.frontends import start_engine
 from tests.helpers.waiting import HANG_GUARD, wait_until
-from trioserve.engine import open_engine_client
 from trioserve.errors import NoEngineError
+from trioserve.links.protocol import open_protocol_client
 from trioserve.protocol import Submit
 from trioserve.sdk.mock import expected_text
 
@@ -28,9 +28,9 @@ async def collect(sub) -> list:
 
 async def test_running_requests_finish_and_new_ones_are_refused_while_draining(nursery):
     engine = await start_engine(nursery, tokens_per_second=100.0)
-    async with open_engine_client([engine.address]) as client:
+    async with open_protocol_client([engine.address]) as client:
         await client.wait_ready()
-        [conn] = client.connections
+        [conn] = client.links
         subs = [
             client.submit(completion(f"r{i}", f"p{i}", max_tokens=20), "completion") for i in (1, 2)
         ]
@@ -58,7 +58,7 @@ async def test_running_requests_finish_and_new_ones_are_refused_while_draining(n
 
 async def test_what_outlives_the_grace_period_is_ended_once_with_engine_stopped(nursery):
     engine = await start_engine(nursery)
-    async with open_engine_client([engine.address]) as client:
+    async with open_protocol_client([engine.address]) as client:
         await client.wait_ready()
         sub = client.submit(completion("long", max_tokens=10_000_000), "completion")
         assert (await sub.receive_batch())[0].data  # it has begun
@@ -72,7 +72,7 @@ async def test_what_outlives_the_grace_period_is_ended_once_with_engine_stopped(
 
 async def test_end_grace_cuts_a_drain_short(nursery):
     engine = await start_engine(nursery)
-    async with open_engine_client([engine.address]) as client:
+    async with open_protocol_client([engine.address]) as client:
         await client.wait_ready()
         sub = client.submit(completion("long", max_tokens=10_000_000), "completion")
         await sub.receive_batch()
@@ -87,14 +87,14 @@ async def test_end_grace_cuts_a_drain_short(nursery):
 
 async def test_a_frontend_that_connects_while_an_engine_drains_routes_nothing_to_it(nursery):
     engine = await start_engine(nursery)
-    async with trio.open_nursery() as inner, open_engine_client([engine.address]) as first:
+    async with trio.open_nursery() as inner, open_protocol_client([engine.address]) as first:
         await first.wait_ready()
         sub = first.submit(completion("long", max_tokens=10_000_000), "completion")
         await sub.receive_batch()
         inner.start_soon(engine.drain, HANG_GUARD)
         await wait_until(lambda: engine.core.draining, "the drain")
-        async with open_engine_client([engine.address]) as second:
+        async with open_protocol_client([engine.address]) as second:
             await second.wait_ready()  # welcomed, and told in the welcome
-            [conn] = second.connections
+            [conn] = second.links
             assert conn.ready and conn.draining and not second.ready
         engine.end_grace()

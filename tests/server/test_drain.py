@@ -17,6 +17,7 @@ from tests.helpers.frontends import SERVERS, start_frontend
 from tests.helpers.http import raw_request, read_until
 from tests.helpers.waiting import HANG_GUARD, wait_until
 from trioserve import metrics
+from trioserve.ends import EndReason
 
 LONG = {"prompt": "drain", "max_tokens": 100_000}
 pytestmark = pytest.mark.parametrize("http_server", SERVERS)
@@ -177,7 +178,7 @@ async def test_requests_after_the_grace_deadline_on_open_connections_get_503(
     nursery, engine, http_server
 ):
     frontend = await start_frontend(nursery, engine, server=http_server)
-    frontend.app.services.end_all("drain")  # as the drain deadline does
+    frontend.app.services.end_all(EndReason.DRAIN)  # as the drain deadline does
     async with httpx.AsyncClient(base_url=frontend.url) as client:
         response = await client.post("/v1/completions", json={"prompt": "x"})
     assert response.status_code == 503

@@ -49,7 +49,7 @@ async def test_vllms_running_count_and_kv_cache_reach_the_frontends_metrics(vllm
                     break
 
                 await trio.sleep(0.05)
-        connection = frontend.app.services.engines.connections[0]
+        connection = frontend.app.services.engines.links[0]
         assert connection.load >= 1
         await stream.aclose()
         await settled(vllm)
@@ -78,16 +78,16 @@ async def test_frontends_sharing_two_vllm_engines_route_by_vllms_own_load(
     )
     await read_until(stream, b'"text"')
     nursery.start_soon(read_on, stream)
-    busy = next(c for c in first.app.services.engines.connections if c.in_flight == 1)
+    busy = next(c for c in first.app.services.engines.links if c.in_flight == 1)
     with trio.fail_after(SETTLE_GUARD):  # the second frontend hears of it in a pong
-        while not any(c.running == 1 for c in second.app.services.engines.connections):
+        while not any(c.running == 1 for c in second.app.services.engines.links):
             await trio.sleep(0.05)
     other = await raw_request(
         second, "POST", "/v1/completions", json.dumps({**LONG, "stream": True}).encode()
     )
     await read_until(other, b'"text"')
     nursery.start_soon(read_on, other)
-    chosen = next(c for c in second.app.services.engines.connections if c.in_flight == 1)
+    chosen = next(c for c in second.app.services.engines.links if c.in_flight == 1)
     assert chosen.address != busy.address
     # vLLM's side: one request running on each engine.
     with trio.fail_after(SETTLE_GUARD):

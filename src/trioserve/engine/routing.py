@@ -1,10 +1,11 @@
 """Which engine a request goes to: the routing policies (``--routing``).
 
-Both policies choose among the engines that can take the request now: welcomed, serving
-its model and task, not draining, not being let go of (:attr:`EngineConnection.accepting`).
-An engine's load is :attr:`EngineConnection.load`: the requests it reported running and
-waiting in its last pong (every frontend's), plus what this frontend started there since,
-less what ended; ties go to the emptier KV cache where engines report one.
+Both policies choose among the engines that can take the request now: ready, serving its
+model and task, not draining, not being let go of (``EngineLink.accepting``, see
+:mod:`~trioserve.engine.link`). An engine's load is ``EngineLink.load``: the requests it
+reported running and waiting in its last figures (every frontend's), plus what this
+frontend started there since, less what ended; ties go to the emptier KV cache where
+engines report one. Both are read over the link interface, whatever the engine speaks.
 
 - :class:`LeastLoad` (``least-load``, the default): the least loaded engine.
 - :class:`Affinity` (``affinity``): requests with the same key go to the same engine, so an
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Protocol
 from ..protocol import Submit
 
 if TYPE_CHECKING:
-    from .connection import EngineConnection
+    from .link import EngineLink
 
 #: Characters of the prompt that make a request's affinity key when it has no session.
 PREFIX_CHARS = 256
@@ -42,12 +43,12 @@ POLICIES = ("least-load", "affinity")
 
 
 class Policy(Protocol):
-    def choose(self, candidates: Sequence[EngineConnection], message: Submit) -> EngineConnection:
+    def choose(self, candidates: Sequence[EngineLink], message: Submit) -> EngineLink:
         """One of ``candidates`` (never empty) for ``message``."""
         ...
 
 
-def _load(conn: EngineConnection) -> tuple[int, float]:
+def _load(conn: EngineLink) -> tuple[int, float]:
     # Fewest requests at the engine first, then the emptiest KV cache.
     return conn.load, conn.kv_cache_usage or 0.0
 
@@ -55,7 +56,7 @@ def _load(conn: EngineConnection) -> tuple[int, float]:
 class LeastLoad:
     """The least loaded engine (running + waiting requests, then KV-cache use)."""
 
-    def choose(self, candidates: Sequence[EngineConnection], message: Submit) -> EngineConnection:
+    def choose(self, candidates: Sequence[EngineLink], message: Submit) -> EngineLink:
         best = candidates[0]
         if len(candidates) > 1:
             best_load = _load(best)
@@ -75,7 +76,7 @@ class Affinity:
             raise ValueError(f"the affinity load factor must be at least 1, got {load_factor}")
         self.load_factor = load_factor
 
-    def choose(self, candidates: Sequence[EngineConnection], message: Submit) -> EngineConnection:
+    def choose(self, candidates: Sequence[EngineLink], message: Submit) -> EngineLink:
         if len(candidates) == 1:
             return candidates[0]
         key = affinity_key(message)

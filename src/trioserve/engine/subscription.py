@@ -1,9 +1,13 @@
 """A request's view of its engine outputs: a bounded channel plus exactly-once ending.
 
-A :class:`Subscription` ends exactly once, in one of three ways:
+A :class:`Subscription` ends exactly once (its state leaves ``open`` once, by the table
+in :mod:`trioserve.ends`), in one of four ways:
 
 - ``finished``: the engine sent the request's last item (a finish reason or an error);
   the engine has ended it, so no abort is sent;
+- ``concluded``: the frontend decided a successful end (a stop string matched in its text
+  pipeline: :meth:`Subscription.conclude`); one abort is queued, and the consumer reads
+  the frontend's last item as it would the engine's;
 - ``aborted``: the frontend gave up on it (client gone, deadline, cancel, slow client,
   drain); one abort is queued to the engine;
 - ``lost``: the engine stopped answering, or failed (broke the protocol); one abort is
@@ -13,13 +17,13 @@ Ending is synchronous (it only queues the abort for the socket's owner task), so
 run in a ``finally`` under cancellation without awaiting anything, and it is idempotent.
 
 **Failover.** Until an output has been delivered (to the queue or the sink: before that,
-nothing of it can have reached the client), a subscription that its engine refuses (a 503
-error item as the first item: draining, at its limit) or loses (``engine_lost``,
-``engine_failed``) is not ended: :attr:`Subscription.retry` (set by the engine client)
-submits the request to another engine, once, and the consumer never knows. The first
-engine needs no abort for a refusal (its error item ended the request there) and gets one
-for a loss. From the first delivered output on, or after one failover, the request ends as
-described above.
+nothing of it can have reached the client), a subscription that its engine refuses (a
+first item its link calls a refusal, :meth:`RequestLink.refusal`: draining, at its
+limit) or loses (``engine_lost``, ``engine_failed``) is not ended:
+:attr:`Subscription.retry` (set by the engine client) submits the request to another
+engine, once, and the consumer never knows. The first engine needs no abort for a
+refusal (its error item ended the request there) and gets one for a loss. From the first
+delivered output on, or after one failover, the request ends as described above.
 """
 
 from __future__ import annotations
@@ -33,20 +37,18 @@ from typing import Protocol
 import trio
 
 from .. import metrics
+from ..ends import EndReason, State, ended_by, transition
 from ..errors import EngineLostError, SlowClientError, TrioserveError, WriterFailedError
-from ..protocol import OutputItem
+from ..protocol import ErrorInfo, OutputItem
 
 log = logging.getLogger("trioserve.request")
 
 #: Default bound of a subscription's channel, in output items (one token each for text).
 DEFAULT_BUFFER = 256
-#: The failover reason of a 503 error item of each type, before any output (any other
-#: type: "refused").
-_REFUSALS = {"engine_draining": "draining"}
 
 
-class EngineLink(Protocol):
-    """What a subscription needs of its engine's connection (``EngineConnection``)."""
+class RequestLink(Protocol):
+    """What a subscription needs of its engine's link (``engine.link.EngineLink``)."""
 
     #: The engine's address (logs).
     address: str
@@ -59,6 +61,10 @@ class EngineLink(Protocol):
 
     def hold(self, sub: Subscription) -> None:
         """Call ``sub.release()`` when the current read pass ends."""
+
+    def refusal(self, error: ErrorInfo) -> str | None:
+        """The failover reason if ``error``, a request's first item, is the engine
+        refusing it before it began (it ended the request itself); else None."""
 
 
 class Subscription:
@@ -88,14 +94,14 @@ class Subscription:
 
     def __init__(
         self,
-        engine: EngineLink,
+        engine: RequestLink,
         request_id: str,
         buffer: int = DEFAULT_BUFFER,
-        on_failure: Callable[[TrioserveError], None] | None = None,
+        on_failure: Callable[[EndReason], None] | None = None,
     ) -> None:
         self.engine = engine
         self.request_id = request_id
-        self.state = "open"
+        self.state = State.OPEN
         #: Set when the subscription failed (slow client, engine lost).
         self.error: TrioserveError | None = None
         self._on_failure = on_failure
@@ -136,12 +142,10 @@ class Subscription:
         """Hand one item to the consumer, never blocking the caller."""
         if self.retry is not None:  # the first item: nothing delivered yet
             error = item.error
-            if (
-                error is not None
-                and error.status == 503
-                and self._fail_over(_REFUSALS.get(error.type, "refused"))
-            ):
-                return  # another engine has it; this one ended it itself: no abort
+            if error is not None:
+                refused = self.engine.refusal(error)
+                if refused is not None and self._fail_over(refused):
+                    return  # another engine has it; this one ended it itself: no abort
             self.retry = None
         held = self._held
         if held is not None:
@@ -168,7 +172,7 @@ class Subscription:
         alone, with one abort; the engine connection goes on releasing the others and
         reading the engine."""
         held, self._held = self._held, None
-        if not held or self.state != "open" or self.error is not None:
+        if not held or self.error is not None or self.state not in _DELIVERING:
             return  # (ended meanwhile: nothing is owed)
         sink = self.sink
         if sink is not None and self._waiter is not None:
@@ -177,7 +181,7 @@ class Subscription:
             except Exception:
                 log.exception("the writer of request %s failed; ending it", self.request_id)
                 self.sink = None
-                self.fail(WriterFailedError("the response writer failed"), "internal_error")
+                self.fail(WriterFailedError("the response writer failed"), EndReason.INTERNAL_ERROR)
                 return
             if len(rest) < len(held):
                 self._written(len(held) - len(rest))
@@ -196,12 +200,15 @@ class Subscription:
         # bounded: one read of the engine socket, and the consumer runs before the
         # owner's pass after next.)
         if len(items) >= self._bound and not self._woken:
-            self.fail(SlowClientError("the client is not reading fast enough"), "slow_client")
+            self.fail(
+                SlowClientError("the client is not reading fast enough"), EndReason.SLOW_CLIENT
+            )
             return
         items.append(item)
         if item.finish_reason is not None or item.error is not None:
             self.final = item
-            self.state = "finished"
+            if self.state is State.OPEN:  # (CONCLUDED: the frontend's own last item)
+                self.state = State.FINISHED
             self.engine.forget(self.request_id)
             self._closed = True
         waiter = self._waiter
@@ -221,19 +228,35 @@ class Subscription:
             self._woken = True
             trio.lowlevel.reschedule(task)
 
-    def fail(self, error: TrioserveError, reason: str) -> None:
+    def conclude(self, item: OutputItem) -> None:
+        """End the request successfully here, with ``item`` (a finish) as its last output:
+        the frontend decided it (a stop string matched). One abort leaves to the engine
+        now, and nothing more it sends is delivered; the consumer reads ``item`` as it
+        would the engine's own last. A no-op once the request has ended."""
+        if not item.final:
+            raise ValueError("a request is concluded with a final item")
+        if not transition(self.state, State.CONCLUDED):
+            return
+        self.retry = None  # an output is being delivered: no failover from here
+        self.state = State.CONCLUDED
+        self.engine.forget(self.request_id)
+        self.engine.queue_abort(self.request_id)
+        metrics.engine_aborts(EndReason.STOP_STRING).inc()
+        self.deliver(item)
+
+    def fail(self, error: TrioserveError, reason: EndReason) -> None:
         """End the subscription with an error; the consumer sees ``error`` at once.
 
-        The owner of the request decides how it ends: ``on_failure`` (the request
+        The owner of the request decides how it ends: ``on_failure(reason)`` (the request
         lifecycle's ``RequestHandle.end``) aborts it, from the one place every abort of a
         request leaves. Without an owner, the subscription aborts itself.
 
         A lost engine before any output is not an end: the request goes to another engine
         (module docstring), and neither the consumer nor the owner hears of it.
         """
-        if self.state != "open" or self.error is not None:
+        if self.error is not None or self.state not in _DELIVERING:
             return
-        if self.retry is not None and reason in ("engine_lost", "engine_failed"):
+        if self.retry is not None and reason.engine_gone:
             lost = self.engine
             if self._fail_over(reason):
                 # In case the engine was only hung and comes back: one abort there.
@@ -245,10 +268,10 @@ class Subscription:
         self._closed = True
         self._wake()
         if self._on_failure is not None:
-            self._on_failure(error)
-        self.abort(reason)  # a no-op once the owner has aborted it
+            self._on_failure(reason)
+        self.abort(reason)  # a no-op once the owner has aborted it (or it was concluded)
 
-    def _fail_over(self, reason: str) -> bool:
+    def _fail_over(self, reason: str) -> bool:  # (a failover reason: metrics.FAILOVER_REASONS)
         """Hand the request to another engine (once); True if one took it."""
         retry, self.retry = self.retry, None
         old = self.engine
@@ -259,24 +282,23 @@ class Subscription:
 
     # -- called by the consumer --------------------------------------------------------
 
-    def abort(self, reason: str) -> bool:
+    def abort(self, reason: EndReason) -> bool:
         """End the request at the engine (one abort), unless it already ended. Idempotent."""
-        if self.state != "open":
+        new = ended_by(reason)
+        if not transition(self.state, new):
             return False
-        self._end(reason)
-        return True
-
-    def _end(self, reason: str) -> None:
-        self.state = "lost" if reason in ("engine_lost", "engine_failed") else "aborted"
+        self.state = new
         self.engine.forget(self.request_id)
         self.engine.queue_abort(self.request_id)
         metrics.engine_aborts(reason).inc()
         self._closed = True
         self._wake()
+        return True
 
     @property
     def done(self) -> bool:
-        return self.state != "open"
+        """The engine request has ended (what the consumer has left to read may not)."""
+        return self.state is not State.OPEN
 
     async def receive_batch(self, limit: int = 64) -> list[OutputItem]:
         """Wait for at least one item, then take what else is already waiting (≤ limit).
@@ -337,4 +359,7 @@ class Subscription:
         return self._waiter is not None
 
 
-__all__ = ["DEFAULT_BUFFER", "EngineLostError", "Subscription"]
+#: The states in which items still reach the consumer.
+_DELIVERING = (State.OPEN, State.CONCLUDED)
+
+__all__ = ["DEFAULT_BUFFER", "EngineLostError", "RequestLink", "Subscription"]

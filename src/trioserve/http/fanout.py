@@ -19,6 +19,7 @@ from functools import partial
 import attrs
 import trio
 
+from ..ends import EndReason
 from ..errors import HTTPError
 from ..protocol import OutputItem, Submit, Usage
 from .exchange import Exchange
@@ -45,11 +46,11 @@ class GroupHandle:
 
     id: str
     members: list[RequestHandle] = attrs.Factory(list)
-    end_reason: str | None = None
+    end_reason: EndReason | None = None
     #: The index of the API key that started it (see ``RequestHandle.owner``).
     owner: int | None = None
 
-    def end(self, reason: str) -> None:
+    def end(self, reason: EndReason) -> None:
         if self.end_reason is None:
             self.end_reason = reason
         for member in self.members:
@@ -118,7 +119,7 @@ async def run_group(
         try:
             # One watch for the group (ASGI receive() has one reader); it ends every member.
             async with (
-                exchange.watch_disconnect(partial(group.end, "disconnect")),
+                exchange.watch_disconnect(partial(group.end, EndReason.DISCONNECT)),
                 trio.open_nursery() as members,
             ):
                 for index, submit in enumerate(submits):
@@ -132,7 +133,7 @@ async def run_group(
                     )
         finally:
             services.registry.remove(group)
-        if group.end_reason == "disconnect":
+        if group.end_reason is EndReason.DISCONNECT:
             return
         if result.error is not None:
             if stream is not None:
@@ -171,7 +172,7 @@ async def _member(
     except HTTPError as error:  # refused before submission (e.g. a duplicate id)
         if result.error is None:
             result.error = error
-        group.end("abandoned")
+        group.end(EndReason.ABANDONED)
 
 
 @attrs.define(eq=False)
@@ -256,4 +257,4 @@ def _first_failure(result: GroupResult, error: HTTPError, group: GroupHandle, in
         result.error = error
         for i, member in enumerate(group.members):
             if i != index:
-                member.end("abandoned")
+                member.end(EndReason.ABANDONED)

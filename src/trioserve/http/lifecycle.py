@@ -3,6 +3,7 @@
 ::
 
     request scope (deadline)
+      prepare            the engine link's (rendering, tokenization): owes no abort
       submit             the engine request, inside the scope whose exit ends it
       disconnect watch   the server's: a callback from the built-in server's one hang-up
                          watcher, or a task reading ASGI receive() (hypercorn); none of
@@ -12,10 +13,14 @@
 Every way a request ends early is :meth:`RequestHandle.end` with a reason: the client
 disconnected, the deadline passed, ``DELETE /v1/requests/{id}``, the client fell behind
 its buffer bound, the engine was lost or failed, the drain deadline came, a writer
-failed. It is the one place the request's abort leaves (synchronously: it only queues
-it, so it cannot be cancelled half-way or hang; a no-op when the engine already ended the
-request), and it cancels the scope. After the scope, the client is told why (unless it
-is gone).
+failed (each an :class:`~trioserve.ends.EndReason`, which says what the client is told).
+It is the one place the request's abort leaves (synchronously: it only queues it, so it
+cannot be cancelled half-way or hang; a no-op when the engine already ended the request),
+and it cancels the scope. After the scope, the client is told why (unless it is gone).
+The one successful end the frontend decides itself, a stop string its text pipeline
+matched, is the engine link's: it concludes the subscription
+(``Subscription.conclude``: one abort, reason ``stop_string``) with a last item the
+writer finishes the response with, as it does the engine's own.
 
 What is watched from outside (metrics, traces, the live view of ``GET /debug/requests``)
 reads the :class:`RequestHandle` and its subscription; an :class:`Observer` is told when a
@@ -37,35 +42,14 @@ import attrs
 import trio
 
 from .. import metrics
-from ..engine import EngineClient, Subscription
-from ..errors import (
-    EngineError,
-    EngineFailedError,
-    HTTPError,
-    SlowClientError,
-    TrioserveError,
-    WriterFailedError,
-)
+from ..ends import EndReason
+from ..engine import EngineClient, Prepared, Preparer, Subscription
+from ..errors import EngineError, HTTPError, SlowClientError, WriterFailedError
 from ..protocol import Submit
 from .writers.stream import EngineItemError, Writer, WriterRefused
 
 #: How long telling a client why its request ended may take, at most.
 ERROR_WRITE_TIMEOUT = 5.0
-
-_END_ERRORS = {
-    "deadline": (504, "deadline_exceeded", "the request exceeded its deadline"),
-    "cancel": (499, "request_cancelled", "the request was cancelled"),
-    "slow_client": (503, "slow_client", "the client fell behind its stream buffer"),
-    "engine_lost": (503, "engine_lost", "the engine stopped responding"),
-    "engine_failed": (
-        503,
-        "engine_failed",
-        "the engine broke the protocol and is out of service until it recovers",
-    ),
-    "drain": (503, "server_shutting_down", "the server is shutting down"),
-    "abandoned": (500, "request_abandoned", "another part of the same request failed"),
-    "internal_error": (500, "internal_error", "the server failed to answer this request"),
-}
 
 
 @attrs.define(eq=False)
@@ -74,7 +58,7 @@ class RequestHandle:
 
     id: str
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
-    end_reason: str | None = None
+    end_reason: EndReason | None = None
     #: Set once the response is complete; ending the request is then a no-op.
     completed: bool = False
     #: The index of the API key that started it (``http/auth.py``; None: no keys):
@@ -96,14 +80,15 @@ class RequestHandle:
     arrived: float = attrs.field(factory=perf_counter)
     #: When it was ended early (``end``; 0: it was not).
     ended_at: float = 0.0
-    #: How it ended, once it has: ``completed``, ``engine_error`` or the early end's reason.
+    #: How it ended, once it has: ``completed``, ``engine_error``, the early end's reason,
+    #: or the code of the error that refused it before it reached an engine.
     outcome: str | None = None
     #: What went to the engine (set when it is submitted).
     submit: Submit | None = None
     #: The observer's own record of the request (a trace's span), if it keeps one.
     trace: Any = None
 
-    def end(self, reason: str) -> None:
+    def end(self, reason: EndReason) -> None:
         """End the request early (first reason wins). Synchronous and idempotent.
 
         The one place every abort of a request leaves, whoever decides the end (the
@@ -124,22 +109,12 @@ class RequestHandle:
                 sub.interrupt()
             self.scope.cancel()
 
-    def failed(self, error: TrioserveError) -> None:
-        """The engine link failed the request (``Subscription.fail``): end it."""
-        if isinstance(error, EngineFailedError):
-            self.end("engine_failed")
-        elif isinstance(error, SlowClientError):
-            self.end("slow_client")
-        elif isinstance(error, WriterFailedError):
-            self.end("internal_error")
-        else:
-            self.end("engine_lost")
-
     @property
     def phase(self) -> str:
-        """Where the request is (the live view): ``submitting``, ``waiting`` for the
-        engine's first output, ``streaming`` (waiting for the next), ``writing`` (a write
-        to the client in progress) or ``ending``. Read from the state, never recorded."""
+        """Where the request is (the live view): ``submitting`` (being prepared or
+        submitted), ``waiting`` for the engine's first output, ``streaming`` (waiting for
+        the next), ``writing`` (a write to the client in progress) or ``ending``. Read
+        from the state, never recorded."""
         if self.end_reason is not None or self.completed:
             return "ending"
         sub = self.sub
@@ -173,7 +148,7 @@ class Endable(Protocol):
     id: str
     owner: int | None
 
-    def end(self, reason: str) -> None: ...
+    def end(self, reason: EndReason) -> None: ...
 
 
 class Registry:
@@ -235,7 +210,7 @@ class Registry:
         """Every request (and fan-out group) in flight."""
         return list(self._handles.values())
 
-    def end_all(self, reason: str) -> int:
+    def end_all(self, reason: EndReason) -> int:
         handles = list(self._handles.values())
         for handle in handles:
             handle.end(reason)
@@ -273,9 +248,14 @@ async def run_generation(
     The tree, the same for every route and server::
 
         request scope (deadline; RequestHandle.end cancels it)
+          prepare           the engine link's (tokenization): cancellable, owes no abort
           submit            the subscription, inside the scope whose exit ends it
-          disconnect watch  (calls handle.end("disconnect"))
+          disconnect watch  (calls handle.end(DISCONNECT))
             relay           subscription -> writer, until the last output
+
+    What the prepare phase refuses (an :class:`HTTPError`: a 400 for a prompt the text
+    pipeline cannot take) is the response, as an engine refused before any engine heard
+    of the request is.
 
     ``observer`` is told when the request begins and ends (metrics, traces).
     ``handle`` lets the caller keep a reference to end the request itself. With
@@ -289,49 +269,73 @@ async def run_generation(
         submit = attrs.evolve(submit, request_id=f"{submit.request_id}.{os.urandom(6).hex()}")
     outcome = "error"
     error: HTTPError | None = None
+    refused: str | None = None  # the code of what refused it before any engine had it
     try:
         submit = observer.begin(handle, submit)
         if timeout > 0:
             handle.scope.relative_deadline = timeout
         with handle.scope:
             try:
+                preparer = engines.preparer_for(submit, capability)
+                if preparer is None:
+                    prepared = Prepared(submit)
+                else:
+                    prepared = await _prepare(preparer, submit, handle, watch_disconnect)
                 handle.sub = engines.submit(
-                    submit, capability, buffer=buffer, on_failure=handle.failed
+                    prepared, capability, buffer=buffer, on_failure=handle.end
                 )
                 observer.submitted(handle)
                 writer.prepare()
-                async with watch_disconnect(partial(handle.end, "disconnect")):
+                async with watch_disconnect(partial(handle.end, EndReason.DISCONNECT)):
                     error = await _relay(handle.sub, writer, handle, keepalive)
             except EngineError as exc:  # refused before it reached an engine
                 error = HTTPError(exc.status, str(exc), exc.code)
-                handle.end_reason = exc.code
+                refused = exc.code
+            except HTTPError as exc:  # the prepare phase refused it (a 400)
+                error, refused = exc, exc.code
             finally:
                 # However the scope is left, the request is over. Left without a reason:
                 # the deadline, or a bug on the way out (its exception goes on up); either
                 # way the one abort leaves from RequestHandle.end (a no-op once the engine
-                # ended the request).
+                # ended the request, or before it was submitted).
                 if handle.end_reason is None and not handle.completed:
                     if handle.scope.cancel_called:
-                        handle.end("deadline")
+                        handle.end(EndReason.DEADLINE)
                     elif handle.sub is not None and not handle.sub.done:
-                        handle.end("error")
+                        handle.end(EndReason.ERROR)
         if handle.completed:
             outcome = "completed"
             return
-        outcome = handle.end_reason or "engine_error"
-        if outcome == "disconnect":
+        reason = handle.end_reason
+        outcome = reason or refused or "engine_error"
+        if reason is EndReason.DISCONNECT:
             return
         if error is None:
-            status, code, message = _END_ERRORS.get(outcome, _END_ERRORS["internal_error"])
-            if outcome == "deadline":
+            reason = reason or EndReason.INTERNAL_ERROR
+            message = reason.message
+            if reason is EndReason.DEADLINE:
                 message = f"{message} of {timeout:g} s"
-            error = HTTPError(status, message, code)
+            error = HTTPError(reason.status, message, reason.code)
         with trio.move_on_after(ERROR_WRITE_TIMEOUT):
             await writer.fail(error)
     finally:
         registry.remove(handle)
         handle.outcome = outcome
         observer.ended(handle, outcome)
+
+
+async def _prepare(
+    preparer: Preparer, submit: Submit, handle: RequestHandle, watch_disconnect: DisconnectWatch
+) -> Prepared:
+    """The prepare phase, watched for the client's hang-up (a long tokenization); its
+    refusal is raised outside the watch, whose task group would wrap it."""
+    refusal: HTTPError | None = None
+    async with watch_disconnect(partial(handle.end, EndReason.DISCONNECT)):
+        try:
+            return await preparer.prepare(submit)
+        except HTTPError as exc:
+            refusal = exc
+    raise refusal
 
 
 async def _relay(
@@ -364,7 +368,7 @@ async def _relay(
     except WriterRefused as exc:
         # The response cannot take what the engine sends (too large): end the request
         # here, with one abort, and tell the client.
-        handle.end(exc.reason)
+        handle.end(exc.reason if isinstance(exc.reason, EndReason) else EndReason.INTERNAL_ERROR)
         return exc.error
     except (EngineError, SlowClientError, WriterFailedError) as exc:
         # The subscription failed (engine lost or failed, slow client, a writer's bug);

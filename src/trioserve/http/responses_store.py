@@ -39,6 +39,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
+from ..ends import EndReason
 from ..errors import HTTPError, WriterRefused
 from ..protocol import OutputItem
 from .admission import RETRY_AFTER
@@ -239,7 +240,7 @@ class ResponseStore:
     def delete(self, record: StoredResponse) -> None:
         """Forget ``record``; a background response still running is cancelled first."""
         if record.handle is not None and not record.finished:
-            record.handle.end("cancel")
+            record.handle.end(EndReason.CANCEL)
         self._drop(record)
 
     # -- what the background writer uses -------------------------------------------------
@@ -248,12 +249,12 @@ class ResponseStore:
         """Retain ``events`` (and count ``text_bytes`` of text the response now holds), or
         raise :class:`WriterRefused` past a bound, retaining nothing."""
         if len(record.retained) + len(events) > self.max_events:
-            raise WriterRefused(events_overflow(self.max_events), "response_overflow")
+            raise WriterRefused(events_overflow(self.max_events), EndReason.RESPONSE_OVERFLOW)
         added = text_bytes + sum(len(data) for _, data in events)
         if record.id in self._records:
             self._make_room(added)
             if self.bytes + added > self.max_bytes:
-                raise WriterRefused(store_full(self.max_bytes), "response_overflow")
+                raise WriterRefused(store_full(self.max_bytes), EndReason.RESPONSE_OVERFLOW)
             self.bytes += added
         record.size += added
         record.retained.extend(events)

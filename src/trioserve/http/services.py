@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import attrs
 
 from ..config import Settings
+from ..ends import EndReason
 from ..engine import EngineClient
 from ..errors import HTTPError
 from ..protocol import Submit
@@ -51,7 +52,7 @@ class Connection(Protocol):
     client: tuple[str, int] | None
     opened: float
 
-    def end(self, reason: str) -> None: ...
+    def end(self, reason: EndReason) -> None: ...
 
 
 @attrs.define(eq=False)
@@ -234,7 +235,7 @@ class Services:
                 keepalive=keepalive,
             )
 
-    def end_all(self, reason: str) -> int:
+    def end_all(self, reason: EndReason) -> int:
         """End every request in flight (the drain deadline); returns how many."""
         self.state.finished = True
         ended = self.registry.end_all(reason)

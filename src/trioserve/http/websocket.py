@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 import trio
 
+from ..ends import EndReason
 from ..errors import HTTPError
 from .bodies.multimodal import resolve_chat_media
 from .bodies.openai import ENDPOINTS, parse_generation
@@ -101,7 +102,7 @@ class WebSocketConnection:
         payload = error.payload()["error"]
         await self.send_text(_dumps({"type": "error", "id": client_id, "error": payload}))
 
-    def end(self, reason: str) -> None:
+    def end(self, reason: EndReason) -> None:
         """End every request on the connection with ``reason``, then close it: 1001
         (going away) for the drain, 1008 otherwise.
 
@@ -109,7 +110,7 @@ class WebSocketConnection:
         still tells the client why (unless the peer is gone) before the socket closes.
         """
         if self.close_code is None:
-            self.close_code = GOING_AWAY if reason == "drain" else POLICY_VIOLATION
+            self.close_code = GOING_AWAY if reason is EndReason.DRAIN else POLICY_VIOLATION
             for handle in list(self.requests.values()):
                 handle.end(reason)
             self._reader_scope.cancel()
@@ -152,7 +153,7 @@ class WebSocketConnection:
             kind = message["type"]
             if kind == "websocket.disconnect":
                 self.peer_gone = True
-                self.end("disconnect")  # (the peer is gone: nothing is sent)
+                self.end(EndReason.DISCONNECT)  # (the peer is gone: nothing is sent)
                 return
             if kind != "websocket.receive":
                 continue
@@ -210,7 +211,7 @@ class WebSocketConnection:
                     client_id, HTTPError(404, f"no request {client_id!r} is running", "not_found")
                 )
             else:
-                handle.end("cancel")
+                handle.end(EndReason.CANCEL)
             return
         arrived = perf_counter()
         try:

@@ -25,6 +25,7 @@ from functools import partial
 import trio
 
 from .. import metrics
+from ..ends import EndReason
 from ..http.services import Services
 
 log = logging.getLogger("trioserve.drain")
@@ -91,7 +92,7 @@ class DrainController:
         log.info("draining: listener closed; %d request(s) in flight", len(self.services.registry))
         with trio.move_on_at(t0 + self.graceful_timeout):
             await self._skip.wait()
-        ended = self.services.end_all("drain")
+        ended = self.services.end_all(EndReason.DRAIN)
         if ended:
             log.warning("drain deadline: ended %d request(s) still in flight", ended)
         self.deadline_reached.set()

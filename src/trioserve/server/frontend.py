@@ -10,9 +10,10 @@ from collections.abc import Sequence
 import trio
 
 from ..config import Settings
-from ..engine import HeartbeatConfig, make_policy, make_resolver, open_engine_client
+from ..engine import LinkFactory, make_policy, make_resolver, open_engine_client
 from ..http import App
 from ..http.lifecycle import ERROR_WRITE_TIMEOUT
+from ..links.protocol import HeartbeatConfig, ProtocolLinks
 from ..transport import keys
 from ..transport.curve import CurveClientKeys
 from . import tls
@@ -83,6 +84,7 @@ async def serve_frontend(
     handle_signals: bool = True,
     engine_wait: float = 0.0,
     listen_fds: Sequence[int] = (),
+    links: Sequence[tuple[str, LinkFactory]] = (),
     task_status: trio.TaskStatus[tuple[App, DrainController, list[str]]] = (
         trio.TASK_STATUS_IGNORED
     ),
@@ -97,14 +99,15 @@ async def serve_frontend(
     engines' handshake before listening (for an engine started alongside, so that
     "Running on" means ready); past it, the server listens anyway and answers 503
     ``engine_unavailable`` until an engine connects, as it does for an engine that is
-    not up yet.
+    not up yet. ``links``: ``(address, factory)`` of engine links of the caller's kind
+    (an EngineCore it started), served beside those of ``settings.engines`` (which speak
+    trioserve's protocol).
     """
     heartbeat = HeartbeatConfig(settings.heartbeat_interval, settings.heartbeat_timeout)
     async with open_engine_client(
         settings.engines,
-        heartbeat=heartbeat,
-        max_message=settings.engine_max_message_bytes,
-        curve=engine_curve_keys(settings),
+        ProtocolLinks(heartbeat, settings.engine_max_message_bytes, engine_curve_keys(settings)),
+        links=links,
         policy=make_policy(settings.routing, load_factor=settings.affinity_load_factor),
         resolver=make_resolver(settings.engine_dns_server),
         refresh=settings.engine_refresh,

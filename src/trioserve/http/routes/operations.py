@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ... import metrics
+from ...ends import EndReason
 from ...errors import HTTPError
 from ...protocol import ModelCard
 from ..exchange import Exchange
@@ -65,5 +66,5 @@ async def cancel_request(services: Services, exchange: Exchange) -> None:
     handle = services.registry.owned(request_id, exchange.key_index)
     if handle is None:
         raise HTTPError(404, f"no request {request_id!r} is in flight", "request_not_found")
-    handle.end("cancel")
+    handle.end(EndReason.CANCEL)
     await exchange.respond_json(200, {"id": request_id, "object": "request", "cancelled": True})

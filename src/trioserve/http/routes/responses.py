@@ -26,6 +26,7 @@ from urllib.parse import parse_qs
 import attrs
 import trio
 
+from ...ends import EndReason
 from ...errors import HTTPError
 from ..bodies.responses import ResponseGeneration, parse_response, resolve_media
 from ..bodies.validation import INT_MAX, parse_bool
@@ -145,7 +146,7 @@ async def cancel(services: Services, exchange: Exchange) -> None:
         )
     if not record.finished:
         assert record.handle is not None
-        record.handle.end("cancel")
+        record.handle.end(EndReason.CANCEL)
         # Its task writes the response.failed (cancelled) at once; the abort has left.
         with trio.move_on_after(ERROR_WRITE_TIMEOUT):
             await record.done.wait()

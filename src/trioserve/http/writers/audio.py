@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 
+from ...ends import EndReason
 from ...errors import HTTPError
 from ...protocol import OutputItem
 from ..exchange import Exchange
@@ -48,7 +49,7 @@ def pcm_format(mime_type: str | None) -> tuple[int, int]:
                 HTTPError(
                     502, f"the engine sent {essence!r} audio; speech needs PCM", "engine_bad_audio"
                 ),
-                "bad_engine_output",
+                EndReason.BAD_ENGINE_OUTPUT,
             )
         for param in params:
             key, _, value = param.partition("=")

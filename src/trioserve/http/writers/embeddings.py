@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from ...ends import EndReason
 from ...errors import HTTPError
 from ...protocol import OutputItem, Usage
 from ..exchange import JSON_HEADERS, Exchange
@@ -23,7 +24,7 @@ MODALITY = "embedding"
 
 
 def _bad_output(message: str) -> WriterRefused:
-    return WriterRefused(HTTPError(502, message, "bad_engine_output"), "bad_engine_output")
+    return WriterRefused(HTTPError(502, message, "bad_engine_output"), EndReason.BAD_ENGINE_OUTPUT)
 
 
 def floats(packed: bytes) -> list[float]:
@@ -79,7 +80,7 @@ class EmbeddingsWriter(WriterBase):
         if self.size > self.limit:
             raise WriterRefused(
                 HTTPError(502, f"the embeddings exceed {self.limit} bytes", "response_too_large"),
-                "response_too_large",
+                EndReason.RESPONSE_TOO_LARGE,
             )
         self.vectors.append(bytes(data))
 

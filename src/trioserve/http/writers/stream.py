@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import attrs
 
+from ...ends import EndReason
 from ...errors import EngineItemError, HTTPError, WriterRefused, from_engine
 from ...protocol import OutputItem, Usage
 from ..exchange import JSON_HEADERS, Exchange
@@ -299,7 +300,7 @@ class Collected:
                         f"the engine's answer exceeds {self.limit} bytes; ask for it streamed",
                         "response_too_large",
                     ),
-                    "response_too_large",
+                    EndReason.RESPONSE_TOO_LARGE,
                 )
             if isinstance(data, str) and item.modality == "text":
                 self.text.append(data)

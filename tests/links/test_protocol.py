@@ -9,7 +9,7 @@ import trio
 from tests.helpers.fake_engine import FakeEngine, receive_a, welcome
 from tests.helpers.frontends import start_engine, start_frontend
 from tests.helpers.waiting import wait_until
-from trioserve.engine import connection
+from trioserve.links import protocol as connection
 from trioserve.protocol import PROTOCOL_VERSION, Abort, Hello, Submit
 
 
@@ -63,9 +63,7 @@ async def test_an_engine_that_breaks_the_protocol_fails_alone_and_the_server_ser
             # Tried again after the backoff, and back.
             ident, _ = await receive_a(fake, Hello)
             fake.send(ident, welcome(model="fake"))
-            await wait_until(
-                lambda: frontend.app.services.engines.connections[1].ready, "the fake back"
-            )
+            await wait_until(lambda: frontend.app.services.engines.links[1].ready, "the fake back")
             assert frontend.app.services.engines.failures() == {}
     finally:
         fake.close()

@@ -1,49 +1,60 @@
-"""The frontend's connection to one engine: handshake, heartbeats, demultiplexing.
+"""trioserve's own protocol as an engine link: handshake, heartbeats, demultiplexing.
+
+:class:`ProtocolLink` implements :class:`~trioserve.engine.link.EngineLink` for engines
+that speak trioserve's protocol (the SDK's: the mock, ``trioserve engine vllm``, a user's
+runner); :class:`ProtocolLinks` makes one per address, and :func:`open_protocol_client`
+is the engine client over them alone.
 
 One :class:`~trioserve.transport.zmtp.ZmtpDealer` task owns the connection to the engine; it calls
-:meth:`EngineConnection._on_message` for every frame and routes output items to their
+:meth:`ProtocolLink._on_message` for every frame and routes output items to their
 subscriptions with non-blocking sends only, so one slow request never holds up the others.
 A heartbeat task sends pings (or, while not connected, hellos) and declares the engine lost
 when nothing has been heard from it for ``heartbeat_timeout`` seconds.
 
 An engine that breaks the protocol (a ``reject``, a ``welcome`` of another version, a
 ZeroMQ-level error such as a frame over ``max_message``) is marked *failed*
-(:meth:`EngineConnection._fail`): its requests end at once with
+(:meth:`ProtocolLink._fail`): its requests end at once with
 :class:`~trioserve.errors.EngineFailedError` (503 ``engine_failed``, one abort each), it
 serves nothing, and it is said hello to again after a backoff that doubles with each
 failure in a row. Nothing an engine sends ends anything beyond its own connection.
 
 An engine that says it is draining (a ``pong`` or ``welcome`` with ``draining``, see
-docs/protocol.md) is routed nothing more (:attr:`EngineConnection.accepting`); its
+docs/protocol.md) is routed nothing more (:attr:`ProtocolLink.accepting`); its
 requests finish there, and when it falls silent with none left it has *left*, which is not
 a failure: one INFO line, no request fails. The engine client lets go of a connection it no
-longer wants (an address gone from DNS) the same way: :meth:`EngineConnection.retire`.
+longer wants (an address gone from DNS) the same way: :meth:`ProtocolLink.retire`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
-import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import attrs
 import trio
 
 from .. import metrics
+from ..ends import EndReason
+from ..engine import EngineClient, Prepared, Preparer, Subscription, open_engine_client
+from ..engine.discovery import DEFAULT_REFRESH, Resolver
+from ..engine.routing import Policy
+from ..engine.subscription import DEFAULT_BUFFER
 from ..errors import (
     EngineFailedError,
     EngineLostError,
     EngineOverloadedError,
     PeerProtocolError,
     ProtocolVersionError,
-    TrioserveError,
     UnencodableRequestError,
 )
 from ..protocol import (
     PROTOCOL_VERSION,
     Abort,
+    ErrorInfo,
     Hello,
+    ModelCard,
     Outputs,
     Ping,
     Pong,
@@ -55,7 +66,6 @@ from ..protocol import (
 )
 from ..transport.curve import CurveClientKeys
 from ..transport.zmtp import ZmtpDealer
-from .subscription import DEFAULT_BUFFER, Subscription
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +87,18 @@ class HeartbeatConfig:
     timeout: float = 3.0
 
 
-class EngineConnection:
-    """One engine, seen from the frontend. Created and run by :class:`EngineClient`."""
+#: The failover reason of a 503 error item of each type, before any output (any other
+#: type: "refused").
+_REFUSALS = {"engine_draining": "draining"}
+
+
+class ProtocolLink:
+    """One engine that speaks trioserve's protocol, seen from the frontend: an
+    :class:`~trioserve.engine.link.EngineLink`. Made by :class:`ProtocolLinks`, served by
+    the engine client."""
+
+    #: Its submits go as they are: no preparation.
+    preparer: Preparer | None = None
 
     def __init__(
         self,
@@ -151,6 +171,16 @@ class EngineConnection:
     @property
     def ready(self) -> bool:
         return self.welcome is not None
+
+    @property
+    def models(self) -> Sequence[ModelCard]:
+        welcome = self.welcome
+        return welcome.models if welcome is not None else ()
+
+    @property
+    def capabilities(self) -> Sequence[str]:
+        welcome = self.welcome
+        return welcome.capabilities if welcome is not None else ()
 
     @property
     def accepting(self) -> bool:
@@ -228,20 +258,28 @@ class EngineConnection:
 
     def submit(
         self,
-        message: Submit,
+        prepared: Prepared | Submit,
         buffer: int = DEFAULT_BUFFER,
-        on_failure: Callable[[TrioserveError], None] | None = None,
+        on_failure: Callable[[EndReason], None] | None = None,
     ) -> Subscription:
         """Register a subscription and queue the submit. Does not wait."""
+        message = prepared.message if isinstance(prepared, Prepared) else prepared
         sub = Subscription(self, message.request_id, buffer, on_failure)
         self._send_submit(sub, message)
         return sub
 
-    def adopt(self, sub: Subscription, message: Submit) -> None:
-        """Take over ``sub``, whose engine did not start it (failover): submit
-        ``message`` here. Raises as :meth:`submit` does, with ``sub`` unchanged."""
-        self._send_submit(sub, message)
+    def adopt(self, sub: Subscription, prepared: Prepared) -> None:
+        """Take over ``sub``, whose engine did not start it (failover): submit it here.
+        Raises as :meth:`submit` does, with ``sub`` unchanged."""
+        self._send_submit(sub, prepared.message)
         sub.engine = self
+
+    def refusal(self, error: ErrorInfo) -> str | None:
+        """A 503 first item is the engine refusing the request before it began (draining,
+        at its limit: docs/protocol.md): another engine may take it."""
+        if error.status != 503:
+            return None
+        return _REFUSALS.get(error.type, "refused")
 
     def _send_submit(self, sub: Subscription, message: Submit) -> None:
         if message.request_id in self._subs:
@@ -448,7 +486,7 @@ class EngineConnection:
         self._forget_figures()
         error = error_type(f"engine {self.address} failed: {why}")
         for sub in list(self._subs.values()):
-            sub.fail(error, "engine_failed")
+            sub.fail(error, EndReason.ENGINE_FAILED)
         self._changed()
         return delay
 
@@ -474,7 +512,7 @@ class EngineConnection:
         self._forget_figures()
         error = EngineLostError(f"engine {self.address} stopped responding ({why})")
         for sub in list(self._subs.values()):
-            sub.fail(error, "engine_lost")
+            sub.fail(error, EndReason.ENGINE_LOST)
         self._changed()
 
     async def _heartbeat(self) -> None:
@@ -525,11 +563,61 @@ class EngineConnection:
             # socket closes right after (what the kernel takes at once leaves). The
             # engine's orphan cleanup is the backstop for frames that never leave.
             for sub in list(self._subs.values()):
-                sub.fail(EngineLostError("the frontend is shutting down"), "drain")
+                sub.fail(EngineLostError("the frontend is shutting down"), EndReason.DRAIN)
             self._flush_aborts()
             self._pump.close()
             self._gauge_connected.set(0)
 
 
-def new_frontend_id() -> str:
-    return f"frontend-{uuid.uuid4().hex[:12]}"
+@attrs.frozen
+class ProtocolLinks:
+    """The :data:`~trioserve.engine.link.LinkFactory` of trioserve's protocol.
+
+    ``heartbeat``: how often engines are pinged and how long a silent one lasts.
+    ``max_message``: the largest frame accepted from an engine (bytes; default
+    :data:`trioserve.transport.zmtp_protocol.MAX_MESSAGE`); a larger one fails that
+    engine. ``curve``: speak CURVE to every engine with these keys (None: NULL, clear
+    text)."""
+
+    heartbeat: HeartbeatConfig = attrs.Factory(HeartbeatConfig)
+    max_message: int | None = None
+    curve: CurveClientKeys | None = None
+
+    def __call__(
+        self, address: str, frontend_id: str, on_change: Callable[[], None]
+    ) -> ProtocolLink:
+        return ProtocolLink(
+            address,
+            frontend_id,
+            self.heartbeat,
+            on_change,
+            max_message=self.max_message,
+            curve=self.curve,
+        )
+
+
+@contextlib.asynccontextmanager
+async def open_protocol_client(
+    addresses: Sequence[str],
+    *,
+    heartbeat: HeartbeatConfig | None = None,
+    frontend_id: str | None = None,
+    max_message: int | None = None,
+    curve: CurveClientKeys | None = None,
+    policy: Policy | None = None,
+    resolver: Resolver | None = None,
+    refresh: float = DEFAULT_REFRESH,
+) -> AsyncIterator[EngineClient]:
+    """The engine client over trioserve's protocol to every engine in ``addresses``
+    (:func:`~trioserve.engine.open_engine_client` with :class:`ProtocolLinks`): one DEALER
+    socket per engine, connected and kept alive until the context exits."""
+    links = ProtocolLinks(heartbeat or HeartbeatConfig(), max_message, curve)
+    async with open_engine_client(
+        addresses,
+        links,
+        frontend_id=frontend_id,
+        policy=policy,
+        resolver=resolver,
+        refresh=refresh,
+    ) as client:
+        yield client

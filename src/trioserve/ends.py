@@ -1,0 +1,134 @@
+"""How a request ends: the one table of end reasons, and the states of an engine request.
+
+Everything that ends a request early names an :class:`EndReason`; each member carries
+what every part of the server needs of it: the label of ``trioserve_engine_aborts_total``
+(its value), and the HTTP status, error code and message the client is told. The request
+lifecycle, the subscription, the writers, the response store, the drain and the metrics
+read this table and nothing else, so a reason cannot be known to one and missing in
+another. (Shared by every layer, like ``errors.py``: it imports nothing of trioserve.)
+
+An engine request's state is :class:`State`, and :data:`TRANSITIONS` is every change of
+state there is, as h11 keeps its state machine: a subscription changes state only through
+:func:`transition`, which refuses any other pair. The rule it writes down is the
+exactly-once end (DESIGN.md, invariant 1): an open engine request ends once, and an ended
+one never changes again.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class EndReason(enum.StrEnum):
+    """Why a request ended before its engine finished it, with what the client is told.
+
+    A ``str`` (its metric label), so logs and traces print it as they always did."""
+
+    status: int
+    code: str
+    message: str
+
+    def __new__(cls, label: str, status: int, code: str, message: str) -> EndReason:
+        member = str.__new__(cls, label)
+        member._value_ = label
+        member.status = status
+        member.code = code
+        member.message = message
+        return member
+
+    #: The client went away (nothing is written: there is no one to tell).
+    DISCONNECT = ("disconnect", 499, "client_disconnected", "the client went away")
+    DEADLINE = ("deadline", 504, "deadline_exceeded", "the request exceeded its deadline")
+    #: ``DELETE /v1/requests/{id}``, a WebSocket ``cancel``, a Responses cancel.
+    CANCEL = ("cancel", 499, "request_cancelled", "the request was cancelled")
+    SLOW_CLIENT = ("slow_client", 503, "slow_client", "the client fell behind its stream buffer")
+    ENGINE_LOST = ("engine_lost", 503, "engine_lost", "the engine stopped responding")
+    ENGINE_FAILED = (
+        "engine_failed",
+        503,
+        "engine_failed",
+        "the engine broke the protocol and is out of service until it recovers",
+    )
+    DRAIN = ("drain", 503, "server_shutting_down", "the server is shutting down")
+    #: Another member of the same fan-out group (``n`` > 1) failed.
+    ABANDONED = ("abandoned", 500, "request_abandoned", "another part of the same request failed")
+    #: A writer's bug, seen on the engine link's synchronous path.
+    INTERNAL_ERROR = (
+        "internal_error",
+        500,
+        "internal_error",
+        "the server failed to answer this request",
+    )
+    #: The request's scope was left by a bug with its engine request still open.
+    ERROR = ("error", 500, "internal_error", "the server failed to answer this request")
+    #: A writer refused what the engine sent (each of these carries its own message).
+    RESPONSE_TOO_LARGE = (
+        "response_too_large",
+        502,
+        "response_too_large",
+        "the engine's answer is too large for this response",
+    )
+    BAD_ENGINE_OUTPUT = (
+        "bad_engine_output",
+        502,
+        "bad_engine_output",
+        "the engine sent an output this response cannot carry",
+    )
+    #: A background response outgrew what the response store holds.
+    RESPONSE_OVERFLOW = (
+        "response_overflow",
+        500,
+        "response_events_overflow",
+        "the response outgrew what the response store holds",
+    )
+    #: Not a failure: the frontend itself ended the request successfully (a stop string
+    #: matched in its text pipeline), so the engine gets one abort and the client a 200.
+    STOP_STRING = ("stop_string", 200, "", "")
+
+    @property
+    def engine_gone(self) -> bool:
+        """Whether the engine, not the frontend, is why it ended (the request may move to
+        another engine before its first output; its state is LOST)."""
+        return self in (EndReason.ENGINE_LOST, EndReason.ENGINE_FAILED)
+
+
+class State(enum.StrEnum):
+    """An engine request's state (``Subscription.state``)."""
+
+    #: Submitted; the engine owes us outputs and we owe it an end.
+    OPEN = "open"
+    #: The engine sent its last item: it ended the request itself; no abort is owed.
+    FINISHED = "finished"
+    #: The frontend decided a successful end (:attr:`EndReason.STOP_STRING`): one abort
+    #: left; the last item, the frontend's own, is still to be read.
+    CONCLUDED = "concluded"
+    #: The frontend gave up on it: one abort left.
+    ABORTED = "aborted"
+    #: The engine was lost or failed: one abort left, in case it comes back.
+    LOST = "lost"
+
+
+#: Every change of state there is: out of OPEN, once. Whether an abort leaves with it.
+TRANSITIONS: dict[tuple[State, State], bool] = {
+    (State.OPEN, State.FINISHED): False,
+    (State.OPEN, State.CONCLUDED): True,
+    (State.OPEN, State.ABORTED): True,
+    (State.OPEN, State.LOST): True,
+}
+
+
+def transition(old: State, new: State) -> bool:
+    """Whether an engine request may go from ``old`` to ``new``; raises for a pair not in
+    :data:`TRANSITIONS` other than staying put (which is refused: returns False)."""
+    if (old, new) in TRANSITIONS:
+        return True
+    if old is not State.OPEN:
+        return False  # ended already: the first end wins, later ones are no-ops
+    raise ValueError(f"an engine request cannot go from {old} to {new}")
+
+
+def ended_by(reason: EndReason) -> State:
+    """The state an open engine request is left in when it ends for ``reason``."""
+    if reason is EndReason.STOP_STRING:
+        return State.CONCLUDED
+    return State.LOST if reason.engine_gone else State.ABORTED
