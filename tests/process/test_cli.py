@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -12,7 +13,7 @@ import httpx
 import pytest
 import trio
 
-from tests.helpers.processes import free_port, start_frontend_process
+from tests.helpers.processes import free_port, start_frontend_process, start_mock_engine
 from tests.helpers.waiting import HANG_GUARD
 from trioserve.sdk.mock import expected_text
 
@@ -126,3 +127,32 @@ async def test_a_port_in_use_is_one_line_and_status_1_not_a_traceback():
     [line] = result.stderr.decode().splitlines()  # nothing started before it
     assert f"cannot listen on 127.0.0.1 port {port}: Address already in use; " in line
     assert b"Traceback" not in result.stderr
+
+
+async def test_an_unreachable_engine_is_said_once_until_its_reason_changes_and_when_it_connects(
+    nursery,
+):
+    # Nothing listens on the port: every attempt (at DEBUG) is refused, and the operator is
+    # told once, at WARNING, why and what to check. Then an engine comes up there.
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    frontend, url = await start_frontend_process(
+        nursery, "--engine", address, "--log-level", "debug"
+    )
+    attempts = rb"cannot connect: ConnectionRefusedError"
+    with trio.fail_after(HANG_GUARD):
+        while frontend.output.count(attempts) < 5:
+            await frontend.wait_for_output(attempts.decode())
+            await trio.sleep(0.05)
+    warnings = re.findall(rb"WARNING.*unreachable: ([^;]*); check that", frontend.output)
+    assert warnings == [b"connection refused"]
+    assert b"--engine names its host and port" in frontend.output
+    async with httpx.AsyncClient(base_url=url, timeout=HANG_GUARD) as client:
+        assert (await client.get("/health")).status_code == 503
+        await start_mock_engine(nursery, address)
+        await frontend.wait_for_output(r"WARNING.*engine tcp://127\.0\.0\.1:\d+: connected")
+        await frontend.wait_for_output(r"engine tcp://127\.0\.0\.1:\d+ connected: id=")
+        assert (await client.get("/health")).status_code == 200
+    assert len(re.findall(rb"WARNING.*is unreachable", frontend.output)) == 1
+    frontend.signal(signal.SIGINT)
+    assert await frontend.wait() == 0

@@ -102,6 +102,16 @@ def parse_address(address: str) -> tuple[int, str, int | None]:
     )
 
 
+def unreachable_reason(exc: BaseException) -> str:
+    """Why a connection attempt failed, in words that stay the same from one attempt to
+    the next while the cause does (what the unreachable warning is said again on)."""
+    if isinstance(exc, trio.TooSlowError):
+        return f"no ZeroMQ handshake within {HANDSHAKE_TIMEOUT:g} s (is it a ZeroMQ ROUTER?)"
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return os.strerror(exc.errno).lower()
+    return str(exc) or type(exc).__name__
+
+
 class ZmtpDealer(SocketOwner["bytes | memoryview"]):
     """A DEALER connected to one engine's ROUTER; the frontend's half of the link.
 
@@ -219,8 +229,13 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
     # -- the owner -------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Own the socket until cancelled: connect, serve, reconnect. Never returns."""
+        """Own the socket until cancelled: connect, serve, reconnect. Never returns.
+
+        An engine that cannot be reached is said once at WARNING, with why and what to
+        check; again only when the reason changes (every attempt is at DEBUG), and once
+        more when it connects."""
         refused = None  # the last refusal logged as a warning: each is logged once
+        unreachable = None  # why the last attempts failed, as warned
         while True:
             delay = RECONNECT_INTERVAL
             try:
@@ -228,6 +243,9 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
                     await self._connect()
                 self.connections += 1
                 refused = None
+                if unreachable is not None:
+                    log.warning("engine %s: connected (it was unreachable)", self.address)
+                    unreachable = None
                 self._send_available()
                 await self._own()
             except ZmtpProtocolError as exc:
@@ -239,8 +257,19 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
             except (OSError, trio.TooSlowError) as exc:
                 if self._ready:
                     log.info("engine %s: connection lost (%r); reconnecting", self.address, exc)
-                else:
-                    log.debug("engine %s: cannot connect: %r", self.address, exc)
+                why = unreachable_reason(exc)
+                log.debug("engine %s: cannot connect: %r", self.address, exc)
+                if why != unreachable:
+                    unreachable = why
+                    log.warning(
+                        "engine %s is unreachable: %s; check that an engine runs and listens "
+                        "there (trioserve engine ... --bind, or vLLM's) and that --engine names "
+                        "its host and port; retrying every %g s, said again only if this "
+                        "changes",
+                        self.address,
+                        why,
+                        RECONNECT_INTERVAL,
+                    )
             self._disconnect()
             await trio.sleep(delay)
 
