@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import signal
 
 import openai
 import pytest
@@ -71,3 +72,47 @@ async def test_run_vllm_serves_the_model_to_the_openai_client(vllm: Vllm, nurser
     with trio.fail_after(START_GUARD):
         assert await frontend.process.wait() == 0
     assert b"stopped (exit code 0)" in await frontend.all_output()
+
+
+def _engine_cores(pid: int) -> list[int]:
+    """The children of process ``pid`` that are vLLM's EngineCore (by their title)."""
+    found: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as children:
+            for child in children.read().split():
+                with open(f"/proc/{child}/cmdline", "rb") as cmdline:
+                    if b"EngineCore" in cmdline.read():
+                        found.append(int(child))
+    return found
+
+
+async def test_run_vllm_stops_with_status_1_when_the_enginecore_dies(vllm: Vllm, nursery) -> None:
+    # vLLM's EngineCore killed behind the adapter (`trioserve engine vllm`): the adapter
+    # used to keep answering pings while every request failed, /health 200 for 30 s and
+    # more. Now it exits when vLLM marks its engine dead, and the run stops with status 1.
+    frontend = await Proc.start(
+        nursery,
+        "run",
+        "--port",
+        "0",
+        "--vllm",
+        str(vllm.model_dir),
+        "--vllm-args",
+        shlex.join(VLLM_OPTIONS),
+        python=vllm.python,
+        env=vllm_env(),
+    )
+    match = await frontend.wait_for_output(
+        r"Running on (http://127\.0\.0\.1:\d+)", guard=START_GUARD
+    )
+    started = re.search(rb"started the vLLM engine for \S+ \(pid (\d+)\)", frontend.output)
+    assert started is not None
+    cores = _engine_cores(int(started[1]))
+    assert len(cores) == 1, cores
+    os.kill(cores[0], signal.SIGKILL)
+    with trio.fail_after(START_GUARD):
+        assert await frontend.process.wait() == 1
+    output = await frontend.all_output()
+    assert b"vLLM's EngineCore is dead; stopping this engine" in output
+    assert b"exited with code 1; stopping" in output
+    assert match is not None

@@ -385,15 +385,22 @@ def main(argv: Sequence[str]) -> int:
     except ValueError as exc:
         log.error("%s", exc)
         return 2
+    died = False
     try:
-        asyncio.run(_serve(args, curve))
+        died = asyncio.run(_serve(args, curve))
     except KeyboardInterrupt:
         pass
+    if died:
+        log.error("vLLM engine stopped: its EngineCore died")
+        return 1
     log.info("vLLM engine stopped")
     return 0
 
 
-async def _serve(args: argparse.Namespace, curve: CurveServerKeys | None) -> None:
+async def _serve(args: argparse.Namespace, curve: CurveServerKeys | None) -> bool:
+    """Serve until cancelled (a signal, the parent gone); True if vLLM's EngineCore died
+    (the process then exits, so that frontends see the engine gone within their heartbeat,
+    instead of a live engine whose every request fails)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.renderers.chat_utils import load_chat_template
     from vllm.renderers.online_renderer import OnlineRenderer
@@ -410,6 +417,8 @@ async def _serve(args: argparse.Namespace, curve: CurveServerKeys | None) -> Non
     log.info("loading %s with vLLM", args.model)
     engine = AsyncLLM.from_engine_args(engine_args, stat_loggers=[_figures_logger_factory(figures)])
     watcher = None
+    died: list[bool] = []
+    death_watch = loop.create_task(_exit_when_dead(engine, task, died))
     try:
         renderer = OnlineRenderer(
             model_config=engine.model_config,
@@ -463,7 +472,9 @@ async def _serve(args: argparse.Namespace, curve: CurveServerKeys | None) -> Non
     finally:
         if watcher is not None:
             watcher.cancel()
+        death_watch.cancel()
         engine.shutdown()
+    return bool(died)
 
 
 def _servings(engine: Any, renderer: Any, names: list[str], args: argparse.Namespace) -> Any:
@@ -508,6 +519,21 @@ def _serve_metrics(port: int, stats: Stats) -> None:
     prometheus_client.REGISTRY.register(SdkStats())
     server, _thread = prometheus_client.start_http_server(port, addr="127.0.0.1")
     log.info("metrics on http://127.0.0.1:%d/metrics", server.server_port)
+
+
+#: Seconds between two looks at whether vLLM's EngineCore is still alive (vLLM's own
+#: monitor thread marks it dead when the process exits; reading the mark costs nothing).
+DEATH_CHECK_INTERVAL = 0.2
+
+
+async def _exit_when_dead(engine: Any, task: asyncio.Task[Any], died: list[bool]) -> None:
+    """Stop serving once vLLM says its engine is dead (``AsyncLLM.errored``: the EngineCore
+    process exited, or its output loop failed)."""
+    while not engine.errored:  # noqa: ASYNC110 - vLLM's flag, set by its monitor thread
+        await asyncio.sleep(DEATH_CHECK_INTERVAL)
+    log.error("vLLM's EngineCore is dead; stopping this engine (its frontends see it gone)")
+    died.append(True)
+    task.cancel()
 
 
 async def _exit_with_parent(parent: int, task: asyncio.Task[Any]) -> None:
