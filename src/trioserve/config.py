@@ -78,6 +78,15 @@ class Settings:
         unit=SECONDS,
         help="seconds between two resolutions of the dns:// engine names",
     )
+    #: The text assets /tokenize, /detokenize and the render routes serve (``text/``).
+    tokenizer: str = option(
+        "",
+        group="engines",
+        metavar="PATH",
+        help="a model directory (tokenizer.json, tokenizer_config.json, ...) whose tokenizer "
+        "and chat template serve /tokenize, /detokenize and the /render routes for every "
+        "model, whatever the engine (the mock's included)",
+    )
     #: "": the system's resolver (``engine/discovery.py``).
     engine_dns_server: str = option(
         "",

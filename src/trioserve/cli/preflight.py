@@ -78,6 +78,19 @@ def check_upload_dir(path: str) -> None:
         ) from exc
 
 
+def check_tokenizer(path: str) -> None:
+    """A ``--tokenizer`` directory whose text assets cannot be read fails now, in one
+    line, not in each worker as it starts."""
+    if not path:
+        return
+    from ..text.assets import ModelText, ModelTextError
+
+    try:
+        ModelText.load(path)
+    except ModelTextError as exc:
+        raise CommandError(f"--tokenizer {path}: {exc}") from None
+
+
 def check_can_listen(host: str, port: int) -> None:
     """Bind what the server will bind, and let it go: a port in use or a host that is not
     this machine's is then one line before anything starts (the server binds for real once

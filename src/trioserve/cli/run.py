@@ -223,6 +223,7 @@ def run(args: argparse.Namespace) -> int:
     settings.reasoning_parser = flags.reasoning_parser
     preflight.check_tls_files(settings)
     preflight.check_upload_dir(settings.upload_dir)
+    preflight.check_tokenizer(settings.tokenizer)
     if options.vllm and not settings.engines:
         preflight.check_vllm_installed()
     preflight.check_can_listen(settings.host, settings.port)

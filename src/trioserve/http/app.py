@@ -24,6 +24,7 @@ from .bodies.anthropic import CountTokensRequest, MessagesRequest
 from .bodies.embeddings import EmbeddingRequest
 from .bodies.openai import ChatCompletionRequest, CompletionRequest
 from .bodies.responses import ResponsesRequest
+from .bodies.tokenize import DetokenizeRequest, TokenizeRequest
 from .channel import AsgiChannel, Receive, RequestHead, ResponseChannel, Send, head_of
 from .cors import CorsPolicy
 from .exchange import JSON_HEADERS, ClientGone, Exchange
@@ -40,6 +41,7 @@ from .routes import (
     pages,
     responses,
     speech,
+    tokenize,
     videos,
 )
 from .services import Services
@@ -65,6 +67,11 @@ class Route:
 def _generation(operation_id: str, summary: str, body: type, ok: dict, **more: object) -> Doc:
     return Doc(operation_id, summary, "generation", body, ok=ok, generation=True, **more)  # type: ignore[arg-type]
 
+
+_NEEDS_TOKENIZER = (
+    "Served from the model's text assets (an engine that takes token ids, or trioserve run "
+    "--tokenizer PATH); without them, 501 tokenizer_unavailable."
+)
 
 ROUTES: dict[tuple[str, str], Route] = {
     ("POST", "/v1/chat/completions"): Route(
@@ -210,6 +217,55 @@ ROUTES: dict[tuple[str, str], Route] = {
             example={"prompt": "waves", "num_frames": 4},
         ),
         "video_generation",
+    ),
+    ("POST", "/tokenize"): Route(
+        tokenize.tokenize,
+        Doc(
+            "tokenize",
+            "Token ids of a prompt, or of messages rendered by the model's chat template",
+            "text",
+            TokenizeRequest,
+            ok=json_body("Tokenized"),
+            description=_NEEDS_TOKENIZER,
+            example={"prompt": "Hello, world"},
+        ),
+    ),
+    ("POST", "/detokenize"): Route(
+        tokenize.detokenize,
+        Doc(
+            "detokenize",
+            "The text of token ids",
+            "text",
+            DetokenizeRequest,
+            ok=json_body("Detokenized"),
+            description=_NEEDS_TOKENIZER,
+            example={"tokens": [1, 2, 3]},
+        ),
+    ),
+    ("POST", "/v1/chat/completions/render"): Route(
+        tokenize.render_chat,
+        Doc(
+            "renderChatCompletion",
+            "The token ids and sampling parameters a chat request would be submitted with",
+            "text",
+            ChatCompletionRequest,
+            ok=json_body("RenderedRequest"),
+            description=_NEEDS_TOKENIZER,
+            example={"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 16},
+        ),
+    ),
+    ("POST", "/v1/completions/render"): Route(
+        tokenize.render_completion,
+        Doc(
+            "renderCompletion",
+            "The token ids and sampling parameters a completion request would be "
+            "submitted with (a list: one per prompt)",
+            "text",
+            CompletionRequest,
+            ok={JSON: {"schema": {"type": "array", "items": api.ref("RenderedRequest")}}},
+            description=_NEEDS_TOKENIZER,
+            example={"prompt": "Once upon a time", "max_tokens": 16},
+        ),
     ),
     ("GET", "/v1/models"): Route(
         operations.list_models,

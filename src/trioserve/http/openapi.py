@@ -551,6 +551,34 @@ ANSWERS: dict[str, dict[str, Any]] = {
         },
         "required": ["id", "object", "cancelled"],
     },
+    "Tokenized": {
+        "type": "object",
+        "properties": {
+            "count": {"type": "integer"},
+            "max_model_len": {"type": "integer"},
+            "tokens": {"type": "array", "items": {"type": "integer"}},
+            "token_strs": {"type": ["array", "null"], "items": {"type": "string"}},
+        },
+        "required": ["count", "max_model_len", "tokens", "token_strs"],
+    },
+    "Detokenized": {
+        "type": "object",
+        "properties": {"prompt": {"type": "string"}},
+        "required": ["prompt"],
+    },
+    "RenderedRequest": {
+        "type": "object",
+        "description": "vLLM's GenerateRequest: the prompt's token ids and the request's "
+        "sampling parameters as vLLM's SamplingParams fields",
+        "properties": {
+            "request_id": {"type": "string"},
+            "token_ids": {"type": "array", "items": {"type": "integer"}},
+            "sampling_params": {"type": "object"},
+            "model": {"type": "string"},
+            "stream": {"type": "boolean"},
+        },
+        "required": ["request_id", "token_ids", "sampling_params", "model", "stream"],
+    },
     "Status": {
         "type": "object",
         "properties": {"status": {"enum": ["ok", "draining", "no_engine", "alive"]}},

@@ -18,6 +18,8 @@ from ..engine import EngineClient
 from ..errors import HTTPError
 from ..protocol import Submit
 from ..text.agents import ParserNames
+from ..text.assets import ModelText
+from ..text.registry import TextRegistry
 from .admission import Admission, BodyBudget
 from .bodies.forms import JSON, MULTIPART, URLENCODED, Body, read_body
 from .bodies.media import MediaFetcher
@@ -78,12 +80,17 @@ class Services:
     responses: ResponseStore = attrs.field(init=False)
     #: The formats answers are parsed in for tool calls and reasoning (``text/agents``).
     parsers: ParserNames = attrs.field(init=False)
+    #: The served models' text assets (``/tokenize`` and the render routes; an engine link
+    #: that takes token ids registers its model's here): ``--tokenizer`` sets the default.
+    texts: TextRegistry = attrs.Factory(TextRegistry)
 
     def __attrs_post_init__(self) -> None:
         settings = self.settings
         self.parsers = ParserNames(
             settings.tool_call_parser or None, settings.reasoning_parser or None
         )
+        if settings.tokenizer and self.texts.default is None:
+            self.texts.set_default(ModelText.load(settings.tokenizer))
         self.admission = Admission(settings.max_concurrent_requests)
         self.body_budget = BodyBudget(settings.max_body_memory_bytes)
         self.responses = ResponseStore(

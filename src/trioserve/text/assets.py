@@ -118,8 +118,8 @@ class SamplingDefaults:
 class ModelText:
     """One model's tokenizer, chat template, special tokens and sampling defaults: built
     once (:meth:`load`), then shared by every request (the tokenizer is safe to use from
-    several threads: HF ``tokenizers`` objects are ``Send + Sync`` and release the GIL
-    while they encode)."""
+    several threads: HF ``tokenizers`` objects are ``Send + Sync``; :meth:`encode` releases
+    the GIL)."""
 
     tokenizer: tokenizers.Tokenizer
     #: tokenizer_config.json as read (empty without one).
@@ -242,9 +242,12 @@ class ModelText:
     # -- tokens and text ---------------------------------------------------------------
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
-        """``text``'s token ids. Releases the GIL while it works: a long prompt can be
-        encoded in a worker thread without stalling the event loop's thread."""
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        """``text``'s token ids. ``encode_batch_fast`` (the same ids as ``encode``) because
+        it releases the GIL while it works, which ``encode`` does not, and skips the
+        character offsets (half the cost): a long prompt encoded in a worker thread does
+        not stall the event loop's thread (docs/benchmarks.md, tools/bench_tokenize.py)."""
+        batch = self.tokenizer.encode_batch_fast([text], add_special_tokens=add_special_tokens)
+        return batch[0].ids
 
     def decode(self, token_ids: list[int], *, skip_special_tokens: bool = False) -> str:
         """``token_ids`` as text, as transformers' ``tokenizer.decode`` gives it."""

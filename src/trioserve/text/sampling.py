@@ -220,8 +220,8 @@ def lower(
         requested, param = r.int_("max_completion_tokens"), "max_completion_tokens"
     else:
         requested, param = r.int_("max_tokens"), "max_tokens"
-        if requested is None and not chat and "max_tokens" not in params:
-            requested = 16  # CompletionRequest.max_tokens's default
+        if requested is None and not chat:
+            requested = 16  # CompletionRequest.max_tokens's default (null too, in vLLM)
     max_tokens = max_tokens_for(limits, requested, prompt_len, defaults, param)
     echo = r.bool_("echo", False)
     if not chat and echo and requested == 0:
@@ -621,8 +621,16 @@ def structured_outputs(params: dict[str, Any], limits: EngineLimits) -> dict[str
         raise _fail(
             "structured_outputs.structural_tag cannot be an empty string", "structured_outputs"
         )
+    if isinstance(schema, str):
+        try:
+            json.loads(schema)
+        except ValueError:
+            raise _fail("Invalid JSON grammar specification.", "structured_outputs") from None
     backend = limits.structured_outputs_backend
     out = {k: so.get(k) for k in _CONSTRAINTS}
+    if choice and backend in ("auto", "xgrammar"):
+        # vLLM's xgrammar validation hands the engine a grammar for the choices.
+        out["choice"], out["grammar"] = None, choice_as_grammar(choice)
     out.update(
         disable_any_whitespace=bool(so.get("disable_any_whitespace", False)),
         disable_additional_properties=bool(so.get("disable_additional_properties", False)),
@@ -631,3 +639,17 @@ def structured_outputs(params: dict[str, Any], limits: EngineLimits) -> dict[str
         _backend_was_auto=backend == "auto",
     )
     return out
+
+
+def choice_as_grammar(choice: list[str]) -> str:
+    """vLLM's ``choice_as_grammar``: the choices as an EBNF alternation."""
+    escapes = {"\\": r"\\", '"': r"\"", "\n": r"\n", "\r": r"\r", "\t": r"\t"}
+
+    def escape(ch: str) -> str:
+        if ch in escapes:
+            return escapes[ch]
+        if ord(ch) < 0x20 or ord(ch) == 0x7F:
+            return f"\\u{ord(ch):04x}"
+        return ch
+
+    return "root ::= " + " | ".join('"' + "".join(map(escape, c)) + '"' for c in choice)
