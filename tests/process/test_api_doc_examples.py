@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from struct import pack
 
@@ -32,11 +32,14 @@ DOCUMENTS = [ROOT / "docs" / "api.md", ROOT / "README.md"]
 DEFAULT_ADDRESS = "127.0.0.1:8000"
 #: The comment above each example: the status, and the error code for an error.
 EXPECTS = re.compile(r"^# → (\d{3})(?: (\w+))?$", re.MULTILINE)
+#: A block's first line may say how its server is started (``# trioserve run OPTIONS``):
+#: its examples run against a server started so; the others against plain `trioserve run`.
+SERVER_LINE = re.compile(r"# trioserve run((?: [-\w]+)*)\n")
 
 
-def examples() -> Iterator[tuple[str, str, int, str | None]]:
-    """``(where, command, status, code)`` of every annotated command in a ``sh`` block
-    that runs curl."""
+def examples() -> Iterator[tuple[str, str, int, str | None, str]]:
+    """``(where, command, status, code, server options)`` of every annotated command in
+    a ``sh`` block that runs curl."""
     for path in DOCUMENTS:
         text = path.read_text()
         for block in re.finditer(r"^```sh\n(.*?)^```$", text, re.MULTILINE | re.DOTALL):
@@ -44,6 +47,9 @@ def examples() -> Iterator[tuple[str, str, int, str | None]]:
             if not re.search(r"^curl ", body, re.MULTILINE):
                 continue
             line = text.count("\n", 0, block.start(1)) + 1
+            options = ""
+            if started := SERVER_LINE.match(body):
+                options, body, line = started.group(1).strip(), body[started.end() :], line + 1
             marks = list(EXPECTS.finditer(body))
             # Every curl command in the block is annotated, each by the comment above it.
             assert len(marks) == len(re.findall(r"^curl ", body, re.MULTILINE)), (path, line)
@@ -51,7 +57,7 @@ def examples() -> Iterator[tuple[str, str, int, str | None]]:
             for mark, after in zip(marks, [*marks[1:], None], strict=True):
                 command = body[mark.end() : after.start() if after else len(body)].strip()
                 where = f"{path.name}:{line + body.count(chr(10), 0, mark.start())}"
-                yield where, command, int(mark.group(1)), mark.group(2)
+                yield where, command, int(mark.group(1)), mark.group(2), options
 
 
 EXAMPLES = list(examples())
@@ -60,7 +66,7 @@ EXAMPLES = list(examples())
 def test_the_docs_have_examples_and_they_name_the_default_port():
     assert len(EXAMPLES) >= 10
     assert Settings().port == int(DEFAULT_ADDRESS.rsplit(":", 1)[1])
-    for where, command, _, _ in EXAMPLES:
+    for where, command, *_ in EXAMPLES:
         assert command.startswith("curl ") and DEFAULT_ADDRESS in command, where
 
 
@@ -73,31 +79,50 @@ def tiny_png() -> bytes:
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows))
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """`trioserve run` with nothing but a free port: its address, HOST:PORT."""
-    log = tmp_path_factory.mktemp("server") / "stderr"
+def start_server(log: Path, options: str) -> subprocess.Popen[bytes]:
     with log.open("wb") as stderr:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "trioserve", "run", "--port", "0"],
+        return subprocess.Popen(
+            [sys.executable, "-m", "trioserve", "run", "--port", "0", *options.split()],
             stdout=subprocess.DEVNULL,
             stderr=stderr,
             start_new_session=True,
         )
+
+
+def address_of(process: subprocess.Popen[bytes], log: Path) -> str:
+    deadline = time.monotonic() + HANG_GUARD  # a ceiling against hangs, not a measure
+    while not (running := re.search(rb"Running on http://(\S+) ", log.read_bytes())):
+        assert process.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.05)
+    return running.group(1).decode()
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], str]]:
+    """`trioserve run` with a free port and the options a block names (started once for
+    each set of options): the address, HOST:PORT, of the one for ``options``."""
+    started: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
+
+    def server(options: str) -> str:
+        if options not in started:
+            log = tmp_path_factory.mktemp("server") / "stderr"
+            process = start_server(log, options)
+            started[options] = (process, "")
+            started[options] = (process, address_of(process, log))
+        return started[options][1]
+
     try:
-        deadline = time.monotonic() + HANG_GUARD  # a ceiling against hangs, not a measure
-        while not (running := re.search(rb"Running on http://(\S+) ", log.read_bytes())):
-            assert process.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.05)
-        yield running.group(1).decode()
+        yield server
     finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(HANG_GUARD)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        for process, _ in started.values():
+            process.send_signal(signal.SIGINT)
+        for process, _ in started.values():
+            try:
+                process.wait(HANG_GUARD)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
 
 
 @pytest.fixture(scope="module")
@@ -114,13 +139,13 @@ def shell(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str
 
 
 @pytest.mark.parametrize(
-    ("command", "status", "code"),
+    ("command", "status", "code", "options"),
     [example[1:] for example in EXAMPLES],
     ids=[example[0] for example in EXAMPLES],
 )
-def test_the_example_answers_what_the_doc_says(server, shell, command, status, code):
+def test_the_example_answers_what_the_doc_says(servers, shell, command, status, code, options):
     cwd, env = shell
-    command = command.replace(DEFAULT_ADDRESS, server)
+    command = command.replace(DEFAULT_ADDRESS, servers(options))
     result = subprocess.run(
         ["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True,
         timeout=HANG_GUARD * 2,

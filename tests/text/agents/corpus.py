@@ -41,9 +41,23 @@ QWEN3_WITH_CALLS = [
     'Straight to a call <tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>',
 ]
 
+LLAMA = [
+    "The weather in Paris is sunny.",
+    '{"name": "get_weather", "parameters": {"city": "Paris"}}',
+    '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}',
+    '{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+    '{"name": "get_time", "arguments": {"zone": "Europe/Paris"}}',
+    '{"name": "translate", "parameters": {"text": "naïve café 日本語 🙂"}}',
+    '{"answer": 42, "note": "a JSON answer, not a call"}',
+    '{"name": "get_weather", "parameters": {"city": "Par',
+    '{"name": "get_weather", "parameters": {"city": "Paris"}} and some text after',
+]
+
 CORPUS: dict[ParserNames, list[str]] = {
     ParserNames("hermes"): HERMES,
     ParserNames("qwen3_json"): HERMES[:3],
+    ParserNames("llama3_json"): LLAMA,
+    ParserNames("llama4_json"): LLAMA[:2],
     ParserNames(None, "deepseek_r1"): THINKING,
     ParserNames(None, "qwen3"): THINKING,
     ParserNames("hermes", "qwen3"): QWEN3_WITH_CALLS + THINKING,

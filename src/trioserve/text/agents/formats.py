@@ -15,6 +15,7 @@ from typing import Protocol
 
 from .events import Event
 from .hermes import HermesToolParser
+from .llama3_json import Llama3JsonToolParser
 from .reasoning import DeepSeekR1ReasoningParser, Qwen3ReasoningParser, ThinkingParser
 
 
@@ -29,6 +30,8 @@ TOOL_CALL_PARSERS: dict[str, Callable[[Callable[[], str]], StreamParser]] = {
     "hermes": HermesToolParser,
     # vLLM aliases qwen3_json to hermes (Qwen 2.5/QwQ/Qwen3's JSON calls).
     "qwen3_json": HermesToolParser,
+    "llama3_json": Llama3JsonToolParser,
+    "llama4_json": Llama3JsonToolParser,
 }
 
 #: Reasoning formats: each builds a parser from whether the template was asked to think.
