@@ -157,6 +157,14 @@ async def test_the_docs_page_lists_every_route_and_tries_one(
         await page.wait_for("!!document.getElementById('createEmbedding')", "the operations")
         listed = await page.evaluate("document.querySelectorAll('#operations details.op').length")
         assert listed == count
+        # The description's Markdown is rendered: its list and its code, no raw marks.
+        intro = await page.evaluate(
+            "(() => { const i = document.getElementById('intro');"
+            " return [i.querySelectorAll('li').length, i.querySelectorAll('code').length,"
+            " i.textContent]; })()"
+        )
+        assert intro[0] >= 3 and intro[1] >= 3
+        assert "`" not in intro[2] and "\n- " not in intro[2]
         # Try the chat route with its example body: the answer appears, as sent.
         await page.evaluate("document.getElementById('createChatCompletion').open = true")
         await page.click("#createChatCompletion button")
