@@ -130,6 +130,16 @@ async def test_no_playground_makes_the_root_a_404(nursery, http_server):
         assert (await client.get("/docs")).status_code == 200
 
 
+async def test_the_icon_browsers_ask_for_is_served_without_a_key(nursery, http_server):
+    engine = await start_engine(nursery)
+    frontend = await start_frontend(nursery, engine, server=http_server, api_keys=["sk-a"])
+    async with frontend.client() as client:
+        response = await client.get("/favicon.ico")
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "image/svg+xml"
+    assert response.content.startswith(b"<svg ")
+
+
 async def test_the_pages_allow_only_their_own_script_and_style(frontend):
     async with frontend.client() as client:
         for path in ("/", "/docs"):

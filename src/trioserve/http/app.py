@@ -306,6 +306,10 @@ ROUTES: dict[tuple[str, str], Route] = {
         pages.docs,
         Doc("docs", "The API's documentation, to read and try", "pages", ok=pages.HTML),
     ),
+    ("GET", "/favicon.ico"): Route(
+        pages.favicon,
+        Doc("favicon", "The pages' icon (SVG)", "pages", ok=pages.ICON),
+    ),
     ("GET", "/"): Route(
         pages.playground,
         Doc(
@@ -478,7 +482,7 @@ class App:
         #: (unknown ones too, so they cannot be probed) answers 401 first.
         #: The pages (and the API's description, which the docs page reads) are open too:
         #: a browser cannot send a key when it opens a page.
-        self.open_paths = {"/health", "/live", "/", "/docs", "/openapi.json"}
+        self.open_paths = {"/health", "/live", "/", "/docs", "/openapi.json", "/favicon.ico"}
         if not settings.metrics_require_key:
             self.open_paths.add("/metrics")
         self._openapi_json: bytes | None = None

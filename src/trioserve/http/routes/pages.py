@@ -1,5 +1,7 @@
 """The pages: ``GET /`` (the playground, a page to chat with a model), ``GET /docs`` (the
-API's documentation, read from ``/openapi.json``), and ``GET /openapi.json`` itself.
+API's documentation, read from ``/openapi.json``), ``GET /openapi.json`` itself, and the
+pages' icon at ``GET /favicon.ico`` (browsers ask for it; a 404 there is noise in the
+access log).
 
 Each page is one packaged file (``http/assets/``): HTML with its script and style
 inline, no build step, nothing fetched from elsewhere. Their Content-Security-Policy
@@ -20,6 +22,7 @@ from ..exchange import JSON_HEADERS, Exchange
 from ..services import Services
 
 HTML = {"text/html": {"schema": {"type": "string"}}}
+ICON = {"image/svg+xml": {"schema": {"type": "string"}}}
 
 _INLINE = re.compile(rb"<(script|style)>(.*?)</\1>", re.DOTALL)
 
@@ -67,3 +70,20 @@ async def docs(services: Services, exchange: Exchange) -> None:
 async def openapi_json(services: Services, exchange: Exchange) -> None:
     assert services.openapi is not None  # set by the application
     await exchange.respond(200, services.openapi(), JSON_HEADERS)
+
+
+@functools.cache
+def _icon() -> bytes:
+    return resources.files("trioserve.http").joinpath("assets", "favicon.svg").read_bytes()
+
+
+async def favicon(services: Services, exchange: Exchange) -> None:
+    await exchange.respond(
+        200,
+        _icon(),
+        [
+            (b"content-type", b"image/svg+xml"),
+            (b"x-content-type-options", b"nosniff"),
+            (b"cache-control", b"max-age=86400"),
+        ],
+    )
