@@ -233,6 +233,69 @@ def _logprob_cases(model: ModelText) -> list[dict[str, Any]]:
     return cases
 
 
+#: Values for the hostile sampling bodies: in range, out of range, at the edges (of the
+#: JSON types a client may send: a string for a number is the HTTP layer's 422).
+HOSTILE_VALUES: dict[str, list[Any]] = {
+    "n": [-1, 0, 1, 2, 3],
+    "temperature": [-1, 0, 0.005, 0.7, 2, 2.5],
+    "top_p": [0, 1e-9, 0.5, 1, 1.5],
+    "top_k": [-2, -1, 0, 5, 2.5],
+    "min_p": [-0.1, 0, 0.5, 1, 1.1],
+    "presence_penalty": [-2.5, -2, 0, 2, 2.1],
+    "frequency_penalty": [-3, 0, 1.5],
+    "repetition_penalty": [-1, 0, 0.5, 1.2, 1e9],
+    "max_tokens": [0, 1, 10, MAX_MODEL_LEN - 5, MAX_MODEL_LEN + 1],
+    "min_tokens": [-1, 0, 5, 700],
+    "seed": [-1, 0, 7, 2**63 - 1, 2**63],
+    "stop": ["", "a", ["a", ""], ["ab", "🙂"], []],
+    "stop_token_ids": [[5], [-1], [10**6], [], [1, 1]],
+    "ignore_eos": [True, False],
+    "include_stop_str_in_output": [True, False],
+    "skip_special_tokens": [True, False],
+    "logprobs": [True, False],
+    "top_logprobs": [-2, -1, 0, 5, 21],
+    "prompt_logprobs": [-2, -1, 0, 3, 21],
+    "logit_bias": [{"5": 1}, {"-3": 1}, {"100000": 2}, {"7": -500}],
+    "allowed_token_ids": [[], [3, 4], [-1], [10**6]],
+    "bad_words": [[""], ["fox"], ["Zürich", " 日本"]],
+}
+HOSTILE_BODIES = 160
+
+
+def _hostile_sampling(model: ModelText) -> list[tuple[str, dict[str, Any], int]]:
+    rng = random.Random(2025)
+    cases = []
+    for _ in range(HOSTILE_BODIES):
+        endpoint = rng.choice(["chat", "chat", "completion"])
+        names = rng.sample(sorted(HOSTILE_VALUES), rng.randint(1, 5))
+        body = {name: rng.choice(HOSTILE_VALUES[name]) for name in names}
+        if endpoint == "completion":
+            if "logprobs" in body:
+                body["logprobs"] = rng.choice([0, 3, 21, -2])
+            body.pop("top_logprobs", None)
+        cases.append((endpoint, body, rng.choice([1, 10, MAX_MODEL_LEN - 3])))
+    return cases
+
+
+def _with_ours(model: ModelText, case: dict[str, Any]) -> dict[str, Any]:
+    """The case, with the params trioserve would send the engine (None: refused)."""
+    try:
+        sampling = lower(
+            case["body"],
+            endpoint=case["endpoint"],
+            prompt_len=case["prompt_len"],
+            model=model,
+            limits=EngineLimits(MAX_MODEL_LEN),
+            stream=bool(case["body"].get("stream")),
+        )
+    except TextInputError:
+        return {**case, "ours": None}
+    params = dict(sampling.params)
+    if params.get("logit_bias") is not None:
+        params["logit_bias"] = {str(k): v for k, v in params["logit_bias"].items()}
+    return {**case, "ours": params}
+
+
 def _cases(model: ModelText, directory: Path) -> dict[str, Any]:
     return {
         "dir": str(directory),
@@ -242,7 +305,10 @@ def _cases(model: ModelText, directory: Path) -> dict[str, Any]:
         "decode": [model.encode(t, add_special_tokens=True) for t in ENCODE]
         + [sorted(model.added_tokens), [0, 1, 2, 0]],
         "detokenize": _detokenize_cases(model),
-        "sampling": [{"endpoint": e, "body": b, "prompt_len": n} for e, b, n in SAMPLING],
+        "sampling": [
+            _with_ours(model, {"endpoint": e, "body": b, "prompt_len": n})
+            for e, b, n in [*SAMPLING, *_hostile_sampling(model)]
+        ],
         "logprobs": _logprob_cases(model),
         "choices": CHOICES,
     }
@@ -403,3 +469,18 @@ def test_logprob_token_strings_match_vllm(parity, name):
 def test_choices_become_vllms_grammar(parity):
     _, cases, answers = parity["plain"]
     assert [choice_as_grammar(c) for c in cases["choices"]] == answers["choice_grammar"]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_every_accepted_request_decodes_in_the_engine(parity, name):
+    """What trioserve would send, decoded as EngineCore decodes an ADD's sampling params:
+    none fails (one failure there kills the engine's input thread)."""
+    _, cases, answers = parity[name]
+    sent = [c for c in cases["sampling"] if c["ours"] is not None]
+    assert len(sent) > 20  # the hostile bodies do not all get refused
+    failures = [
+        (case["body"], error)
+        for case, error in zip(cases["sampling"], answers["engine_decode"], strict=True)
+        if error is not None
+    ]
+    assert failures == []

@@ -186,6 +186,28 @@ def answer(cases: dict[str, Any]) -> dict[str, Any]:
         )
     out["sampling"] = sampling
 
+    # What EngineCore does with an ADD's sampling params: msgspec decodes them into
+    # SamplingParams, __post_init__ and its checks included, outside any error handling.
+    import msgspec
+    from vllm.v1.serial_utils import MsgpackDecoder
+
+    decoder = MsgpackDecoder(SamplingParams)
+    decoded = []
+    for case in cases["sampling"]:
+        ours = case.get("ours")
+        if ours is None:
+            decoded.append(None)
+            continue
+        if ours.get("logit_bias") is not None:
+            ours["logit_bias"] = {int(k): v for k, v in ours["logit_bias"].items()}
+        try:
+            decoder.decode(msgspec.msgpack.encode(ours))
+        except Exception as exc:
+            decoded.append(f"{type(exc).__name__}: {exc}")
+        else:
+            decoded.append(None)
+    out["engine_decode"] = decoded
+
     processor = object.__new__(LogprobsProcessor)
     processor.tokenizer = tok
     logprobs = []
