@@ -67,3 +67,15 @@ async def wait_health(client: httpx.AsyncClient | str, status: int = 200) -> Non
 def sse_events(text: str) -> list[str]:
     """The data of each event of an SSE body, in order."""
     return [line.removeprefix("data: ") for line in text.split("\n\n") if line.startswith("data: ")]
+
+
+async def get(frontend: Frontend, path: str) -> tuple[int, bytes]:
+    """``GET path`` on a fresh connection: the status and the body."""
+    stream = await trio.open_tcp_stream(frontend.host, frontend.port)
+    head = f"GET {path} HTTP/1.1\r\nhost: {frontend.host}\r\nconnection: close\r\n\r\n"
+    await stream.send_all(head.encode())
+    with trio.fail_after(HANG_GUARD):
+        data = await read_to_end(stream)
+    await stream.aclose()
+    status_line, _, rest = data.partition(b"\r\n")
+    return int(status_line.split(b" ")[1]), rest.partition(b"\r\n\r\n")[2]

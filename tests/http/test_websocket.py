@@ -140,6 +140,51 @@ async def test_bad_messages_get_an_error_and_the_socket_stays_open(frontend, mes
         assert seen["ok"][-1]["type"] == "done"
 
 
+NESTED = "[" * 1000 + "]" * 1000
+
+
+@pytest.mark.parametrize(
+    ("message", "code"),
+    [
+        ('{"type": "request", "id": "x", "endpoint": [], "body": {}}', "invalid_endpoint"),
+        ('{"type": "request", "id": "x", "endpoint": {"a": 1}, "body": {}}', "invalid_endpoint"),
+        ('{"type": "ping", "id": ' + NESTED + "}", "invalid_id"),
+        ('{"type": "ping", "id": {"a": []}}', "invalid_id"),
+        ('{"type": ' + NESTED + ', "id": "x"}', "unknown_message_type"),
+        ('{"type": "cancel", "id": ' + NESTED + "}", "invalid_id"),
+        (
+            '{"type": "request", "id": "x", "endpoint": "chat.completions", "body": []}',
+            "invalid_request",
+        ),
+        (
+            '{"type": "request", "id": "x", "endpoint": "completions", "body": {"prompt": "p"},'
+            ' "timeout": ' + NESTED + "}",
+            "invalid_request_timeout",
+        ),
+        (
+            '{"type": "request", "id": "x", "endpoint": "completions", "body": {"prompt": '
+            + NESTED
+            + "}}",
+            "invalid_request",
+        ),
+    ],
+)
+async def test_messages_that_do_not_fit_the_schema_get_a_4xx_and_the_others_go_on(
+    frontend, message, code, caplog
+):
+    """Wrong types anywhere, at any depth (issue 27): an error event for that message,
+    never a 1011 and a traceback; the request running on the socket goes on to its end."""
+    async with open_websocket_url(ws_url(frontend)) as ws:
+        await ws.send_message(request("running", "p", max_tokens=30))
+        await ws.send_message(message)
+        seen = []
+        while not (seen and seen[-1]["id"] == "running" and seen[-1]["type"] == "done"):
+            seen.append(await receive(ws))
+    errors = [m for m in seen if m["type"] == "error"]
+    assert len(errors) == 1 and errors[0]["error"]["code"] == code, errors
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+
+
 async def test_invalid_body_error_lists_field_paths(frontend):
     async with open_websocket_url(ws_url(frontend)) as ws:
         await ws.send_message(request("bad", "p", max_tokens="lots"))

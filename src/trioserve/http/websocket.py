@@ -47,6 +47,10 @@ _CLIENT_ID_RE = re.compile(r"[A-Za-z0-9._:\-]{1,100}")
 _connection_numbers = itertools.count(1)
 
 
+def _invalid_id() -> HTTPError:
+    return HTTPError(400, "id must be a string of 1-100 letters, digits or ._:-", "invalid_id")
+
+
 def _dumps(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":"))
 
@@ -163,7 +167,14 @@ class WebSocketConnection:
                     None, HTTPError(400, "binary messages are not supported", "binary_message")
                 )
                 continue
-            await self._on_text(nursery, text)
+            try:
+                await self._on_text(nursery, text)
+            except Exception:
+                # A message no check foresaw ends with an error of its own, not the socket
+                # and the other requests on it (one traceback: it is a bug to fix).
+                log.exception("error handling a WebSocket message; the socket goes on")
+                error = HTTPError(500, "internal error handling this message", "internal_error")
+                await self.send_error(None, error)
 
     async def _on_text(self, nursery: trio.Nursery, text: str) -> None:
         try:
@@ -177,27 +188,28 @@ class WebSocketConnection:
         kind = message.get("type")
         client_id = message.get("id")
         if kind == "ping":
+            # Echoed as sent when it is a plain value; a list or an object (any depth:
+            # json.dumps of one nested 1,000 deep raised) is not an id.
+            if client_id is not None and not isinstance(client_id, str | int | float):
+                await self.send_error(None, _invalid_id())
+                return
             await self.send_text(_dumps({"type": "pong", "id": client_id}))
             return
         if kind not in ("request", "cancel"):
+            # (Named only when it is a short string: the repr of a list nested 1,000 deep
+            # raises.)
+            named = repr(kind) if isinstance(kind, str) and len(kind) <= 64 else "(not a name)"
             await self.send_error(
                 client_id if isinstance(client_id, str) else None,
                 HTTPError(
                     400,
-                    f"unknown message type {kind!r} (expected request, cancel or ping)",
+                    f"unknown message type {named} (expected request, cancel or ping)",
                     "unknown_message_type",
                 ),
             )
             return
         if not isinstance(client_id, str) or not _CLIENT_ID_RE.fullmatch(client_id):
-            await self.send_error(
-                None,
-                HTTPError(
-                    400,
-                    "id must be a string of 1-100 letters, digits or ._:-",
-                    "invalid_id",
-                ),
-            )
+            await self.send_error(None, _invalid_id())
             return
         if kind == "request":
             self.requests_served += 1
@@ -252,6 +264,8 @@ class WebSocketConnection:
                 "too_many_requests",
             )
         endpoint = message.get("endpoint", "")
+        if not isinstance(endpoint, str):  # (a list or an object is not even hashable)
+            endpoint = ""
         capability = ENDPOINTS.get(endpoint) if endpoint != "responses" else "chat"
         if capability is None:
             raise HTTPError(
@@ -341,7 +355,7 @@ class WebSocketConnection:
         self.services.observer.ws_request_done(
             client=self.client,
             socket=self.number,
-            endpoint=endpoint if endpoint in WS_ENDPOINTS else "-",
+            endpoint=endpoint if isinstance(endpoint, str) and endpoint in WS_ENDPOINTS else "-",
             status=status,
             sent=sent,
             arrived=arrived,

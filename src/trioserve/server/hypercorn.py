@@ -1,18 +1,106 @@
 """The hypercorn adapter: trioserve's application under hypercorn's trio worker (HTTP/2
-over TLS), through plain ASGI (``trioserve.http.channel.AsgiChannel``)."""
+over TLS), through plain ASGI (``trioserve.http.channel.AsgiChannel``).
+
+Two changes to hypercorn's WebSocket stream, for the bounds the built-in server holds
+(docs/security.md): no permessage-deflate (hypercorn inflates a frame whole before its
+size check: 64 KiB on the wire became 64 MiB held), and every fragment of a message
+counted, an empty one too, with the frame loop letting other tasks run every
+``EVENTS_PER_YIELD`` events (one read of empty frames held the loop for everyone).
+Both are set on hypercorn's modules once, when this module is imported, and held to
+hypercorn's behaviour by ``tests/http/test_websocket_framing.py``.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import trio
 from hypercorn.config import Config
+from hypercorn.protocol import h2 as hypercorn_h2
+from hypercorn.protocol import h11 as hypercorn_h11
+from hypercorn.protocol import ws_stream
+from hypercorn.protocol.events import StreamClosed
 from hypercorn.trio import serve
+from wsproto.connection import ConnectionState
+from wsproto.events import CloseConnection, Message, Ping
+from wsproto.frame_protocol import CloseReason
 
 from ..config import Settings
 from ..http import App
 from . import tls
+from .http1.websocket import EVENTS_PER_YIELD, max_message_fragments
+
+
+class _Handshake(ws_stream.Handshake):
+    """hypercorn's handshake, offering no extension: permessage-deflate is declined."""
+
+    def __init__(self, headers: list[tuple[bytes, bytes]], http_version: str) -> None:
+        super().__init__(headers, http_version)
+        self.extensions = None
+
+
+class _MessageBuffer(ws_stream.WebsocketBuffer):
+    """hypercorn's message buffer, counting fragments as the built-in server does."""
+
+    def __init__(self, max_length: int) -> None:
+        super().__init__(max_length)
+        self.fragments = 0
+        self.max_fragments = max_message_fragments(max_length)
+
+    def extend(self, event: Message) -> None:
+        self.fragments += 1
+        if self.fragments > self.max_fragments:
+            raise ws_stream.FrameTooLargeError()
+        super().extend(event)
+
+    def clear(self) -> None:
+        super().clear()
+        self.fragments = 0
+
+
+class _WSStream(ws_stream.WSStream):
+    """hypercorn's WebSocket stream with the buffer above and a frame loop that yields."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.buffer = _MessageBuffer(self.config.websocket_max_message_size)
+
+    async def _handle_events(self) -> None:
+        # hypercorn's own loop (0.17), with the checkpoint, the buffer cleared on 1009
+        # and a close frame for a frame that does not parse.
+        for handled, event in enumerate(self.connection.events(), 1):
+            if handled % EVENTS_PER_YIELD == 0:
+                await trio.lowlevel.checkpoint()
+            if isinstance(event, Message):
+                try:
+                    self.buffer.extend(event)
+                except ws_stream.FrameTooLargeError:
+                    self.buffer.clear()
+                    await self._send_wsproto_event(
+                        CloseConnection(code=CloseReason.MESSAGE_TOO_BIG)
+                    )
+                    break
+                if event.message_finished:
+                    assert self.app_put is not None
+                    await self.app_put(self.buffer.to_message())
+                    self.buffer.clear()
+            elif isinstance(event, Ping):
+                await self._send_wsproto_event(event.response())
+            elif isinstance(event, CloseConnection):
+                if self.connection.state == ConnectionState.REMOTE_CLOSING:
+                    await self._send_wsproto_event(event.response())
+                else:
+                    # A frame wsproto could not parse (1002, 1007): say why, as the
+                    # built-in server does, rather than drop the connection unexplained.
+                    await self._send_wsproto_event(CloseConnection(code=event.code))
+                await self.send(StreamClosed(stream_id=self.stream_id))
+
+
+ws_stream.Handshake = _Handshake  # type: ignore[misc]
+hypercorn_h11.WSStream = _WSStream  # type: ignore[misc]
+hypercorn_h2.WSStream = _WSStream  # type: ignore[misc]
 
 
 def hypercorn_config(

@@ -18,6 +18,18 @@ from .protocol import Request
 
 log = logging.getLogger("trioserve.http1")
 
+#: Fragments of one message (each piece wsproto hands over: a frame, or the part of one
+#: a read brought) are bounded by the message limit too, one per this many bytes of it, so
+#: that empty continuation frames cannot go on for ever (close 1009 past it).
+FRAGMENT_COST = 64
+#: Events handled from one read before the other tasks get to run.
+EVENTS_PER_YIELD = 16
+
+
+def max_message_fragments(limit: int) -> int:
+    """Fragments one message may come in (the limit's share, and at least 64)."""
+    return max(limit // FRAGMENT_COST, 64)
+
 
 class WebSocketSession:
     """A WebSocket upgraded from an HTTP connection, as an ASGI websocket scope."""
@@ -33,6 +45,7 @@ class WebSocketSession:
         self._write_lock = trio.Lock()
         self._message: list[str | bytes] = []
         self._message_size = 0
+        self._fragments = 0
         self._heard = True
         #: An HTTP answer to the handshake the app is sending (websocket.http.response).
         self._response: tuple[int, list[tuple[bytes, bytes]]] | None = None
@@ -119,20 +132,29 @@ class WebSocketSession:
             self.connected = True
             return {"type": "websocket.connect"}
         limit = self.connection.config.ws_max_message_bytes
+        max_fragments = max_message_fragments(limit)
         while True:
             if self.closed or self.connection.closed:
                 return {"type": "websocket.disconnect", "code": self.close_code or 1006}
-            for event in self.ws.events():
+            for handled, event in enumerate(self.ws.events(), 1):
                 self._heard = True
+                if handled % EVENTS_PER_YIELD == 0:
+                    # One read can hold ten thousand empty frames: others run between.
+                    await trio.lowlevel.checkpoint()
                 if isinstance(event, ws_events.Message):
-                    self._message.append(event.data)
+                    if event.data:
+                        self._message.append(event.data)
                     self._message_size += len(event.data)
-                    if self._message_size > limit:
+                    # Every fragment counts, an empty one too: handling it costs what a
+                    # piece of payload does (a Python object each, once).
+                    self._fragments += 1
+                    if self._message_size > limit or self._fragments > max_fragments:
                         self.close_code = 1009
                         await self._close(1009)
                         return {"type": "websocket.disconnect", "code": 1009}
                     if event.message_finished:
                         parts, self._message, self._message_size = self._message, [], 0
+                        self._fragments = 0
                         # (A message's parts are all str, or all bytes, as wsproto gives.)
                         if isinstance(event, ws_events.TextMessage):
                             return {"type": "websocket.receive", "text": "".join(parts)}  # type: ignore[arg-type]
