@@ -152,3 +152,50 @@ async def test_bodies_held_in_memory_across_requests_are_bounded(nursery, http_s
     async with frontend.client() as client:
         again = await client.post("/v1/completions", json={**big, "max_tokens": 1})
         assert again.status_code == 200
+
+
+async def test_multipart_form_fields_are_held_in_the_body_budget(nursery, http_server):
+    """Form fields (not files) are kept in memory: they count against
+    --max-body-memory-mb from their first byte until their request ends, so stalled
+    uploads full of fields cannot hold memory outside it (issue 27: four held 387 MiB
+    under a 64 MiB budget)."""
+    engine = await start_engine(nursery)
+    frontend = await start_frontend(
+        nursery, engine, server=http_server, max_body_memory_bytes=300_000
+    )
+    boundary = b"fieldsboundary"
+    fields = b"".join(
+        b'--%s\r\ncontent-disposition: form-data; name="f%d"\r\n\r\n%s\r\n'
+        % (boundary, i, b"v" * 50_000)
+        for i in range(4)
+    )
+    stalled = await trio.open_tcp_stream(frontend.host, frontend.port)
+    head = (
+        b"POST /generate HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n"
+        b"content-type: multipart/form-data; boundary=%s\r\n\r\n" % boundary
+    )
+    await stalled.send_all(head + b"%x\r\n%s\r\n" % (len(fields), fields))  # no closing boundary
+    budget = frontend.app.services.body_budget
+    await wait_until(lambda: budget.held >= 200_000, "the fields to be counted")
+    async with frontend.client() as client:
+        refused = await client.post("/generate", json={"prompt": "x" * 150_000, "max_tokens": 1})
+        assert refused.status_code == 503
+        assert refused.json()["code"] == "body_memory_exhausted"
+        # A second upload whose fields go past the budget is refused as they arrive.
+        more = b"".join(
+            b'--%s\r\ncontent-disposition: form-data; name="g%d"\r\n\r\n%s\r\n'
+            % (boundary, i, b"w" * 50_000)
+            for i in range(3)
+        )
+        over = await client.post(
+            "/generate",
+            content=more + b"--%s--\r\n" % boundary,
+            headers={"content-type": f"multipart/form-data; boundary={boundary.decode()}"},
+        )
+        assert over.status_code == 503, over.text
+        assert over.json()["code"] == "body_memory_exhausted"
+    await stalled.aclose()
+    await wait_until(lambda: budget.held == 0, "the stalled upload's fields to be given back")
+    async with frontend.client() as client:
+        served = await client.post("/generate", json={"prompt": "x" * 150_000, "max_tokens": 1})
+        assert served.status_code == 200

@@ -7,10 +7,8 @@ slot is taken once the request's body is complete, just before its engine reques
 submitted (a client sending its body slowly holds no slot), and held until its last byte.
 Operations routes (health, liveness, metrics, models) never take a slot.
 
-Request bodies read into memory (JSON, urlencoded) draw on one budget for the whole
-server (``--max-body-memory-mb``), held until their request ends: many large bodies at
-once are refused (503 ``body_memory_exhausted``) instead of growing the process.
-Multipart uploads stream to disk and draw nothing.
+Request bodies held in memory draw on one budget for the whole server
+(``--max-body-memory-mb``: ``memory.py``), held until their request ends.
 """
 
 from __future__ import annotations
@@ -20,9 +18,7 @@ from contextlib import contextmanager
 
 from .. import metrics
 from ..errors import HTTPError
-
-#: Seconds a refused client is asked to wait before trying again.
-RETRY_AFTER = 1
+from .memory import RETRY_AFTER
 
 
 class Admission:
@@ -56,26 +52,3 @@ class Admission:
             yield
         finally:
             self.release()
-
-
-class BodyBudget:
-    """Bytes of request bodies held in memory across requests, and their bound."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.held = 0
-
-    def take(self, size: int) -> None:
-        """Count ``size`` more bytes, or raise the 503 (nothing counted) past the bound."""
-        if self.held + size > self.limit:
-            metrics.ADMISSION_REFUSED.inc()
-            raise HTTPError(
-                503,
-                f"the server holds its limit of {self.limit} bytes of request bodies; retry later",
-                "body_memory_exhausted",
-                headers=[(b"retry-after", str(RETRY_AFTER).encode())],
-            )
-        self.held += size
-
-    def give_back(self, size: int) -> None:
-        self.held -= size

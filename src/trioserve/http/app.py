@@ -28,6 +28,7 @@ from .bodies.tokenize import DetokenizeRequest, TokenizeRequest
 from .channel import AsgiChannel, Receive, RequestHead, ResponseChannel, Send, head_of
 from .cors import CorsPolicy
 from .exchange import JSON_HEADERS, ClientGone, Exchange
+from .memory import Holding
 from .observe import WEBSOCKET_ROUTE, Observer
 from .openapi import JSON, MULTIPART, URLENCODED, Doc, json_body
 from .routes import (
@@ -663,7 +664,7 @@ class App:
                 exchange.error_shape = route.error_shape
                 services.require_capability(route.capability, exchange)
                 # (Its admission slot is taken once its body is complete: services.run.)
-                exchange.body_budget = services.body_budget
+                exchange.memory = Holding(services.body_budget)
             await route.handler(services, exchange)
         except HTTPError as error:
             if not exchange.started:

@@ -16,8 +16,8 @@ import attrs
 import trio
 
 from ..errors import ClientGone, HTTPError
-from .admission import BodyBudget
 from .channel import Headers, RequestHead, ResponseChannel
+from .memory import Holding
 
 _REQUEST_ID_RE = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
 
@@ -45,6 +45,10 @@ def new_request_id() -> str:
     return raw.hex()
 
 
+#: The holding of requests whose bodies count nowhere (it takes nothing, holds nothing).
+UNCOUNTED = Holding(None)
+
+
 def body_too_large(limit: int) -> HTTPError:
     return HTTPError(413, f"the body exceeds {limit} bytes", "body_too_large")
 
@@ -56,8 +60,6 @@ class Exchange:
     __slots__ = (
         "_prepared_start",
         "arrived",
-        "body_budget",
-        "body_held",
         "channel",
         "error_shape",
         "extra_headers",
@@ -65,6 +67,7 @@ class Exchange:
         "head",
         "headers",
         "key_index",
+        "memory",
         "method",
         "path",
         "request_id",
@@ -98,10 +101,10 @@ class Exchange:
         #: The index of the API key the request came with (``http/auth.py``; None: no
         #: keys configured, or a route open to all).
         self.key_index: int | None = None
-        #: What bodies read into memory draw on (``admission.BodyBudget``), and how much
-        #: this request holds of it (given back when the request ends: :meth:`close`).
-        self.body_budget: BodyBudget | None = None
-        self.body_held = 0
+        #: What this request holds of the body budget (``memory.py``; set by the app for
+        #: routes that read bodies): its body's bytes, the fields of its form; given back
+        #: when the request ends (:meth:`close`).
+        self.memory = UNCOUNTED
         #: The response's status once started, and the body bytes sent (the access log).
         self.status: int | None = None
         self.sent = 0
@@ -155,24 +158,20 @@ class Exchange:
         self.check_declared_length(limit)
         chunks: list[bytes] = []
         size = 0
-        budget = self.body_budget
+        memory = self.memory
         while True:
             chunk, more = await self.next_body_chunk(timeout)
             size += len(chunk)
             if size > limit:
                 raise body_too_large(limit)
-            if budget is not None:
-                budget.take(len(chunk))
-                self.body_held += len(chunk)
+            memory.take(len(chunk))
             chunks.append(chunk)
             if not more:
                 return b"".join(chunks)
 
     def close(self) -> None:
         """The request has ended: what it held of the body budget is given back."""
-        if self.body_budget is not None and self.body_held:
-            self.body_budget.give_back(self.body_held)
-            self.body_held = 0
+        self.memory.release()
 
     def response_headers(self, headers: Headers) -> Headers:
         out = [*headers, *self.extra_headers, (b"x-request-id", self.request_id.encode())]

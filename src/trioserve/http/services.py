@@ -20,13 +20,14 @@ from ..protocol import Submit
 from ..text.agents import ParserNames
 from ..text.assets import ModelText
 from ..text.registry import TextRegistry
-from .admission import Admission, BodyBudget
+from .admission import Admission
 from .bodies.forms import JSON, MULTIPART, URLENCODED, Body, read_body
 from .bodies.media import MediaFetcher
 from .bodies.uploads import Uploads
 from .bodies.validation import invalid, parse_json
 from .exchange import Exchange, ServerState
 from .lifecycle import Registry, RequestHandle, run_generation
+from .memory import MemoryBudget, body_budget
 from .observe import Observer
 from .responses_store import ResponseStore
 from .writers.stream import Writer
@@ -71,7 +72,7 @@ class Services:
     observer: Observer = attrs.Factory(Observer)
     admission: Admission = attrs.field(init=False)
     #: Request bodies held in memory across requests (``--max-body-memory-mb``).
-    body_budget: BodyBudget = attrs.field(init=False)
+    body_budget: MemoryBudget = attrs.field(init=False)
     #: The description of the API as JSON (``/openapi.json``): the application's, which
     #: knows the route table.
     openapi: Callable[[], bytes] | None = None
@@ -92,7 +93,7 @@ class Services:
         if settings.tokenizer and self.texts.default is None:
             self.texts.set_default(ModelText.load(settings.tokenizer))
         self.admission = Admission(settings.max_concurrent_requests)
-        self.body_budget = BodyBudget(settings.max_body_memory_bytes)
+        self.body_budget = body_budget(settings.max_body_memory_bytes)
         self.responses = ResponseStore(
             ttl=settings.responses_ttl,
             max_events=settings.responses_max_events,

@@ -3,9 +3,11 @@
 ``multipart/form-data`` is parsed as it arrives (python-multipart's streaming parser, fed
 one ASGI body message at a time): file parts go straight to disk under the request's
 upload directory (see :mod:`trioserve.http.uploads`), so the body limit is enforced while
-the upload streams (413 mid-upload, without reading the rest), and a client that stops
-sending (408) or hangs up ends the request before anything reaches an engine. Form values
-arrive as strings; the route's schema converts them (``"16"``, ``"true"``, ``"off"``).
+the upload streams (413 mid-upload, without reading the rest); field values (not files)
+are held in memory and counted in the body budget as they arrive (503 past it); and a
+client that stops sending (408) or hangs up ends the request before anything reaches an
+engine. Form values arrive as strings; the route's schema converts them (``"16"``,
+``"true"``, ``"off"``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from python_multipart.multipart import MultipartParser, MultipartState, parse_op
 
 from ...errors import HTTPError
 from ..exchange import Exchange, body_too_large
+from ..memory import Holding
 from .media import Media
 from .uploads import Uploads, open_upload
 from .validation import invalid, parse_json, structure
@@ -158,7 +161,7 @@ async def _read_multipart(
     except FormParserError as exc:
         raise HTTPError(400, f"malformed multipart body: {exc}", "invalid_form") from None
     body = Body(MULTIPART, {})
-    state = _MultipartState(body, uploads)
+    state = _MultipartState(body, uploads, exchange.memory)
     size = 0
     try:
         while True:
@@ -183,9 +186,12 @@ async def _read_multipart(
 
 
 class _MultipartState:
-    def __init__(self, body: Body, uploads: Uploads) -> None:
+    def __init__(self, body: Body, uploads: Uploads, memory: Holding) -> None:
         self.body = body
         self.uploads = uploads
+        #: Field values are held in memory until the request ends: counted in the body
+        #: budget as they arrive (files go to disk and count nothing).
+        self.memory = memory
         self.parts = 0
         self.name = ""
         self.file: Any = None
@@ -199,6 +205,7 @@ class _MultipartState:
             if self.file is not None:
                 await self.file.write(payload)
             elif self.value is not None:
+                self.memory.take(len(payload))
                 self.value += payload
                 if len(self.value) > MAX_FIELD_BYTES:
                     raise HTTPError(
