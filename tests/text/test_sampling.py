@@ -128,3 +128,10 @@ def test_stream_output_kind_and_stop_buffer(plain: ModelText):
         stream=True,
     ).params
     assert (p["output_kind"], p["output_text_buffer_length"]) == (1, 2)
+
+
+@pytest.mark.parametrize("name", ["truncate_prompt_tokens", "use_beam_search", "suffix"])
+def test_what_the_pipeline_does_not_implement_is_refused_not_ignored(plain, name):
+    with pytest.raises(TextInputError) as caught:
+        chat(plain, **{name: 5})
+    assert caught.value.param == name

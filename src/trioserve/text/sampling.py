@@ -56,6 +56,23 @@ OPENAI_DEFAULTS: dict[str, Any] = {
 }
 
 
+#: vLLM request fields this pipeline does not implement: refused, never silently ignored
+#: (the answer would differ from vLLM's).
+UNSUPPORTED = (
+    "use_beam_search",
+    "truncate_prompt_tokens",
+    "truncation_side",
+    "thinking_token_budget",
+    "repetition_detection",
+    "vllm_xargs",
+    "kv_transfer_params",
+    "ec_transfer_params",
+    "prompt_embeds",
+    "watermarking",
+    "suffix",
+)
+
+
 @attrs.frozen
 class EngineLimits:
     """What the engine registered with, and vLLM's server options that shape validation."""
@@ -212,8 +229,9 @@ def lower(
     chat = endpoint == "chat"
     defaults = default_sampling(model, limits)
 
-    if params.get("use_beam_search"):
-        raise _fail("beam search is not supported on this path", "use_beam_search")
+    for name in UNSUPPORTED:
+        if params.get(name) not in (None, False):
+            raise _fail(f"{name} is not supported on the token-id path yet", name)
 
     # -- max_tokens --------------------------------------------------------------------
     if chat and params.get("max_completion_tokens") is not None:

@@ -18,10 +18,14 @@ from typing import Any, TypeVar
 import trio
 
 from ...errors import HTTPError, TextInputError
-from ...text.prompts import Prompt, chat_prompt, check_prompt_token_ids, completion_prompt
+from ...text.prompts import Prompt, check_prompt_token_ids
 from ...text.registry import ServedText
-from ...text.sampling import Sampling, lower
-from ...text.template import ChatOptions
+from ...text.requests import (
+    Prepared,
+    chat_request_prompt,
+    completion_request_prompt,
+    prepare,
+)
 from ..bodies.openai import parse_chat, parse_completion
 from ..bodies.tokenize import DetokenizeRequest, TokenizeRequest
 from ..bodies.validation import invalid, structure
@@ -29,12 +33,6 @@ from ..exchange import Exchange
 from ..services import Services
 
 T = TypeVar("T")
-
-#: vLLM's refusal of a request's own chat template (without --trust-request-chat-template).
-UNTRUSTED_TEMPLATE = (
-    "Chat template is passed with request, but --trust-request-chat-template is not set. "
-    "Refused request with untrusted chat template."
-)
 
 
 def served_text(services: Services, requested: Any) -> tuple[str, ServedText]:
@@ -60,57 +58,6 @@ async def _in_thread(fn: Callable[[], T]) -> T:
     return await trio.to_thread.run_sync(fn)
 
 
-def _options(body: dict[str, Any]) -> ChatOptions:
-    if body.get("chat_template") is not None or (
-        isinstance(body.get("chat_template_kwargs"), dict)
-        and body["chat_template_kwargs"].get("chat_template") is not None
-    ):
-        raise TextInputError(UNTRUSTED_TEMPLATE, param="chat_template")
-    kwargs = body.get("chat_template_kwargs")
-    if kwargs is not None and not isinstance(kwargs, dict):
-        raise invalid([{"loc": "$.chat_template_kwargs", "msg": "expected an object"}])
-    tools = body.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        raise invalid([{"loc": "$.tools", "msg": "expected a list"}])
-    if tools == []:
-        raise TextInputError(
-            "`tools` must not be an empty array. Either provide at least one tool or omit "
-            "the field entirely.",
-            param="tools",
-        )
-    documents = body.get("documents")
-    add_generation_prompt = body.get("add_generation_prompt", True)
-    continue_final = body.get("continue_final_message", False)
-    if type(add_generation_prompt) is not bool or type(continue_final) is not bool:
-        raise invalid([{"loc": "$", "msg": "add_generation_prompt and "
-                        "continue_final_message must be booleans"}])  # fmt: skip
-    if continue_final and add_generation_prompt and "add_generation_prompt" in body:
-        raise TextInputError(
-            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
-            param="continue_final_message",
-        )
-    if continue_final:
-        add_generation_prompt = False
-    effort = body.get("reasoning_effort")
-    return ChatOptions(
-        add_generation_prompt=add_generation_prompt,
-        continue_final_message=continue_final,
-        tools=tools,
-        documents=documents if isinstance(documents, list) else None,
-        chat_template_kwargs=kwargs,
-        reasoning_effort=effort if isinstance(effort, str) else None,
-    )
-
-
-def _add_special_tokens(body: dict[str, Any], default: bool) -> bool:
-    value = body.get("add_special_tokens")
-    if value is None:
-        return default
-    if type(value) is not bool:
-        raise invalid([{"loc": "$.add_special_tokens", "msg": "expected a boolean"}])
-    return value
-
-
 async def tokenize(services: Services, exchange: Exchange) -> None:
     services.check_accepting()
     body = await services.json_body(exchange)
@@ -119,16 +66,10 @@ async def tokenize(services: Services, exchange: Exchange) -> None:
     text = served.text
     if body.get("messages") is not None:
         parse_chat({"messages": body["messages"]})  # their shape, 422 as the chat route's
-        options = _options(body)
-        special = _add_special_tokens(body, False)
-        prompt: Prompt = await _in_thread(
-            partial(chat_prompt, text, body["messages"], options, add_special_tokens=special)
-        )
+        messages = body["messages"]
+        prompt: Prompt = await _in_thread(partial(chat_request_prompt, served, messages, body))
     elif req.prompt is not None:
-        special = _add_special_tokens(body, True)
-        prompt = await _in_thread(
-            partial(completion_prompt, text, req.prompt, add_special_tokens=special)
-        )
+        prompt = await _in_thread(partial(completion_request_prompt, served, req.prompt, body))
     else:
         raise invalid([{"loc": "$", "msg": "either 'prompt' or 'messages' is required"}])
     answer: dict[str, Any] = {
@@ -154,11 +95,10 @@ async def detokenize(services: Services, exchange: Exchange) -> None:
     await exchange.respond_json(200, {"prompt": text})
 
 
-def _generate_request(
-    request_id: str, model: str, prompt: Prompt, sampling: Sampling, stream: bool
-) -> dict[str, Any]:
+def _generate_request(request_id: str, model: str, ready: Prepared, stream: bool) -> dict[str, Any]:
     """vLLM's ``GenerateRequest`` as its render routes answer it: the params as a client
     sends them (the fields vLLM sets itself, with a leading underscore, left out)."""
+    sampling = ready.sampling
     params = {k: v for k, v in sampling.params.items() if not k.startswith("_")}
     params["n"] = sampling.n
     structured = params.get("structured_outputs")
@@ -170,7 +110,7 @@ def _generate_request(
         params["logit_bias"] = {str(k): v for k, v in params["logit_bias"].items()}
     return {
         "request_id": request_id,
-        "token_ids": prompt.token_ids,
+        "token_ids": ready.prompt.token_ids,
         "sampling_params": params,
         "model": model,
         "stream": stream,
@@ -187,61 +127,27 @@ async def render_chat(services: Services, exchange: Exchange) -> None:
     body = await services.json_body(exchange)
     req = parse_chat(body)
     model, served = served_text(services, req.model)
-    options = _options(body)
-    special = _add_special_tokens(body, False)
-    limits = served.limits
-    prompt = await _in_thread(
-        partial(
-            chat_prompt,
-            served.text,
-            body["messages"],
-            options,
-            add_special_tokens=special,
-            max_model_len=limits.max_model_len,
-        )
-    )
     stream = _stream(body)
-    sampling = lower(
-        body,
-        endpoint="chat",
-        prompt_len=len(prompt.token_ids),
-        model=served.text,
-        limits=limits,
-        stream=stream,
+    ready = await _in_thread(
+        partial(prepare, served, "chat", body, body, stream=stream, for_engine=False)
     )
-    answer = _generate_request(f"chatcmpl-{exchange.request_id}", model, prompt, sampling, stream)
+    answer = _generate_request(f"chatcmpl-{exchange.request_id}", model, ready, stream)
     await exchange.respond_json(200, answer)
 
 
 async def render_completion(services: Services, exchange: Exchange) -> None:
     services.check_accepting()
     body = await services.json_body(exchange)
-    prompt_value: Any = body.get("prompt")
-    token_prompt = isinstance(prompt_value, list) and all(type(i) is int for i in prompt_value)
+    prompt: Any = body.get("prompt")
+    token_prompt = isinstance(prompt, list) and all(type(i) is int for i in prompt)
     req = parse_completion({**body, "prompt": "-"} if token_prompt else body)
     model, served = served_text(services, req.model)
-    special = _add_special_tokens(body, True)
-    limits = served.limits
-    given: str | list[int] = list(prompt_value) if token_prompt else str(req.prompt)
-    prompt = await _in_thread(
-        partial(
-            completion_prompt,
-            served.text,
-            given,
-            add_special_tokens=special,
-            max_model_len=limits.max_model_len,
-        )
-    )
-    if not prompt.token_ids:
-        raise TextInputError("No token_ids rendered", param="prompt")
     stream = _stream(body)
-    sampling = lower(
-        body,
-        endpoint="completion",
-        prompt_len=len(prompt.token_ids),
-        model=served.text,
-        limits=limits,
-        stream=stream,
+    inputs = {"prompt": list(prompt) if token_prompt else req.prompt}
+    ready = await _in_thread(
+        partial(prepare, served, "completion", inputs, body, stream=stream, for_engine=False)
     )
-    answer = _generate_request(f"cmpl-{exchange.request_id}", model, prompt, sampling, stream)
+    if not ready.prompt.token_ids:
+        raise TextInputError("No token_ids rendered", param="prompt")
+    answer = _generate_request(f"cmpl-{exchange.request_id}", model, ready, stream)
     await exchange.respond_json(200, [answer])

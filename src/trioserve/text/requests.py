@@ -1,0 +1,140 @@
+"""A generation request made ready for a token-id engine, in one call: the prompt's token ids
+and the lowered sampling parameters (:func:`prepare`), with every check vLLM's serving layer
+and input processor make on the way. What the render routes answer, and what an engine link
+that takes token ids submits.
+
+CPU-bound (rendering, encoding): run it in a worker thread from an event loop. Raises
+:class:`~trioserve.errors.TextInputError` (400) for anything vLLM would refuse; owes the engine
+nothing (nothing was sent).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from ..errors import TextInputError
+from .prompts import Prompt, chat_prompt, check_prompt_length, completion_prompt
+from .registry import ServedText
+from .sampling import Sampling, lower
+from .template import ChatOptions
+
+#: vLLM's refusal of a request's own chat template (without --trust-request-chat-template).
+UNTRUSTED_TEMPLATE = (
+    "Chat template is passed with request, but --trust-request-chat-template is not set. "
+    "Refused request with untrusted chat template."
+)
+
+
+@attrs.frozen
+class Prepared:
+    """A request as a token-id engine takes it."""
+
+    prompt: Prompt
+    sampling: Sampling
+
+
+def _bool(params: dict[str, Any], name: str, default: bool) -> bool:
+    value = params.get(name, default)
+    if value is None:
+        return default
+    if type(value) is not bool:
+        raise TextInputError(f"{name} must be a boolean", param=name)
+    return value
+
+
+def chat_options(params: dict[str, Any]) -> ChatOptions:
+    """The chat request's prompt options (vLLM's names and defaults), checked."""
+    kwargs = params.get("chat_template_kwargs")
+    if params.get("chat_template") is not None or (
+        isinstance(kwargs, dict) and kwargs.get("chat_template") is not None
+    ):
+        raise TextInputError(UNTRUSTED_TEMPLATE, param="chat_template")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise TextInputError("chat_template_kwargs must be an object", param="chat_template_kwargs")
+    tools = params.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise TextInputError("tools must be a list", param="tools")
+    if tools == []:
+        raise TextInputError(
+            "`tools` must not be an empty array. Either provide at least one tool or omit "
+            "the field entirely.",
+            param="tools",
+        )
+    documents = params.get("documents")
+    if documents is not None and (
+        not isinstance(documents, list) or not all(isinstance(d, dict) for d in documents)
+    ):
+        raise TextInputError("documents must be a list of objects", param="documents")
+    continue_final = _bool(params, "continue_final_message", False)
+    add_generation_prompt = _bool(params, "add_generation_prompt", True)
+    if continue_final and add_generation_prompt and "add_generation_prompt" in params:
+        raise TextInputError(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+            param="continue_final_message",
+        )
+    effort = params.get("reasoning_effort")
+    return ChatOptions(
+        add_generation_prompt=add_generation_prompt and not continue_final,
+        continue_final_message=continue_final,
+        tools=tools,
+        documents=documents,
+        chat_template_kwargs=kwargs,
+        reasoning_effort=effort if isinstance(effort, str) else None,
+    )
+
+
+def chat_request_prompt(served: ServedText, messages: list[Any], params: dict[str, Any]) -> Prompt:
+    """A chat request's prompt (its template rendered, then encoded)."""
+    return chat_prompt(
+        served.text,
+        messages,
+        chat_options(params),
+        add_special_tokens=_bool(params, "add_special_tokens", False),
+        max_model_len=served.limits.max_model_len,
+    )
+
+
+def completion_request_prompt(served: ServedText, prompt: Any, params: dict[str, Any]) -> Prompt:
+    """A completion request's prompt: a string, or token ids."""
+    if not isinstance(prompt, (str, list)):
+        raise TextInputError("prompt must be a string or a list of token ids", param="prompt")
+    return completion_prompt(
+        served.text,
+        prompt,
+        add_special_tokens=_bool(params, "add_special_tokens", True),
+        max_model_len=served.limits.max_model_len,
+    )
+
+
+def prepare(
+    served: ServedText,
+    task: str,
+    inputs: dict[str, Any],
+    params: dict[str, Any],
+    *,
+    stream: bool,
+    for_engine: bool = True,
+) -> Prepared:
+    """``task`` (``"chat"``: ``inputs["messages"]``; ``"completion"``: ``inputs["prompt"]``)
+    with ``params`` (the request's OpenAI parameters), ready for the engine. ``for_engine``:
+    the input processor's prompt-length rules too (an empty prompt; one that fills the
+    context), which vLLM applies at submission, not when it renders."""
+    if task == "chat":
+        prompt = chat_request_prompt(served, inputs.get("messages") or [], params)
+    elif task == "completion":
+        prompt = completion_request_prompt(served, inputs.get("prompt"), params)
+    else:
+        raise TextInputError(f"the text pipeline does not serve {task!r} requests", param=None)
+    sampling = lower(
+        params,
+        endpoint=task,
+        prompt_len=len(prompt.token_ids),
+        model=served.text,
+        limits=served.limits,
+        stream=stream,
+    )
+    if for_engine:  # after the sampling checks, as vLLM's order has it
+        check_prompt_length(len(prompt.token_ids), served.limits.max_model_len)
+    return Prepared(prompt, sampling)
