@@ -181,12 +181,18 @@ async def test_tool_choice_none_answers_the_text_and_tells_the_engine_none(front
 async def test_required_hands_the_engine_vllms_schema_and_parses_the_array(frontend):
     submits = capture_submits(frontend)
     forced = '[{"name": "get_weather", "parameters": {"city": "Oslo"}}]'
-    answer = await post(frontend, chat("</think>" + forced, tool_choice="required"))
+    options = {"disable_any_whitespace": True, "regex": "x+"}  # the constraint is replaced
+    answer = await post(
+        frontend,
+        chat("</think>" + forced, tool_choice="required", structured_outputs=options),
+    )
     choice = answer["choices"][0]
     assert choice["finish_reason"] == "tool_calls"
     [call] = choice["message"]["tool_calls"]
     assert call["function"]["name"] == "get_weather"
     assert json.loads(call["function"]["arguments"]) == {"city": "Oslo"}
+    assert submits[-1].params["structured_outputs"]["disable_any_whitespace"] is True
+    assert "regex" not in submits[-1].params["structured_outputs"]
     schema = submits[-1].params["structured_outputs"]["json"]
     assert schema["type"] == "array" and schema["minItems"] == 1
     names = [v["properties"]["name"]["enum"] for v in schema["items"]["anyOf"]]

@@ -26,15 +26,11 @@ from typing import Any
 import pytest
 
 from tests.helpers.vllm_session import HOW_TO_RUN, vllm_env, vllm_python
-from tests.text.agents.corpus import CORPUS, FORCED
+from tests.text.agents.corpus import CORPUS, FORCED, TOOLS
 from trioserve.http.writers.openai import parsed_message
 from trioserve.text.agents import Answer, ParserNames, ToolUse, output_parser
 
 REFERENCE = Path(__file__).with_name("parser_reference.py")
-TOOLS = [
-    {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
-    for name in ("get_weather", "get_time", "translate", "nested", "no_arguments", "compact", "f")
-]
 
 CASES: list[tuple[ParserNames, ToolUse | None, str]] = [
     (names, ToolUse(TOOLS, "auto") if names.tool_call else None, text)
@@ -101,6 +97,24 @@ DIFFERENCES: dict[tuple[str, str], tuple[str, str]] = {
         "streamed",
         'vLLM\'s llama3_json stream closes the JSON of a call cut off ({"city": "Par"}), '
         "which the model never wrote; trioserve streams what it wrote",
+    ),
+    (
+        "qwen3_coder+None:auto",
+        "Let me check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+        "</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
+    ): (
+        "whole",
+        "vLLM's qwen3 JSON answer strips the newline before a call from the content, its "
+        "stream does not; trioserve keeps it in both",
+    ),
+    ("qwen3_coder+None:auto", "<tool_call>\n<function=get_weather>\n<parameter=city>\nPar"): (
+        "whole",
+        "vLLM's JSON answer makes a call with no arguments of a call cut off; trioserve "
+        "answers the text (as for any call broken off)",
+    ),
+    ("qwen3_coder+None:auto", "<tool_call>\nno function here\n</tool_call>"): (
+        "whole streamed",
+        "vLLM drops a <tool_call> that holds no function; trioserve answers it as text",
     ),
     ("None+None:required", "I will not call anything."): _NOT_UNDER_THE_GRAMMAR,
     ("None+None:required", '[{"name": "get_weather", "parameters": {"city": "Pa'): (

@@ -53,20 +53,54 @@ LLAMA = [
     '{"name": "get_weather", "parameters": {"city": "Paris"}} and some text after',
 ]
 
+QWEN3_CODER = [
+    "The weather in Paris is sunny.",
+    "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+    "</function>\n</tool_call>",
+    "Let me check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+    "</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
+    "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+    "</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n</function>\n</tool_call>",
+    '<tool_call>\n<function=translate>\n<parameter=text>\nnaïve "café"\n日本語 🙂\n'
+    "</parameter>\n</function>\n</tool_call>",
+    "<tool_call>\n<function=get_weather>\n<parameter=days>\n3\n</parameter>\n"
+    '<parameter=options>\n{"unit": "celsius"}\n</parameter>\n</function>\n</tool_call>',
+    "<tool_call>\n<function=get_weather>\n<parameter=city>\nPar",
+    "<tool_call>\nno function here\n</tool_call>",
+]
+
 CORPUS: dict[ParserNames, list[str]] = {
     ParserNames("hermes"): HERMES,
     ParserNames("qwen3_json"): HERMES[:3],
     ParserNames("llama3_json"): LLAMA,
     ParserNames("llama4_json"): LLAMA[:2],
+    ParserNames("qwen3_coder"): QWEN3_CODER,
+    ParserNames("qwen3_xml"): QWEN3_CODER[:2],
     ParserNames(None, "deepseek_r1"): THINKING,
     ParserNames(None, "qwen3"): THINKING,
     ParserNames("hermes", "qwen3"): QWEN3_WITH_CALLS + THINKING,
     ParserNames("hermes", "deepseek_r1"): QWEN3_WITH_CALLS,
 }
 
-_TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+#: The tools the corpus's calls are of (qwen3_coder reads their schemas: days is a number).
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string"},
+                    "days": {"type": "integer"},
+                    "options": {"type": "object"},
+                },
+            },
+        },
+    }
+    for name in ("get_weather", "get_time", "translate", "nested", "no_arguments", "compact", "f")
 ]
+_TOOLS = TOOLS[:1]
 FORCED = [
     (ParserNames(), ToolUse(_TOOLS, "required"), text)
     for text in [

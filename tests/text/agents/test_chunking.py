@@ -18,7 +18,7 @@ from trioserve.text.agents import (
     output_parser,
 )
 
-from .corpus import CORPUS, FORCED
+from .corpus import CORPUS, FORCED, TOOLS
 
 
 def run(names: ParserNames, use: ToolUse | None, pieces: list[str], **kwargs):
@@ -42,7 +42,7 @@ CASES = [
     (names, use, text)
     for names, texts in CORPUS.items()
     for text in texts
-    for use in [ToolUse([], "auto")]
+    for use in [ToolUse(TOOLS, "auto")]
 ] + FORCED
 
 
@@ -64,3 +64,19 @@ def test_every_registered_format_has_a_corpus():
     covered_reasoning = {n.reasoning for n in CORPUS}
     assert set(TOOL_CALL_PARSERS) <= covered_tools
     assert set(REASONING_PARSERS) <= covered_reasoning
+
+
+def test_qwen3_coder_gives_each_parameter_its_schemas_type():
+    text = (
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n"
+        "<parameter=days>\n3\n</parameter>\n<parameter=options>\n"
+        '{"unit": "celsius"}\n</parameter>\n</function>\n</tool_call>'
+    )
+    events, reason = run(ParserNames("qwen3_coder"), ToolUse(TOOLS, "auto"), list(text))
+    arguments = "".join(e.text for e in events if type(e).__name__ == "ToolCallArguments")
+    import json
+
+    assert json.loads(arguments) == {"city": "Oslo", "days": 3, "options": {"unit": "celsius"}}
+    assert reason == "tool_calls"
+    # The string streamed as it came: several argument deltas before the call's end.
+    assert sum(type(e).__name__ == "ToolCallArguments" for e in events) >= 1

@@ -24,6 +24,10 @@ from .validation import Errors, _json_type
 #: by the engine's structured outputs when a call is forced.
 MAX_TOOLS = 128
 
+#: The constraints of vLLM's ``StructuredOutputsParams`` (one at most): a forced call's
+#: schema replaces any of them.
+CONSTRAINTS = frozenset({"json", "regex", "choice", "grammar", "json_object", "structural_tag"})
+
 #: What ``reasoning_effort`` takes (vLLM's values).
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 
@@ -142,8 +146,15 @@ def parse_agent_options(
         tool_use = ToolUse(tools, named or choice, named, parallel is not False)
         schema = forced_schema(tools, choice, parallel)
         if schema is not None:
-            # As vLLM's adjust_request: the call is the answer, whatever format was asked.
-            params["structured_outputs"] = {"json": schema}
+            # As vLLM's adjust_request: the call is the answer, whatever format was asked;
+            # the client's options of structured outputs (disable_any_whitespace, ...) stay.
+            given = params.get("structured_outputs")
+            options = {
+                k: v
+                for k, v in (given if isinstance(given, dict) else {}).items()
+                if k not in CONSTRAINTS
+            }
+            params["structured_outputs"] = {**options, "json": schema}
             params.pop("response_format", None)
         # Tool-call markers are special tokens in some models: keep them in the text.
         params.setdefault("skip_special_tokens", False)

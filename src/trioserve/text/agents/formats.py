@@ -11,11 +11,12 @@ register it below under vLLM's name, and add its corpus to
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from .events import Event
 from .hermes import HermesToolParser
 from .llama3_json import Llama3JsonToolParser
+from .qwen3_coder import Qwen3CoderToolParser
 from .reasoning import DeepSeekR1ReasoningParser, Qwen3ReasoningParser, ThinkingParser
 
 
@@ -25,13 +26,18 @@ class StreamParser(Protocol):
     def finish(self) -> list[Event]: ...
 
 
-#: Tool-call formats: each builds a parser from the way it makes call ids.
-TOOL_CALL_PARSERS: dict[str, Callable[[Callable[[], str]], StreamParser]] = {
+#: Tool-call formats: each builds a parser from the way it makes call ids and the
+#: request's tools (whose schemas some formats read).
+TOOL_CALL_PARSERS: dict[
+    str, Callable[[Callable[[], str], list[dict[str, Any]] | None], StreamParser]
+] = {
     "hermes": HermesToolParser,
     # vLLM aliases qwen3_json to hermes (Qwen 2.5/QwQ/Qwen3's JSON calls).
     "qwen3_json": HermesToolParser,
     "llama3_json": Llama3JsonToolParser,
     "llama4_json": Llama3JsonToolParser,
+    "qwen3_coder": Qwen3CoderToolParser,
+    "qwen3_xml": Qwen3CoderToolParser,
 }
 
 #: Reasoning formats: each builds a parser from whether the template was asked to think.

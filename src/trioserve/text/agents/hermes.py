@@ -9,6 +9,7 @@ closing tag is missing but whose object is whole is a call (an answer cut right 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from .calls import ObjectCall, held_marker
 from .events import Event, TextDelta
@@ -26,7 +27,9 @@ _CLOSE = 3  # after the object (or a broken call), until </tool_call>
 class HermesToolParser:
     """Fed the answer's text (after any reasoning) chunk by chunk; answers events."""
 
-    def __init__(self, make_id: Callable[[], str]) -> None:
+    def __init__(
+        self, make_id: Callable[[], str], tools: list[dict[str, Any]] | None = None
+    ) -> None:
         self.make_id = make_id
         self.state = _TEXT
         self.buffer = ""  # text not yet decided on

@@ -9,6 +9,7 @@ As vLLM's ``Llama3JsonToolParser`` streams: calls only when the answer begins wi
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from .calls import ObjectCall
 from .events import Event, TextDelta
@@ -24,7 +25,9 @@ _OVER = 5  # after the calls: nothing more is the answer's
 
 
 class Llama3JsonToolParser:
-    def __init__(self, make_id: Callable[[], str]) -> None:
+    def __init__(
+        self, make_id: Callable[[], str], tools: list[dict[str, Any]] | None = None
+    ) -> None:
         self.make_id = make_id
         self.state = _START
         self.buffer = ""

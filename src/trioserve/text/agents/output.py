@@ -137,7 +137,7 @@ def output_parser(
         elif tool_use.choice == "required":
             tools, forced = RequiredToolParser(make_id), True
         elif names.tool_call is not None:
-            tools = TOOL_CALL_PARSERS[names.tool_call](make_id)
+            tools = TOOL_CALL_PARSERS[names.tool_call](make_id, tool_use.tools)
     if reasoning is None and tools is None:
         return None
     return OutputParser(
