@@ -22,6 +22,7 @@ from tests.helpers.vllm_session import HOW_TO_RUN, START_GUARD, vllm_env, vllm_p
 from trioserve.errors import TextInputError
 from trioserve.text.assets import ModelText
 from trioserve.text.detokenizer import IncrementalDetokenizer
+from trioserve.text.logprob_format import chat_logprobs, completion_logprobs, position
 from trioserve.text.logprobs import token_strings
 from trioserve.text.prompts import chat_prompt
 from trioserve.text.sampling import EngineLimits, choice_as_grammar, lower
@@ -296,6 +297,24 @@ def _with_ours(model: ModelText, case: dict[str, Any]) -> dict[str, Any]:
     return {**case, "ours": params}
 
 
+def _layout_cases(model: ModelText) -> list[dict[str, Any]]:
+    """Generated positions as EngineCore reports them: the sampled id (a text's tokens, so
+    that characters split across tokens come up), then ``num`` top ids by rank."""
+    rng = random.Random(7)
+    cases = []
+    for text in DETOKENIZE_TEXTS:
+        for num in (0, 1, 3):
+            rows = []
+            for token in model.encode(text, add_special_tokens=False):
+                tops = [rng.randrange(model.vocab_size) for _ in range(num)]
+                if tops and rng.random() < 0.3:
+                    tops[0] = token  # the sampled token is the top one too
+                values = sorted((rng.uniform(-30, 0) for _ in range(num + 1)), reverse=True)
+                rows.append({"ids": [token, *tops], "logprobs": values, "rank": rng.randint(1, 50)})
+            cases.append({"rows": rows, "num": num, "offset": rng.choice([0, 17])})
+    return cases
+
+
 def _cases(model: ModelText, directory: Path) -> dict[str, Any]:
     return {
         "dir": str(directory),
@@ -311,6 +330,7 @@ def _cases(model: ModelText, directory: Path) -> dict[str, Any]:
         ],
         "logprobs": _logprob_cases(model),
         "choices": CHOICES,
+        "logprob_layout": _layout_cases(model),
     }
 
 
@@ -484,3 +504,23 @@ def test_every_accepted_request_decodes_in_the_engine(parity, name):
         if error is not None
     ]
     assert failures == []
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_logprobs_are_laid_out_as_vllm_lays_them_out(parity, name):
+    model, cases, answers = parity[name]
+    problems = []
+    for case, expected in zip(cases["logprob_layout"], answers["logprob_layout"], strict=True):
+        positions, sampled = [], []
+        for row in case["rows"]:
+            positions.append(
+                position(model, row["ids"], row["logprobs"], row["rank"], case["num"], sampled)
+            )
+            sampled.append(row["ids"][0])
+        chat = chat_logprobs(sampled, positions, case["num"])
+        completion = completion_logprobs(sampled, positions, case["num"], case["offset"])
+        if chat != expected["chat"]:
+            problems.append(("chat", case["num"], expected["chat"][:3], chat[:3]))
+        if completion != expected["completion"]:
+            problems.append(("completion", case["num"], expected["completion"], completion))
+    assert problems == [], "\n".join(map(repr, problems[:4]))

@@ -218,6 +218,48 @@ def answer(cases: dict[str, Any]) -> dict[str, Any]:
     from vllm.v1.structured_output.utils import choice_as_grammar
 
     out["choice_grammar"] = [choice_as_grammar(c) for c in cases["choices"]]
+
+    # Logprobs as the serving layer lays them out, from the rows EngineCore sends.
+    from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
+    from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
+    from vllm.logprobs import append_logprobs_for_next_position
+
+    chat = object.__new__(OpenAIServingChat)
+    chat.return_tokens_as_token_ids = False
+    completion = object.__new__(OpenAIServingCompletion)
+    completion.return_tokens_as_token_ids = False
+    formatted = []
+    for case in cases["logprob_layout"]:
+        steps: list[Any] = []
+        sampled: list[int] = []
+        for row in case["rows"]:
+            processor.logprobs = steps
+            strings = convert_ids_list_to_tokens(tok, row["ids"])
+            strings = processor._verify_tokens(strings, row["ids"], sampled[-4:])
+            append_logprobs_for_next_position(
+                steps, row["ids"], row["logprobs"], strings, row["rank"], case["num"]
+            )
+            sampled.append(row["ids"][0])
+        chat_out = chat._create_chat_logprobs(
+            token_ids=sampled,
+            top_logprobs=steps,
+            tokenizer=tok,
+            num_output_top_logprobs=case["num"],
+        )
+        completion_out = completion._create_completion_logprobs(
+            token_ids=sampled,
+            top_logprobs=steps,
+            num_output_top_logprobs=case["num"],
+            tokenizer=tok,
+            initial_text_offset=case["offset"],
+        )
+        formatted.append(
+            {
+                "chat": chat_out.model_dump(mode="json", exclude_unset=True)["content"],
+                "completion": completion_out.model_dump(mode="json", exclude_unset=True),
+            }
+        )
+    out["logprob_layout"] = formatted
     return out
 
 

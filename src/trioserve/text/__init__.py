@@ -7,6 +7,8 @@ Modules: ``assets`` (:class:`~trioserve.text.assets.ModelText`, loaded once per 
 ``template`` (chat templates as transformers renders them), ``prompts`` (token ids for a
 chat or completion request, with vLLM's length rules), ``detokenizer`` (incremental, with
 stop strings), ``stops``, ``sampling`` (OpenAI parameters lowered to vLLM's
-``SamplingParams``, validated), ``logprobs`` (token strings); ``tools/`` and ``reasoning/``
-hold the tool-call and reasoning parsers.
+``SamplingParams``, validated), ``logprobs`` (token strings), ``logprob_format`` (the
+OpenAI shapes), ``requests`` (:func:`~trioserve.text.requests.prepare`: a request ready for a
+token-id engine), ``registry`` (the served models' text assets); ``agents/`` holds the
+tool-call and reasoning parsers.
 """
