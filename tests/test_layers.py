@@ -30,9 +30,29 @@ FORBIDDEN = [
     # Links import the engine client's interface, never the application above it.
     ("trioserve.links", ("trioserve.http", "trioserve.server", "hypercorn")),
     ("trioserve.http", ("trioserve.server", "trioserve.transport", "hypercorn", "zmq")),
+    # The SDK is the library only: no engine of its own, no command line.
     (
         "trioserve.sdk",
-        ("trioserve.http", "trioserve.server", "trioserve.engine", "trioserve.links", "hypercorn"),
+        (
+            "trioserve.http",
+            "trioserve.server",
+            "trioserve.engine",
+            "trioserve.links",
+            "hypercorn",
+            "trioserve.engine_programs",
+            "trioserve.cli",
+        ),
+    ),
+    (
+        "trioserve.engine_programs",
+        (
+            "trioserve.http",
+            "trioserve.server",
+            "trioserve.engine",
+            "trioserve.links",
+            "hypercorn",
+            "trioserve.cli",
+        ),
     ),
     (
         "trioserve.enginecore",

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import trio
 
-from trioserve.sdk import MockBackend, serve_engine
+from trioserve.engine_programs.mock import MockBackend
+from trioserve.sdk import serve_engine
 
 BEGIN, END = "<!-- abort-latency:begin -->", "<!-- abort-latency:end -->"
 

@@ -51,7 +51,7 @@ import trio
 
 BEGIN, END = "<!-- bench-routing:begin -->", "<!-- bench-routing:end -->"
 POLICIES = ("least-load", "affinity")
-#: Words per prefix-cache block of the mock (trioserve.sdk.mock.PREFIX_BLOCK_WORDS).
+#: Words per prefix-cache block of the mock (trioserve.engine_programs.mock.PREFIX_BLOCK_WORDS).
 BLOCK_WORDS = 16
 #: Seconds a process may take to start, and one request to complete.
 START_TIMEOUT = 30.0

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import attrs
 
 _T = TypeVar("_T")
+_Number = TypeVar("_Number", int, float)
 
 #: The metadata key of an option's description.
 KEY = "trioserve.option"
@@ -60,6 +61,59 @@ class Option:
     metavar: str | None = None
     #: Not given is told apart from given as the default (the option is then None).
     unset: bool = False
+    #: The option may be given without a value, which is then this.
+    const: Any = None
+
+
+def number(kind: type[_Number]) -> Callable[[str], _Number]:
+    def parse(text: str) -> _Number:
+        return _number(kind, text)
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def positive(kind: type[_Number]) -> Callable[[str], _Number]:
+    def parse(text: str) -> _Number:
+        value = _number(kind, text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def non_negative(kind: type[_Number]) -> Callable[[str], _Number]:
+    def parse(text: str) -> _Number:
+        value = _number(kind, text)
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"must be zero or more, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _number(kind: type[_Number], text: str) -> _Number:
+    try:
+        value = kind(text)
+    except ValueError:
+        what = "a whole number" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+#: The argument types by the name a field's ``kind`` gives (``Option.kind``; "int" and
+#: "float" for a number field without one), each a function of the field's Python type.
+BASIC_TYPES: dict[str, Callable[[type], Callable[[str], Any]]] = {
+    "int": number,
+    "float": number,
+    "positive": positive,
+    "non_negative": non_negative,
+}
 
 
 def option(
@@ -73,10 +127,11 @@ def option(
     choices: Sequence[str] | None = None,
     metavar: str | None = None,
     unset: bool = False,
+    const: Any = None,
     repr: bool = True,
 ) -> Any:
     """An attrs field with a default and the command-line option that sets it."""
-    described = Option(help, group, flag, unit, kind, choices, metavar, unset)
+    described = Option(help, group, flag, unit, kind, choices, metavar, unset, const)
     if isinstance(default, list):
         return attrs.field(factory=list, metadata={KEY: described}, repr=repr)
     return attrs.field(default=default, metadata={KEY: described}, repr=repr)
@@ -140,9 +195,11 @@ def add_options(
         metavar = described.metavar or (described.unit.name if described.unit else None)
         if metavar is not None:
             kwargs["metavar"] = metavar
+        if described.const is not None:
+            kwargs.update(nargs="?", const=described.const)
         if isinstance(default, list):
             kwargs.update(action="append", default=[])
-        elif described.unset or default == "":
+        elif described.unset or default in ("", None):
             kwargs["default"] = None
         else:
             kwargs["default"] = shown

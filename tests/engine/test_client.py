@@ -20,6 +20,7 @@ from tests.helpers.waiting import HANG_GUARD, wait_until
 from trioserve import metrics
 from trioserve.ends import EndReason
 from trioserve.engine.subscription import DEFAULT_BUFFER, Subscription
+from trioserve.engine_programs.mock import expected_text
 from trioserve.errors import EngineFailedError, EngineLostError, SlowClientError
 from trioserve.links import protocol as connection
 from trioserve.links.protocol import HeartbeatConfig, open_protocol_client
@@ -35,7 +36,6 @@ from trioserve.protocol import (
     Submit,
     encode,
 )
-from trioserve.sdk.mock import expected_text
 
 
 @contextlib.asynccontextmanager

@@ -24,10 +24,10 @@ from trioserve.engine.discovery import (
     parse_dns,
     parse_server,
 )
+from trioserve.engine_programs.mock import MockBackend, expected_text
 from trioserve.links.protocol import open_protocol_client
 from trioserve.protocol import Submit
-from trioserve.sdk import MockBackend, serve_engine
-from trioserve.sdk.mock import expected_text
+from trioserve.sdk import serve_engine
 
 NAME = "engines.trioserve.test"
 REFRESH = 0.05

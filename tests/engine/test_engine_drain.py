@@ -11,10 +11,10 @@ import trio
 from tests.helpers.waiting import HANG_GUARD, wait_until
 from trioserve import metrics
 from trioserve.ends import EndReason
+from trioserve.engine_programs.mock import MockBackend, expected_text
 from trioserve.links.protocol import HeartbeatConfig, open_protocol_client
 from trioserve.protocol import Submit
-from trioserve.sdk import MockBackend, serve_engine
-from trioserve.sdk.mock import expected_text
+from trioserve.sdk import serve_engine
 
 QUICK = HeartbeatConfig(interval=0.05, timeout=0.5)
 

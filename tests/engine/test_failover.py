@@ -13,10 +13,10 @@ from tests.helpers.frontends import start_engine, start_frontend
 from tests.helpers.waiting import HANG_GUARD, wait_until
 from trioserve import metrics
 from trioserve.ends import EndReason
+from trioserve.engine_programs.mock import expected_text
 from trioserve.errors import EngineLostError
 from trioserve.links.protocol import HeartbeatConfig, open_protocol_client
 from trioserve.protocol import Limits, Submit
-from trioserve.sdk.mock import expected_text
 
 #: Loss is noticed within a fraction of a second (a frozen engine answers nothing).
 QUICK = HeartbeatConfig(interval=0.05, timeout=0.5)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.frontends import start_engine, start_frontend
-from trioserve.sdk.mock import PREFIX_BLOCK_WORDS
+from trioserve.engine_programs.mock import PREFIX_BLOCK_WORDS
 
 
 @pytest.mark.parametrize("how", ["header", "user"])

@@ -16,8 +16,9 @@ import trio
 from tests.helpers.waiting import HANG_GUARD, wait_until
 from trioserve.config import Settings
 from trioserve.engine import LinkFactory
+from trioserve.engine_programs.mock import MockBackend
 from trioserve.protocol import Submit, decode
-from trioserve.sdk import MockBackend, TrioEngine, serve_engine
+from trioserve.sdk import TrioEngine, serve_engine
 from trioserve.server.frontend import serve_frontend
 
 #: Both HTTP servers must pass the same HTTP test suite.

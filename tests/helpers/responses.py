@@ -9,7 +9,8 @@ from functools import partial
 import attrs
 
 from trioserve import metrics
-from trioserve.sdk import MockBackend, serve_engine
+from trioserve.engine_programs.mock import MockBackend
+from trioserve.sdk import serve_engine
 
 
 class NaturalEndMock(MockBackend):

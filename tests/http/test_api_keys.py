@@ -13,7 +13,7 @@ from tests.helpers.api_keys import ALICE, BOB, KEY, keyed_frontend
 from tests.helpers.frontends import LONG, running
 from tests.helpers.waiting import HANG_GUARD, wait_until
 from tests.helpers.websocket import collect, receive, request, ws_url
-from trioserve.sdk.mock import expected_text
+from trioserve.engine_programs.mock import expected_text
 
 CHALLENGE = 'Bearer realm="trioserve"'
 CHALLENGE_INVALID = 'Bearer realm="trioserve", error="invalid_token"'

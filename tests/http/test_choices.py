@@ -10,7 +10,7 @@ from trio_websocket import open_websocket_url
 
 from tests.helpers.http import raw_request
 from tests.helpers.waiting import wait_until
-from trioserve.sdk.mock import expected_text
+from trioserve.engine_programs.mock import expected_text
 
 CHAT = ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})
 COMPLETION = ("/v1/completions", {"prompt": "Hi"})

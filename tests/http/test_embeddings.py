@@ -17,9 +17,9 @@ from tests.helpers.frontends import capture_submits, running, start_engine, star
 from tests.helpers.http import raw_request
 from tests.helpers.waiting import wait_until
 from tests.http.test_cancellation import assert_ended_once_and_still_serving
-from trioserve.sdk import MockBackend, serve_engine
+from trioserve.engine_programs.mock import EMBEDDING_DIMENSIONS, MockBackend, mock_embedding
+from trioserve.sdk import serve_engine
 from trioserve.sdk.core import Output
-from trioserve.sdk.mock import EMBEDDING_DIMENSIONS, mock_embedding
 
 
 def vector(text: str, dimensions: int = EMBEDDING_DIMENSIONS) -> list[float]:

@@ -11,7 +11,7 @@ import requests
 import trio
 
 from tests.helpers.frontends import capture_submits, start_engine, start_frontend
-from trioserve.sdk.mock import expected_text
+from trioserve.engine_programs.mock import expected_text
 
 TRUE = ["true", "TRUE", "t", "Yes", "y", "on", "1", " true "]
 FALSE = ["false", "F", "no", "N", "off", "0", "False"]

@@ -14,7 +14,7 @@ from tests.helpers.frontends import capture_submits
 from tests.helpers.http import raw_request
 from tests.helpers.media import png_info
 from tests.helpers.waiting import wait_until
-from trioserve.sdk.mock import mock_image
+from trioserve.engine_programs.mock import mock_image
 
 
 def images_of(response) -> list[bytes]:

@@ -14,8 +14,8 @@ from tests.helpers.frontends import capture_submits, start_engine, start_fronten
 from tests.helpers.responses import named_events
 from tests.helpers.waiting import wait_until
 from trioserve import metrics
+from trioserve.engine_programs.mock import expected_text
 from trioserve.http.bodies.anthropic import parse_messages
-from trioserve.sdk.mock import expected_text
 
 
 def sdk(frontend, **options) -> anthropic.AsyncAnthropic:

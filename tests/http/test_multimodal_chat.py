@@ -13,7 +13,7 @@ from hypercorn.config import Config
 from hypercorn.trio import serve
 
 from tests.helpers.frontends import capture_submits, start_engine, start_frontend
-from trioserve.sdk.mock import expected_text
+from trioserve.engine_programs.mock import expected_text
 
 IMAGE = b"\x89PNG\r\n\x1a\n-an-image-"
 AUDIO = b"RIFF-some-audio"

@@ -12,7 +12,7 @@ import trio
 
 from tests.helpers.frontends import capture_submits
 from tests.helpers.waiting import HANG_GUARD
-from trioserve.sdk.mock import expected_text
+from trioserve.engine_programs.mock import expected_text
 
 CHAT = {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 5}
 

@@ -14,7 +14,7 @@ import pytest
 from tests.helpers.chromium import open_chromium
 from tests.helpers.frontends import start_engine, start_frontend
 from tests.helpers.waiting import wait_until
-from trioserve.sdk.mock import expected_text
+from trioserve.engine_programs.mock import expected_text
 
 ANSWERS = "[...document.querySelectorAll('.answer')]"
 

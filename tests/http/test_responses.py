@@ -19,7 +19,7 @@ from tests.helpers.responses import (
 )
 from tests.helpers.waiting import wait_until
 from trioserve import metrics
-from trioserve.sdk.mock import PREFIX_BLOCK_WORDS, expected_text
+from trioserve.engine_programs.mock import PREFIX_BLOCK_WORDS, expected_text
 
 
 @pytest.fixture

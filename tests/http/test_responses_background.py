@@ -13,7 +13,7 @@ import trio
 from tests.helpers.frontends import start_frontend
 from tests.helpers.responses import aborts_sent, named_events, start_natural_engine
 from tests.helpers.waiting import HANG_GUARD, wait_until
-from trioserve.sdk.mock import expected_text
+from trioserve.engine_programs.mock import expected_text
 
 #: A background response that generates until it is ended (the engine never finishes it).
 ENDLESS = {"input": "go on", "background": True, "max_output_tokens": 10_000_000}

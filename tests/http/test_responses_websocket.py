@@ -11,7 +11,7 @@ from trio_websocket import open_websocket_url
 
 from tests.helpers.responses import aborts_sent, check_sequence, start_natural_engine
 from tests.helpers.waiting import HANG_GUARD, wait_until
-from trioserve.sdk.mock import expected_text
+from trioserve.engine_programs.mock import expected_text
 
 
 @pytest.fixture

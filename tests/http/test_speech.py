@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from trioserve.sdk.mock import SPEECH_RATE, speech_chunks
+from trioserve.engine_programs.mock import SPEECH_RATE, speech_chunks
 
 TEXT = "the quick brown fox"
 PCM = b"".join(speech_chunks(TEXT))

@@ -10,7 +10,7 @@ from tests.helpers.frontends import start_engine, start_frontend
 from tests.helpers.http import raw_request, read_until
 from tests.helpers.waiting import wait_until
 from trioserve.config import Settings
-from trioserve.sdk.mock import expected_text
+from trioserve.engine_programs.mock import expected_text
 
 
 def test_default_keepalive_is_15_seconds():

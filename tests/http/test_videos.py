@@ -8,8 +8,8 @@ import pytest
 
 from tests.helpers.frontends import capture_submits, start_engine, start_frontend
 from tests.helpers.waiting import wait_until
+from trioserve.engine_programs.mock import mock_video
 from trioserve.http.writers import stream as writers
-from trioserve.sdk.mock import mock_video
 
 FRAME = b"\x89PNG-first-frame"
 

@@ -19,8 +19,8 @@ from tests.helpers.frontends import start_engine, start_frontend
 from tests.helpers.waiting import HANG_GUARD, wait_until
 from tests.helpers.websocket import collect, receive, request, ws_url
 from trioserve import metrics
+from trioserve.engine_programs.mock import expected_text
 from trioserve.http.websocket import WebSocketConnection
-from trioserve.sdk.mock import expected_text
 
 
 def text_of(messages: list[dict]) -> str:

@@ -13,7 +13,7 @@ import trio
 from tests.helpers.frontends import start_frontend
 from tests.helpers.http import get
 from tests.helpers.websocket import CONTINUATION, TEXT, FrameReader, frame, open_raw, request
-from trioserve.sdk.mock import expected_text
+from trioserve.engine_programs.mock import expected_text
 from trioserve.server.http1.websocket import max_message_fragments
 
 

@@ -10,12 +10,12 @@ from collections.abc import Callable
 import pytest
 
 from tests.helpers.http import sse_events
+from trioserve.engine_programs.mock import expected_text
 from trioserve.http.channel import RequestHead
 from trioserve.http.exchange import Exchange, ServerState
 from trioserve.http.writers.openai import StreamFormat
 from trioserve.http.writers.stream import SSE_HEADERS, SSEWriter
 from trioserve.protocol import ErrorInfo, OutputItem
-from trioserve.sdk.mock import expected_text
 from trioserve.server.http1 import serve as http1_serve
 
 

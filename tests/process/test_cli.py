@@ -15,7 +15,7 @@ import trio
 
 from tests.helpers.processes import free_port, start_frontend_process, start_mock_engine
 from tests.helpers.waiting import HANG_GUARD
-from trioserve.sdk.mock import expected_text
+from trioserve.engine_programs.mock import expected_text
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ from tests.helpers.frontends import start_engine, start_frontend
 from tests.helpers.processes import Proc
 from tests.helpers.waiting import HANG_GUARD
 from trioserve.cli import build_parser
-from trioserve.sdk.mock import expected_text
+from trioserve.engine_programs.mock import expected_text
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

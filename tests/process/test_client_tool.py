@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from tests.helpers.waiting import HANG_GUARD, wait_until
-from trioserve.sdk.mock import expected_text
+from trioserve.engine_programs.mock import expected_text
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ import trio
 from tests.helpers.frontends import start_frontend
 from tests.helpers.processes import Proc, free_port, start_mock_engine
 from tests.helpers.waiting import HANG_GUARD, wait_until
-from trioserve.sdk.mock import expected_text
+from trioserve.engine_programs.mock import expected_text
 
 pytestmark = pytest.mark.integration
 

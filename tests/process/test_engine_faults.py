@@ -102,7 +102,8 @@ async def test_hung_engine_is_noticed_by_heartbeat_and_recovers(nursery):
 
 
 async def test_frontend_killed_leaves_nothing_running_at_the_engine(nursery):
-    from trioserve.sdk import MockBackend, serve_engine
+    from trioserve.engine_programs.mock import MockBackend
+    from trioserve.sdk import serve_engine
 
     engine = await nursery.start(
         lambda task_status: serve_engine(

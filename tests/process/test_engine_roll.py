@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.helpers.dns_server import start_dns_server
 from tests.helpers.processes import Proc, free_port, start_frontend_process, start_mock_engine
 from tests.helpers.waiting import HANG_GUARD
-from trioserve.sdk.mock import expected_text
+from trioserve.engine_programs.mock import expected_text
 
 pytestmark = pytest.mark.integration
 

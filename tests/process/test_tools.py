@@ -81,7 +81,7 @@ def test_a_capacity_only_bench_run_writes_its_own_section_not_the_main_table(tmp
 
 async def test_the_floor_relay_relays_tokens_and_loadgen_measures_it(nursery):
     from tests.helpers.processes import Proc, free_port, start_engine_process
-    from trioserve.sdk.mock import expected_text
+    from trioserve.engine_programs.mock import expected_text
 
     port = free_port()
     engine = f"tcp://127.0.0.1:{port}"

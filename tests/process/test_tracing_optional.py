@@ -18,7 +18,8 @@ from functools import partial
 import trio
 
 from trioserve.config import Settings
-from trioserve.sdk import MockBackend, serve_engine
+from trioserve.engine_programs.mock import MockBackend
+from trioserve.sdk import serve_engine
 from trioserve.server.frontend import serve_frontend
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from trioserve.engine_programs.mock import CAPABILITIES, MockBackend
 from trioserve.protocol import (
     PROTOCOL_VERSION,
     Abort,
@@ -18,9 +19,8 @@ from trioserve.protocol import (
     decode,
     encode,
 )
-from trioserve.sdk import EngineCore, MockBackend, Output
+from trioserve.sdk import EngineCore, Output
 from trioserve.sdk.core import Cancel, Start
-from trioserve.sdk.mock import CAPABILITIES
 
 A, B = b"frontend-a", b"frontend-b"
 

@@ -9,10 +9,10 @@ import trio
 
 from tests.helpers.frontends import start_engine
 from tests.helpers.waiting import HANG_GUARD, wait_until
+from trioserve.engine_programs.mock import expected_text
 from trioserve.errors import NoEngineError
 from trioserve.links.protocol import open_protocol_client
 from trioserve.protocol import Submit
-from trioserve.sdk.mock import expected_text
 
 
 def completion(request_id: str, prompt: str = "hello", **params: object) -> Submit:

@@ -21,7 +21,7 @@ from tests.helpers.http1 import EchoApp, get, serve
 from tests.helpers.waiting import HANG_GUARD, wait_until
 from trioserve.cli import main
 from trioserve.config import Settings
-from trioserve.sdk.mock import expected_text
+from trioserve.engine_programs.mock import expected_text
 from trioserve.server import tls
 
 CHAT = {"model": "mock", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 5}

@@ -17,7 +17,8 @@ from nacl import bindings as sodium
 from tests.helpers.frontends import start_engine, start_frontend
 from tests.helpers.transport import check_many_senders
 from tests.helpers.waiting import HANG_GUARD, wait_until
-from trioserve.sdk import MockBackend, TrioEngine, serve_engine
+from trioserve.engine_programs.mock import MockBackend
+from trioserve.sdk import TrioEngine, serve_engine
 from trioserve.transport import zmtp
 from trioserve.transport.curve import CurveClientKeys
 from trioserve.transport.keys import CurveServerKeys, write_keypair

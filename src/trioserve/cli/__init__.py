@@ -4,8 +4,8 @@
   its options are derived from ``config.Settings`` and ``cli.run.RunOptions``
   (``options.py``): to add one, add a field;
 - ``trioserve client``: stream one answer to the terminal;
-- ``trioserve engine mock``: the mock engine alone;
-- ``trioserve engine vllm MODEL``: a vLLM engine (``sdk/vllm_engine.py``; needs vllm);
+- ``trioserve engine mock``, ``trioserve engine vllm MODEL``: the engine programs
+  (``engine_programs/``; vLLM needs vllm installed);
 - ``trioserve keygen PREFIX``: a CURVE key pair for the engine link.
 
 Modules: ``command_line`` (the parser, the dispatch), ``parsers`` (what every parser

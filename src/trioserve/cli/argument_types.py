@@ -1,71 +1,29 @@
-"""The argument types of the command line: each turns the text of an option into its value,
-or raises ``argparse.ArgumentTypeError`` with what was expected (argparse then prints one
-line and exits 2)."""
+"""The argument types of the command line beyond the numbers of ``options.py``: each turns
+the text of an option into its value, or raises ``argparse.ArgumentTypeError`` with what
+was expected (argparse then prints one line and exits 2)."""
 
 from __future__ import annotations
 
 import argparse
 import os
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import urlsplit
 
 from ..engine import discovery
+from ..options import BASIC_TYPES, number
 from ..transport.zmtp import parse_address
-
-_Number = TypeVar("_Number", int, float)
-
-
-def number(kind: type[_Number]) -> Callable[[str], _Number]:
-    def parse(text: str) -> _Number:
-        return _number(kind, text)
-
-    parse.__name__ = kind.__name__
-    return parse
-
-
-def positive(kind: type[_Number]) -> Callable[[str], _Number]:
-    def parse(text: str) -> _Number:
-        value = _number(kind, text)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-        return value
-
-    parse.__name__ = kind.__name__
-    return parse
-
-
-def non_negative(kind: type[_Number]) -> Callable[[str], _Number]:
-    def parse(text: str) -> _Number:
-        value = _number(kind, text)
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"must be zero or more, got {text}")
-        return value
-
-    parse.__name__ = kind.__name__
-    return parse
-
-
-def _number(kind: type[_Number], text: str) -> _Number:
-    try:
-        value = kind(text)
-    except ValueError:
-        what = "a whole number" if kind is int else "a number"
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-    if value != value or value in (float("inf"), float("-inf")):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
-    return value
 
 
 def port(text: str) -> int:
-    value = _number(int, text)
+    value = number(int)(text)
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"expected a port, 0-65535 (0: any free one), got {text}")
     return value
 
 
 def load_factor(text: str) -> float:
-    value = _number(float, text)
+    value = number(float)(text)
     if not value >= 1:
         raise argparse.ArgumentTypeError(f"must be 1 or more, got {text}")
     return value
@@ -153,13 +111,10 @@ def _fixed(parse: Callable[[str], Any]) -> Callable[[type], Callable[[str], Any]
     return lambda _kind: parse
 
 
-#: The argument types by the name a field's ``kind`` gives (``options.Option.kind``; "int"
-#: and "float" for a number field without one): each a function of the field's type.
+#: The argument types of the CLI by the name a field's ``kind`` gives: options.py's, and
+#: those that know trioserve's addresses and keys.
 BY_KIND: dict[str, Callable[[type], Callable[[str], Any]]] = {
-    "int": number,
-    "float": number,
-    "positive": positive,
-    "non_negative": non_negative,
+    **BASIC_TYPES,
     "port": _fixed(port),
     "load_factor": _fixed(load_factor),
     "server_name": _fixed(server_name),

@@ -10,7 +10,8 @@ import trio
 
 from ..config import Settings
 from ..errors import CommandError
-from .argument_types import positive, server_url
+from ..options import positive
+from .argument_types import server_url
 from .parsers import USAGE_ERROR, HelpFormatter, Parser, log_level_option
 
 

@@ -1,15 +1,14 @@
-"""The engine SDK: serve a backend over the engine protocol, on trio or asyncio."""
+"""The engine SDK: serve a backend over the engine protocol, on trio or asyncio (the
+engines trioserve ships are in ``engine_programs/``)."""
 
 from .asyncio_shell import AsyncioEngine, serve_engine_asyncio
 from .core import Backend, EngineCore, Output, RequestError, Stats
-from .mock import MockBackend
 from .trio_shell import TrioEngine, serve_engine
 
 __all__ = [
     "AsyncioEngine",
     "Backend",
     "EngineCore",
-    "MockBackend",
     "Output",
     "RequestError",
     "Stats",

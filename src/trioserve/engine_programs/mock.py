@@ -63,7 +63,7 @@ import attrs
 import sniffio
 
 from ..protocol import ModelCard, Submit, Usage
-from .core import Output, RequestError
+from ..sdk.core import Output, RequestError
 
 WORDS = tuple(
     (

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from trioserve.engine_programs.mock import MockBackend
 from trioserve.errors import RequestError
 from trioserve.protocol import Submit
-from trioserve.sdk import MockBackend
 
 
 async def first_outputs(backend: MockBackend, **params: object) -> list:

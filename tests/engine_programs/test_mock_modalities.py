@@ -5,15 +5,15 @@ from __future__ import annotations
 import struct
 
 from tests.helpers.media import png_info
-from trioserve.protocol import OutputItem, decode, encode
-from trioserve.protocol.messages import Outputs
-from trioserve.sdk.mock import (
+from trioserve.engine_programs.mock import (
     SPEECH_CHUNK_SAMPLES,
     mock_image,
     mock_video,
     png_image,
     speech_chunks,
 )
+from trioserve.protocol import OutputItem, decode, encode
+from trioserve.protocol.messages import Outputs
 
 
 def test_png_is_valid_and_of_the_asked_size_and_colour():

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from trioserve.engine_programs.mock import PREFIX_BLOCK_WORDS, MockBackend, PrefixCache
 from trioserve.protocol import Submit
-from trioserve.sdk import MockBackend
-from trioserve.sdk.mock import PREFIX_BLOCK_WORDS, PrefixCache
 
 BLOCK = PREFIX_BLOCK_WORDS
 
@@ -64,7 +63,7 @@ async def test_usage_reports_cached_prompt_tokens_only_with_a_cache():
 @pytest.mark.parametrize("cached_share", [0.0, 0.5, 1.0])
 async def test_a_hit_shortens_the_wait_for_the_first_token(monkeypatch, cached_share):
     # The wait the mock asks for, not a measured time: ttft * (1 - share * saving).
-    from trioserve.sdk import mock
+    from trioserve.engine_programs import mock
 
     waits: list[float] = []
 

@@ -30,17 +30,22 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import attrs
 
 from ..protocol import ModelCard, Submit, Usage
+from ..sdk.asyncio_shell import AsyncioEngine, serve_engine_asyncio
+from ..sdk.core import EngineLoad, Output, RequestError, Stats
 from ..transport.keys import CurveServerKeys
-from .asyncio_shell import AsyncioEngine, serve_engine_asyncio
-from .core import EngineLoad, Output, RequestError, Stats
-from .curve_options import add_curve_arguments, curve_keys
+from .process import (
+    ProcessOptions,
+    bind_error,
+    cancel_on_signals,
+    exit_with_parent_asyncio,
+    security,
+)
 
 log = logging.getLogger("trioserve.engine.vllm")
 
@@ -342,35 +347,19 @@ def build_parser() -> argparse.ArgumentParser:
         "vLLM's engine options as `vllm serve` spells them.",
     )
     group = parser.add_argument_group("trioserve")
-    group.add_argument("--bind", default="tcp://127.0.0.1:5555", help="ZeroMQ address (ROUTER)")
-    group.add_argument(
-        "--frontend-timeout",
-        type=float,
-        default=5.0,
-        help="seconds of frontend silence before its requests are aborted here",
-    )
-    group.add_argument("--log-aborts", action="store_true", help="log every abort received")
-    group.add_argument(
-        "--grace-period",
-        type=float,
-        default=30.0,
-        metavar="SECONDS",
-        help="on SIGTERM the engine drains: it tells its frontends, refuses new requests "
-        "(they go to another engine), lets those it has finish for up to this long, then "
-        "exits (docs/engines.md)",
-    )
+    ProcessOptions.add_to({"engine": group, "curve": group})
     group.add_argument(
         "--metrics-port",
         type=int,
         default=None,
         help="serve vLLM's own Prometheus metrics on 127.0.0.1:PORT (0: any free port, logged)",
     )
-    group.add_argument("--exit-with-parent", type=int, default=None, metavar="PID")
-    add_curve_arguments(group)
     return make_arg_parser(parser)
 
 
 def main(argv: Sequence[str]) -> int:
+    """Serve the model ``argv`` names until a signal has drained the engine or its parent
+    is gone. Raises CommandError for a key or an address it cannot use."""
     args = build_parser().parse_args(list(argv))
     if args.model_tag is not None:  # vLLM's positional MODEL, as `vllm serve` takes it
         args.model = args.model_tag
@@ -380,14 +369,11 @@ def main(argv: Sequence[str]) -> int:
             "--tool-call-parser and --enable-auto-tool-choice are the frontend's: give them "
             "to `trioserve run` (this engine renders the tools and leaves the parsing to it)"
         )
-    try:
-        curve = curve_keys(args)  # before the model loads: a wrong key file fails at once
-    except ValueError as exc:
-        log.error("%s", exc)
-        return 2
+    process = ProcessOptions.read(args)
+    curve = process.curve()  # before the model loads: a wrong key file fails at once
     died = False
     try:
-        died = asyncio.run(_serve(args, curve))
+        died = asyncio.run(_serve(args, process, curve))
     except KeyboardInterrupt:
         pass
     if died:
@@ -397,10 +383,13 @@ def main(argv: Sequence[str]) -> int:
     return 0
 
 
-async def _serve(args: argparse.Namespace, curve: CurveServerKeys | None) -> bool:
+async def _serve(
+    args: argparse.Namespace, process: ProcessOptions, curve: CurveServerKeys | None
+) -> bool:
     """Serve until cancelled (a signal, the parent gone); True if vLLM's EngineCore died
     (the process then exits, so that frontends see the engine gone within their heartbeat,
     instead of a live engine whose every request fails)."""
+    import zmq
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.renderers.chat_utils import load_chat_template
     from vllm.renderers.online_renderer import OnlineRenderer
@@ -409,8 +398,7 @@ async def _serve(args: argparse.Namespace, curve: CurveServerKeys | None) -> boo
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, task.cancel)
+    cancel_on_signals(task)
 
     figures = SchedulerFigures()
     engine_args = AsyncEngineArgs.from_cli_args(args)
@@ -434,33 +422,39 @@ async def _serve(args: argparse.Namespace, curve: CurveServerKeys | None) -> boo
         backend = VllmBackend(
             engine, renderer, names, figures, _servings(engine, renderer, names, args)
         )
-        if args.exit_with_parent is not None:
-            watcher = loop.create_task(
-                _exit_with_parent(args.exit_with_parent or os.getppid(), task)
-            )
+        parent = process.parent()
+        if parent is not None:
+            watcher = loop.create_task(exit_with_parent_asyncio(parent, task))
         started: asyncio.Future[AsyncioEngine] = loop.create_future()
         serving = loop.create_task(
             serve_engine_asyncio(
                 backend,
-                args.bind,
-                frontend_timeout=args.frontend_timeout,
-                log_aborts=args.log_aborts,
+                process.bind,
+                frontend_timeout=process.frontend_timeout,
+                log_aborts=process.log_aborts,
                 started=started,
                 curve=curve,
                 # From here SIGTERM drains (the SDK's handlers replace the ones above).
                 drain_on_signals=True,
-                grace_period=args.grace_period,
+                grace_period=process.grace_period,
             )
         )
         try:
-            served = await started
+            waits: set[asyncio.Future[Any]] = {started, serving}
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            if not started.done():  # serving ended before it was bound
+                try:
+                    serving.result()
+                except zmq.ZMQError as exc:
+                    raise bind_error(process.bind, exc) from exc
+            served = started.result()
             if args.metrics_port is not None:
                 _serve_metrics(args.metrics_port, served.stats)
             log.info(
                 "vLLM engine serving %s on %s (%s)",
                 ", ".join(names),
-                args.bind,
-                f"CURVE, {len(curve.authorized)} frontend key(s) authorized" if curve else "NULL",
+                process.bind,
+                security(curve),
             )
             await serving
         finally:
@@ -533,11 +527,4 @@ async def _exit_when_dead(engine: Any, task: asyncio.Task[Any], died: list[bool]
         await asyncio.sleep(DEATH_CHECK_INTERVAL)
     log.error("vLLM's EngineCore is dead; stopping this engine (its frontends see it gone)")
     died.append(True)
-    task.cancel()
-
-
-async def _exit_with_parent(parent: int, task: asyncio.Task[Any]) -> None:
-    while os.getppid() == parent:  # noqa: ASYNC110
-        await asyncio.sleep(0.5)
-    log.warning("parent process %d is gone; stopping", parent)
     task.cancel()

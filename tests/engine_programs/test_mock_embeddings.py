@@ -8,9 +8,9 @@ import struct
 
 import pytest
 
+from trioserve.engine_programs.mock import EMBEDDING_DIMENSIONS, MockBackend, mock_embedding
 from trioserve.protocol import Submit
 from trioserve.sdk.core import RequestError
-from trioserve.sdk.mock import EMBEDDING_DIMENSIONS, MockBackend, mock_embedding
 
 
 def unpack(packed: bytes) -> list[float]:
