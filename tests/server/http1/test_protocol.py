@@ -9,7 +9,7 @@ import pytest
 
 from trioserve.errors import HttpProtocolError
 from trioserve.server.http1 import protocol as http1
-from trioserve.server.http1.protocol import CLOSED, END, NEED_DATA, Request
+from trioserve.server.http1.protocol import CLOSED, END, NEED_DATA, Request, RequestParser
 
 
 def events(parser: http1.RequestParser) -> list[object]:
@@ -46,10 +46,21 @@ def test_pipelined_requests_come_out_in_order_with_their_bodies():
         b"hello",
         END,
         (b"POST", b"/c"),
-        b"ab",
-        b"c",
+        b"abc",  # the chunks received together, as one piece
         END,
     ]
+
+
+def test_a_body_in_tiny_chunks_is_held_as_one_contiguous_piece():
+    """Issue 27: a body in 2-byte chunks was one Python object per chunk (25 times its
+    size on the wire); it is one buffer, handed out as one piece."""
+    parser = RequestParser(16384)
+    parser.receive_data(b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+    assert type(parser.next_event()) is Request
+    parser.receive_data(b"2\r\nab\r\n" * 10_000)
+    assert len(parser._events) == 1 and parser.buffered_body == 20_000
+    assert parser.next_event() == b"ab" * 10_000
+    assert parser.buffered_body == 0
 
 
 def test_header_names_are_lower_cased_and_values_kept():
@@ -351,7 +362,7 @@ def test_body_complete_says_whether_the_request_body_was_parsed_to_its_end():
     assert not parser.body_complete and parser.buffered_body == 2
     parser.receive_data(b"cd" + b"GET /next HTTP/1.1\r\nHost: x\r\n")
     assert parser.body_complete and parser.buffered_body == 4
-    assert parser.next_event() == b"ab" and parser.next_event() == b"cd"
+    assert parser.next_event() == b"abcd"  # the two reads' pieces, joined
     assert parser.next_event() is END and parser.buffered_body == 0
     parser.receive_data(b"\r\n")
     assert isinstance(parser.next_event(), Request) and parser.body_complete  # no body

@@ -413,7 +413,7 @@ async def early_app(scope, receive, send):
 
 async def test_an_early_answer_to_a_body_never_sent_closes_the_connection(nursery):
     # No idle timeout to close the connection for it: the early answer must.
-    port, _ = await serve(nursery, app=early_app, keep_alive_timeout=3600, body_preread_bytes=0)
+    port, _ = await serve(nursery, app=early_app, keep_alive_timeout=3600)
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     await stream.send_all(b"POST /nowhere HTTP/1.1\r\nhost: x\r\ncontent-length: 100000\r\n\r\n")
     with trio.fail_after(HANG_GUARD):
@@ -424,7 +424,7 @@ async def test_an_early_answer_to_a_body_never_sent_closes_the_connection(nurser
 
 
 async def test_an_early_answer_to_a_body_that_arrived_keeps_the_connection(nursery):
-    port, _ = await serve(nursery, app=early_app, keep_alive_timeout=3600, body_preread_bytes=0)
+    port, _ = await serve(nursery, app=early_app, keep_alive_timeout=3600)
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     request = b"POST /nowhere HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n\r\nhello"
     await stream.send_all(request + request)
@@ -437,25 +437,22 @@ async def test_an_early_answer_to_a_body_that_arrived_keeps_the_connection(nurse
 
 async def test_a_body_that_does_not_arrive_within_the_deadline_is_408(nursery):
     # A client that never pauses long (no gap timeout would fire) but never finishes:
-    # the total deadline ends it, streamed to the app (no pre-read) or read before it.
-    for preread in (0, 1 << 20):
-        port, _ = await serve(
-            nursery, body_deadline=0.3, body_timeout=0, body_preread_bytes=preread
-        )
-        stream = await trio.open_tcp_stream("127.0.0.1", port)
-        await stream.send_all(b"POST /slow HTTP/1.1\r\nhost: x\r\ncontent-length: 100000\r\n\r\n")
-        data = b""
-        with trio.fail_after(HANG_GUARD):
-            while b"}" not in data:
-                try:
-                    await stream.send_all(b"x")
-                except trio.BrokenResourceError:
-                    pass  # the server has closed its side
-                with trio.move_on_after(0.02):
-                    data += await stream.receive_some(65536)
-        head, error = refusal(data)
-        assert head.startswith(b"HTTP/1.1 408") and error["code"] == "body_timeout"
-        await assert_closed(stream)
+    # the total deadline ends it.
+    port, _ = await serve(nursery, body_deadline=0.3)
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(b"POST /slow HTTP/1.1\r\nhost: x\r\ncontent-length: 100000\r\n\r\n")
+    data = b""
+    with trio.fail_after(HANG_GUARD):
+        while b"}" not in data:
+            try:
+                await stream.send_all(b"x")
+            except trio.BrokenResourceError:
+                pass  # the server has closed its side
+            with trio.move_on_after(0.02):
+                data += await stream.receive_some(65536)
+    head, error = refusal(data)
+    assert head.startswith(b"HTTP/1.1 408") and error["code"] == "body_timeout"
+    await assert_closed(stream)
 
 
 async def test_past_max_connections_a_new_connection_gets_503_and_is_closed(

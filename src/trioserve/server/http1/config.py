@@ -26,8 +26,6 @@ ACCEPT_BACKOFF = 0.1
 #: still reads off before it closes (nginx's lingering close).
 LINGER_SECONDS = 2.0
 LINGER_BYTES = 1024 * 1024
-#: Default of ``Http1Config.body_preread_bytes``: a generation request's JSON fits.
-BODY_PREREAD_BYTES = 1024 * 1024
 
 
 @attrs.define
@@ -45,13 +43,6 @@ class Http1Config:
     ws_ping_interval: float = 20.0
     #: Seconds from a request head to the end of its body (408 past it; 0: no limit).
     body_deadline: float = 120.0
-    #: Seconds a body read before the app is called may stall between two pieces (408
-    #: past it; 0: no limit). Later pieces are the app's to time (``body_timeout``).
-    body_timeout: float = 30.0
-    #: A request body up to this size is read whole before the app is called, so a
-    #: client that sends it slowly holds a connection but no admission slot (0: never;
-    #: multipart bodies never: the app streams uploads to disk).
-    body_preread_bytes: int = BODY_PREREAD_BYTES
     #: Connections open at once; past it, a new one is answered 503 and closed (0: three
     #: quarters of the process's descriptor limit, see :func:`default_max_connections`).
     max_connections: int = 0

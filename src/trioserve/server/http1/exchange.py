@@ -83,36 +83,6 @@ class HttpExchange:
             return HangupWatch(self, on_gone)
         return watch_with_task(self._wait_disconnect, on_gone)
 
-    async def _preread(self) -> bool:
-        """Read a small body whole before the app sees the request (see
-        ``Http1Config.body_preread_bytes``): the app, which takes its admission slot when
-        it is called, then finds the body at hand. False if the request was answered
-        here (408: the body took too long) and the app is not to be called.
-        """
-        connection = self.connection
-        parser = connection.parser
-        config = connection.config
-        limit = config.body_preread_bytes
-        if parser.body_complete or limit <= 0:
-            return True
-        for name, value in self.request.headers:
-            if name == b"content-length" and (not value.isdigit() or int(value) > limit):
-                return True  # the app's to refuse (413) or to stream
-            if name == b"content-type" and value[:10].lower() == b"multipart/":
-                return True  # uploads: the app streams them to disk as they come
-        gap = config.body_timeout if config.body_timeout > 0 else math.inf
-        with trio.move_on_at(self.body_deadline_at) as total:
-            while not (parser.body_complete or parser.stopped) and parser.buffered_body <= limit:
-                with trio.move_on_after(gap) as stalled:
-                    await connection.fill()
-                if stalled.cancelled_caught:
-                    await self._body_too_slow(f"the request body stopped arriving for {gap:g} s")
-                    return False
-        if total.cancelled_caught:
-            await self._body_too_slow(self._deadline_reason())
-            return False
-        return True
-
     def _deadline_reason(self) -> str:
         deadline = self.connection.config.body_deadline
         return f"the request body did not arrive whole within {deadline:g} s"
@@ -125,9 +95,10 @@ class HttpExchange:
             await self.connection.refuse(408, reason, "body_timeout", linger=True)
 
     async def run(self) -> None:
+        # No body is read before the app is called: it answers what it refuses (no key,
+        # no route, a declared length over its limit) first, from the head alone, and
+        # reads the body (from what came with the head on) only for what it serves.
         connection = self.connection
-        if not await self._preread():
-            return
         try:
             await self.connection.app.handle_http(self.head(), self)
         except ClientGone:

@@ -36,10 +36,10 @@ What it does, per connection:
   peer that answers nothing for two intervals is gone (1006);
 - what one client can do to the others, bounded (docs/security.md): an exception barrier
   around every connection (a fault: one traceback, a 500 or a close, the server goes
-  on); a total deadline for a request body, and small bodies read whole before the app
-  is called (a slow body holds no admission slot); an early answer closes the
-  connection; at most ``max_connections`` at once (503 past it), and a quiet accept
-  loop when descriptors run out.
+  on); a total deadline for a request body, no body read before the app has checked
+  the head (what came with it is one contiguous buffer of at most one read); an early
+  answer closes the connection; at most ``max_connections`` at once (503 past it), and
+  a quiet accept loop when descriptors run out.
 """
 
 from __future__ import annotations
