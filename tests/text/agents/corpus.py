@@ -69,11 +69,23 @@ QWEN3_CODER = [
     "<tool_call>\nno function here\n</tool_call>",
 ]
 
+MISTRAL = [
+    "The weather in Paris is sunny.",
+    '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}',
+    'Let me check.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": 3}',
+    '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{}',
+    '[TOOL_CALLS]translate[ARGS]{"text": "naïve café 日本語 🙂"}',
+    '[TOOL_CALLS]get_weather{"city": "Oslo"}',
+    '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]',
+    '[TOOL_CALLS]get_weather[ARGS]{"city": "Par',
+]
+
 CORPUS: dict[ParserNames, list[str]] = {
     ParserNames("hermes"): HERMES,
     ParserNames("qwen3_json"): HERMES[:3],
     ParserNames("llama3_json"): LLAMA,
     ParserNames("llama4_json"): LLAMA[:2],
+    ParserNames("mistral"): MISTRAL,
     ParserNames("qwen3_coder"): QWEN3_CODER,
     ParserNames("qwen3_xml"): QWEN3_CODER[:2],
     ParserNames(None, "deepseek_r1"): THINKING,

@@ -116,8 +116,9 @@ class RequiredToolParser:
     """The answer is a JSON array of calls (``tool_choice: "required"``). A text that is
     not (nothing of a call sent yet) is given back as text."""
 
-    def __init__(self, make_id: Callable[[], str]) -> None:
+    def __init__(self, make_id: Callable[[], str], key: str = "parameters") -> None:
         self.make_id = make_id
+        self.key = key  # of each call's arguments
         self.text = ""  # everything fed: the answer, if it is not calls
         self.buffer = ""  # fed and not yet read
         self.opened = False  # the array's "[" was read
@@ -158,7 +159,7 @@ class RequiredToolParser:
             elif self.opened and self.expect_item and c == "{":
                 self.expect_item = False
                 self.call, self.buffer = (
-                    ObjectCall(self.calls, self.make_id, ("parameters",)),
+                    ObjectCall(self.calls, self.make_id, (self.key,)),
                     stripped,
                 )
             elif self.opened and not self.expect_item and c == ",":

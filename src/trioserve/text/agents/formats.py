@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from .events import Event
 from .hermes import HermesToolParser
 from .llama3_json import Llama3JsonToolParser
+from .mistral import MistralToolParser, mistral_call_id
 from .qwen3_coder import Qwen3CoderToolParser
 from .reasoning import DeepSeekR1ReasoningParser, Qwen3ReasoningParser, ThinkingParser
 
@@ -36,6 +37,7 @@ TOOL_CALL_PARSERS: dict[
     "qwen3_json": HermesToolParser,
     "llama3_json": Llama3JsonToolParser,
     "llama4_json": Llama3JsonToolParser,
+    "mistral": MistralToolParser,
     "qwen3_coder": Qwen3CoderToolParser,
     "qwen3_xml": Qwen3CoderToolParser,
 }
@@ -45,3 +47,6 @@ REASONING_PARSERS: dict[str, Callable[[bool], ThinkingParser]] = {
     "deepseek_r1": DeepSeekR1ReasoningParser,
     "qwen3": Qwen3ReasoningParser,
 }
+
+#: How a format's calls are named, where not as vLLM names most (``events.tool_call_id``).
+TOOL_CALL_IDS: dict[str, Callable[[], str]] = {"mistral": mistral_call_id}

@@ -19,7 +19,7 @@ from .events import (
     tool_call_id,
 )
 from .forced import NamedToolParser, RequiredToolParser
-from .formats import REASONING_PARSERS, TOOL_CALL_PARSERS, StreamParser
+from .formats import REASONING_PARSERS, TOOL_CALL_IDS, TOOL_CALL_PARSERS, StreamParser
 from .reasoning import thinking_enabled
 
 
@@ -120,9 +120,12 @@ def output_parser(
     template_kwargs: Mapping[str, Any] | None = None,
     reasoning_effort: Any = None,
     include_reasoning: bool = True,
-    make_id: Callable[[], str] = tool_call_id,
+    make_id: Callable[[], str] | None = None,
 ) -> OutputParser | None:
-    """The parser one answer needs, or None when its text is the answer as it is."""
+    """The parser one answer needs, or None when its text is the answer as it is.
+    ``make_id``: how its calls are named (default: as vLLM names the format's)."""
+    if make_id is None:
+        make_id = TOOL_CALL_IDS.get(names.tool_call or "", tool_call_id)
     reasoning = None
     if names.reasoning is not None:
         thinking = thinking_enabled(template_kwargs, reasoning_effort)
