@@ -26,6 +26,7 @@ from schemathesis.checks import (
 )
 
 from tests.helpers.processes import start_frontend_process
+from tests.helpers.text_models import build_text_model
 from tests.helpers.waiting import HANG_GUARD
 
 SCHEMATHESIS = Path(sys.executable).parent / "schemathesis"
@@ -122,8 +123,13 @@ async def run_schemathesis(
 
 @pytest.mark.integration
 async def test_every_answer_matches_the_openapi_description(nursery, tmp_path):
+    # A tokenizer (the harder tiny Llama's text assets), so that /tokenize, /detokenize and
+    # the render routes are fuzzed for real (without one they answer 501).
+    model = build_text_model(tmp_path / "model", harder=True)
     _, url = await start_frontend_process(
         nursery,
+        "--tokenizer",
+        str(model),
         "--request-timeout",
         "3",
         "--mock-tokens-per-second",
