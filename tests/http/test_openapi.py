@@ -101,7 +101,11 @@ async def test_the_responses_api_is_described_from_its_request_class(frontend):
     assert request["required"] == ["input"]
     assert request["properties"]["max_output_tokens"]["maximum"] == MAX_TOKENS
     assert request["properties"]["top_p"]["exclusiveMinimum"] == 0
-    assert request["properties"]["tools"]["maxItems"] == 0  # refused unless empty
+    tools = request["properties"]["tools"]
+    assert tools["items"]["properties"]["type"] == {"const": "function"}  # functions only
+    events = spec["components"]["schemas"]["ResponseEvent"]["anyOf"]
+    kinds = {kind for event in events for kind in event["properties"]["type"]["enum"]}
+    assert {"response.function_call_arguments.delta", "response.reasoning_text.delta"} <= kinds
     paths = spec["paths"]
     assert set(paths["/v1/responses/{id}"]) == {"get", "delete"}
     assert set(paths["/v1/responses/{id}/cancel"]) == {"post"}

@@ -159,14 +159,17 @@ async def test_input_image_parts_are_decoded_for_the_engine(frontend):
         ({"input": []}, "$.input"),
         ({"input": "x", "max_output_tokens": 0}, "$.max_output_tokens"),
         ({"input": "x", "temperature": 3}, "$.temperature"),
-        ({"input": "x", "tools": [{"type": "function", "name": "f"}]}, "$.tools"),
+        ({"input": "x", "tools": [{"type": "web_search"}]}, "$.tools[0].type"),
+        # (auto, the default with tools, needs --tool-call-parser: as chat's)
+        ({"input": "x", "tools": [{"type": "function", "name": "f"}]}, "$.tool_choice"),
         ({"input": "x", "tool_choice": "required"}, "$.tool_choice"),
-        ({"input": "x", "previous_response_id": "resp_1"}, "$.previous_response_id"),
         ({"input": "x", "text": {"format": {"type": "json_object"}}}, "$.text.format"),
         ({"input": "x", "truncation": "auto"}, "$.truncation"),
         ({"input": "x", "include": ["message.output_text.logprobs"]}, "$.include"),
         ({"input": "x", "background": True, "store": False}, "$.store"),
-        ({"input": [{"type": "function_call_output", "output": "1"}]}, "$.input[0].type"),
+        ({"input": [{"type": "function_call_output", "output": "1"}]}, "$.input[0].call_id"),
+        ({"input": [{"type": "item_reference", "id": "x"}]}, "$.input[0].type"),
+        ({"input": [{"type": {}, "role": "user", "content": "x"}]}, "$.input[0].type"),
         ({"input": [{"role": "robot", "content": "x"}]}, "$.input[0].role"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_file"}]}]},
@@ -189,8 +192,12 @@ async def test_invalid_bodies_are_422_naming_the_field(frontend, body, loc):
 
 async def test_sdk_raises_the_openai_error_of_a_bad_request(frontend):
     with pytest.raises(openai.UnprocessableEntityError) as caught:
-        await sdk(frontend).responses.create(input="x", previous_response_id="resp_1")
+        await sdk(frontend).responses.create(input="x", max_output_tokens=0)
     assert caught.value.body["code"] == "invalid_request"
+    with pytest.raises(openai.NotFoundError) as caught:
+        await sdk(frontend).responses.create(input="x", previous_response_id="resp_1")
+    assert caught.value.body["code"] == "previous_response_not_found"
+    assert caught.value.body["param"] == "previous_response_id"
     with pytest.raises(openai.NotFoundError) as caught:
         await sdk(frontend).responses.create(model="gpt-nope", input="x")
     assert caught.value.body["code"] == "model_not_found"

@@ -14,6 +14,7 @@ from tests.helpers.responses import ECHO
 from trioserve.errors import EngineItemError, HTTPError
 from trioserve.http.writers.responses import ResponseEvents, sse
 from trioserve.protocol import ErrorInfo, OutputItem, Usage
+from trioserve.text.agents import ParserNames, ToolUse, output_parser
 
 #: The openai package's class of each event type.
 EVENT_TYPES = {
@@ -161,3 +162,30 @@ def test_sse_names_each_event_by_its_type(background):
             name.removeprefix(b"event: ")
             == orjson.loads(data.removeprefix(b"data: "))["type"].encode()
         )
+
+
+def test_rollback_forgets_calls_and_reasoning_that_were_not_kept():
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    parser = output_parser(ParserNames("hermes", "qwen3"), ToolUse(tools, "auto"))
+    events = ResponseEvents("resp_1", "mock", ECHO, parser=parser)
+    events.take([item(0, "think</think>"), item(1, '<tool_call>{"name": "f", "arguments": {"a"')])
+    assert [entry["type"] for entry in events.snapshot()["output"]] == [
+        "reasoning",
+        "function_call",
+    ]
+    mark, seq = events.mark(), events.seq
+    done, finished, _ = events.take(
+        [item(2, ": 1}}</tool_call>"), item(3, finish_reason="stop", usage=Usage(1, 3))]
+    )
+    assert finished and events.status == "completed"
+    assert [name for name, _ in done][-3:] == [
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    events.rollback(mark)
+    assert events.seq == seq and events.status == "in_progress"
+    [reasoning, call] = events.snapshot()["output"]
+    assert reasoning["status"] == "completed" and call["status"] == "in_progress"
+    assert call["arguments"] == '{"a"'
+    assert events.output_messages()[0]["tool_calls"][0]["function"]["arguments"] == '{"a"'

@@ -333,6 +333,35 @@ _OUTPUT_MESSAGE = {
     },
     "required": ["id", "type", "status", "role", "content"],
 }
+_REASONING_TEXT = {
+    "type": "object",
+    "properties": {"type": {"const": "reasoning_text"}, "text": {"type": "string"}},
+    "required": ["type", "text"],
+}
+_OUTPUT_REASONING = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"},
+        "type": {"const": "reasoning"},
+        "summary": {"type": "array", "maxItems": 0},
+        "content": {"type": "array", "items": _REASONING_TEXT, "maxItems": 1},
+        "status": {"enum": ["in_progress", "completed"]},
+    },
+    "required": ["id", "type", "summary"],
+}
+_OUTPUT_FUNCTION_CALL = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"},
+        "type": {"const": "function_call"},
+        "call_id": {"type": "string"},
+        "name": {"type": "string"},
+        "arguments": {"type": "string"},
+        "status": {"enum": ["in_progress", "completed"]},
+    },
+    "required": ["id", "type", "call_id", "name", "arguments", "status"],
+}
+_OUTPUT_ITEM = {"anyOf": [_OUTPUT_MESSAGE, _OUTPUT_REASONING, _OUTPUT_FUNCTION_CALL]}
 _RESPONSE_USAGE = {
     "type": ["object", "null"],
     "properties": {
@@ -385,14 +414,19 @@ _RESPONSE_PROPERTIES: dict[str, Any] = {
         "required": ["reason"],
     },
     "model": {"type": "string"},
-    "output": {"type": "array", "items": _OUTPUT_MESSAGE, "maxItems": 1},
+    "output": {
+        "type": "array",
+        "items": _OUTPUT_ITEM,
+        "description": "in the order the model wrote them: its reasoning, its message, "
+        "each function call",
+    },
     "usage": _RESPONSE_USAGE,
     # The request's fields, echoed:
     "instructions": {"type": ["string", "null"]},
     "max_output_tokens": {"type": ["integer", "null"]},
     "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
     "parallel_tool_calls": {"type": "boolean"},
-    "previous_response_id": {"type": "null"},
+    "previous_response_id": {"type": ["string", "null"]},
     "reasoning": {"type": ["object", "null"]},
     "store": {"type": "boolean"},
     "temperature": {"type": ["number", "null"]},
@@ -407,8 +441,13 @@ _RESPONSE_PROPERTIES: dict[str, Any] = {
         },
         "required": ["format"],
     },
-    "tool_choice": {"enum": ["auto", "none"]},
-    "tools": {"type": "array", "maxItems": 0},
+    "tool_choice": {
+        "anyOf": [
+            {"enum": ["auto", "none", "required"]},
+            {"type": "object", "properties": {"type": {"const": "function"}}},
+        ]
+    },
+    "tools": {"type": "array", "items": {"type": "object"}},
     "top_p": {"type": ["number", "null"]},
     "truncation": {"const": "disabled"},
     "user": {"type": ["string", "null"]},
@@ -607,12 +646,26 @@ ANSWERS: dict[str, dict[str, Any]] = {
             _response_event(
                 ["response.output_item.added", "response.output_item.done"],
                 output_index=_NATURAL,
-                item=_OUTPUT_MESSAGE,
+                item=_OUTPUT_ITEM,
             ),
             _response_event(
                 ["response.content_part.added", "response.content_part.done"],
                 **_WHERE,
-                part=_OUTPUT_TEXT,
+                part={"anyOf": [_OUTPUT_TEXT, _REASONING_TEXT]},
+            ),
+            _response_event(["response.reasoning_text.delta"], **_WHERE, delta={"type": "string"}),
+            _response_event(["response.reasoning_text.done"], **_WHERE, text={"type": "string"}),
+            _response_event(
+                ["response.function_call_arguments.delta"],
+                item_id={"type": "string"},
+                output_index=_NATURAL,
+                delta={"type": "string"},
+            ),
+            _response_event(
+                ["response.function_call_arguments.done"],
+                item_id={"type": "string"},
+                output_index=_NATURAL,
+                arguments={"type": "string"},
             ),
             _response_event(
                 ["response.output_text.delta"],

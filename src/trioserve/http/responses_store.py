@@ -13,6 +13,10 @@ What it keeps:
 - **finished foreground responses** with ``store: true`` (the default): their final
   ``Response`` object, for ``GET /v1/responses/{id}``.
 
+Each keeps its conversation too (``ResponseEvents.inputs``: what it continued and its
+input, counted in its size), so a next turn's ``previous_response_id`` continues it
+(:meth:`StoredResponse.conversation`); ``store: false`` keeps nothing.
+
 The bounds (``config.Settings``; docs/api.md):
 
 - ``responses_ttl``: a finished response is kept this long after it finished;
@@ -20,9 +24,9 @@ The bounds (``config.Settings``; docs/api.md):
   fails the response (``response_events_overflow``) and aborts its engine request; the
   ``response.failed`` that says so is always kept;
 - ``max_background_responses``: background responses generating at once (503 past it);
-- ``responses_store_bytes``: everything held (retained events, each response's text,
-  :data:`RECORD_OVERHEAD` per response). Finished responses are dropped oldest first to
-  make room; a running one that still finds no room fails (``response_store_full``).
+- ``responses_store_bytes``: everything held (retained events, each response's text and
+  conversation, :data:`RECORD_OVERHEAD` per response). Finished responses are dropped
+  oldest first to make room; a running one that still finds no room fails (``response_store_full``).
 
 The interface the routes use is :meth:`~ResponseStore.get`, :meth:`~ResponseStore.keep`,
 :meth:`~ResponseStore.start_background`, :meth:`~ResponseStore.delete` and the
@@ -36,6 +40,7 @@ import collections
 import logging
 import math
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import trio
 
@@ -70,7 +75,7 @@ class StoredResponse:
         self.owner = owner
         self.handle = handle
         self.retained: list[Event] = []
-        self.size = RECORD_OVERHEAD
+        self.size = RECORD_OVERHEAD + payload_bytes(events.inputs)
         self.finished_at: float | None = None
         #: Set once the response has finished (its last event is retained).
         self.done = trio.Event()
@@ -79,6 +84,11 @@ class StoredResponse:
     @property
     def background(self) -> bool:
         return self.events.background
+
+    def conversation(self) -> list[dict[str, Any]]:
+        """Its conversation as a next turn continues it (``previous_response_id``): what
+        it continued, its input, and its answer, as chat messages."""
+        return [*self.events.inputs, *self.events.output_messages()]
 
     @property
     def finished(self) -> bool:
@@ -94,6 +104,25 @@ class StoredResponse:
 
     def _wake(self) -> None:
         self._lot.unpark_all()
+
+
+def payload_bytes(value: Any) -> int:
+    """The bytes of the text and binary data in ``value`` (chat messages: dicts, lists,
+    strings, media records' bytes), and 8 for anything else; iterative, so any depth."""
+    total = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str | bytes | bytearray | memoryview):
+            total += len(item)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+        else:
+            total += 8
+    return total
 
 
 def events_overflow(limit: int) -> HTTPError:
@@ -333,8 +362,9 @@ class RecordWriter(WriterBase):
         read pass (``Subscription.sink``), and the response's task stays asleep. What
         ends the response (the finish, an engine error) and deltas that meet a bound are
         left to :meth:`write`, which ends the response as it must (``response.failed``,
-        one abort). (A bound method: every running response holds its sink.)"""
-        return self._retain_now
+        one abort). (A bound method: every running response holds its sink.) None when
+        the answer is parsed (tool calls, reasoning): every delta goes through the parser."""
+        return None if self.record.events.parser is not None else self._retain_now
 
     def _retain_now(self, items: list[OutputItem]) -> list[OutputItem]:
         texts: list[str] = []

@@ -26,10 +26,11 @@ from ..ends import EndReason
 from ..errors import HTTPError
 from .bodies.multimodal import resolve_chat_media
 from .bodies.openai import ENDPOINTS, parse_generation
-from .bodies.responses import ResponseGeneration, parse_response, resolve_media
+from .bodies.responses import ResponseGeneration, parse_response
 from .channel import Receive, Send
 from .exchange import new_request_id
 from .lifecycle import RequestHandle, connection_watches, run_generation
+from .routes.responses import prepared
 from .services import Services
 from .writers.responses import ResponsesWebSocketWriter, new_response_id
 from .writers.websocket import WebSocketWriter
@@ -282,7 +283,10 @@ class WebSocketConnection:
         # DELETE /v1/requests/{id}.
         request_id = f"ws-{new_request_id()}.{client_id}"
         if endpoint == "responses":
-            return parse_response(body, request_id, services.resolve_model, streamed=True), timeout
+            response = parse_response(
+                body, request_id, services.resolve_model, streamed=True, parsers=services.parsers
+            )
+            return response, timeout
         generation = parse_generation(
             capability,
             body,
@@ -314,7 +318,7 @@ class WebSocketConnection:
         status: int | None = None
         try:
             if isinstance(generation, ResponseGeneration):
-                generation = await resolve_media(generation, services.media_fetcher())
+                generation = await prepared(services, generation, events, self.key_index)
             else:
                 generation = await resolve_chat_media(generation, services.media_fetcher())
             await run_generation(

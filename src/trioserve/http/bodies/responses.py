@@ -1,16 +1,21 @@
 """The body of ``POST /v1/responses`` (the Responses API), and its translation into an
 engine chat :class:`~trioserve.protocol.Submit`.
 
-``input`` (a string, or a list of message items whose content is a string or
-``input_text``/``output_text``/``input_image`` parts) becomes the chat messages, with
-``instructions`` as a system message in front; ``max_output_tokens`` becomes the engine's
+``input`` (a string, or a list of items: messages whose content is a string or
+``input_text``/``output_text``/``input_image`` parts, ``function_call`` items (an
+assistant's ``tool_calls``), ``function_call_output`` items (``tool`` messages) and
+``reasoning`` items (the next assistant message's ``reasoning``)) becomes the chat
+messages, with ``instructions`` as a system message in front; function ``tools`` and
+``tool_choice`` are chat's (checked and parsed as chat's: ``bodies/agents.py``);
+``previous_response_id`` puts a stored response's conversation ahead of the input (the
+route does: ``routes/responses.py``); ``max_output_tokens`` becomes the engine's
 ``max_tokens``, ``reasoning.effort`` its ``reasoning_effort``; ``temperature`` and
 ``top_p`` pass as they are, and so does every body field the Responses API does not
 define (``seed``, ``stop``, an engine's own knobs), as on chat completions.
 
 What trioserve does not serve on this route is refused with a 422 naming the field,
-rather than ignored: conversation state (``previous_response_id``, ``conversation``),
-tools, structured output (``text.format`` other than text), log probabilities, reusable
+rather than ignored: ``conversation`` objects, tools other than functions, structured
+output (``text.format`` other than text), log probabilities, reusable
 prompts, ``truncation: auto``. docs/api.md lists them.
 """
 
@@ -21,7 +26,9 @@ from typing import Any
 import attrs
 
 from ...protocol import Submit
+from ...text.agents import ParserNames
 from ..writers.responses import ResponseEvents
+from .agents import AgentOptions, parse_agent_options
 from .media import MediaFetcher
 from .multimodal import resolve_parts
 from .openai import MAX_MESSAGES, MAX_TOKENS, check_parts
@@ -112,9 +119,29 @@ class ResponsesRequest:
     user: str | None = None
     reasoning: Reasoning | None = None
     parallel_tool_calls: bool | None = None
-    tool_choice: Any = documented(enum=["auto", "none"])
+    tool_choice: Any = documented(
+        anyOf=[
+            {"enum": ["auto", "none", "required"]},
+            {
+                "type": "object",
+                "properties": {"type": {"const": "function"}, "name": {"type": "string"}},
+                "required": ["type", "name"],
+            },
+        ]
+    )
     tools: list[Any] | None = documented(
-        maxItems=0, description="tools are not served here: only an empty list"
+        items={
+            "type": "object",
+            "properties": {
+                "type": {"const": "function"},
+                "name": {"type": "string"},
+                "description": {"type": ["string", "null"]},
+                "parameters": {"type": ["object", "null"]},
+                "strict": {"type": ["boolean", "null"]},
+            },
+            "required": ["type", "name"],
+        },
+        description="function tools (the client runs them)",
     )
     text: Any = documented(
         type="object",
@@ -133,9 +160,10 @@ class ResponsesRequest:
     top_logprobs: int | None = documented(
         enum=[0], description="log probabilities are not served on /v1/responses: 0 or null"
     )
-    max_tool_calls: int | None = bounded()  # accepted, not used (no tools)
+    max_tool_calls: int | None = bounded()  # accepted, not used
     previous_response_id: str | None = documented(
-        description=NOT_SERVED.format("no conversation state is kept")
+        description="continue from a stored response of this key: its conversation is "
+        "put ahead of input (its instructions are not)"
     )
     conversation: Any = documented(description=NOT_SERVED.format("no conversation state is kept"))
     prompt: Any = documented(description=NOT_SERVED.format("reusable prompts"))
@@ -151,8 +179,8 @@ _KNOWN = frozenset(a.name for a in attrs.fields(ResponsesRequest))
 
 #: Fields whose feature is not served here, and why (a 422 at that field when set).
 _REFUSED = {
-    "previous_response_id": "conversation state is not kept: send the earlier turns in input",
-    "conversation": "conversation state is not kept: send the earlier turns in input",
+    "conversation": "conversation objects are not served: use previous_response_id, or "
+    "send the earlier turns in input",
     "prompt": "reusable prompts are not served",
     "top_logprobs": "log probabilities are not served on /v1/responses yet",
 }
@@ -171,9 +199,41 @@ class ResponseGeneration:
     #: The media parts to fetch or decode: (message index, part index, JSON path).
     media: tuple[tuple[int, int, str], ...] = ()
     capability: str = "chat"
+    #: Tool calls and reasoning to parse out of the answer (``bodies/agents.py``).
+    agents: AgentOptions | None = None
+    #: The stored response this one continues (``previous_response_id``).
+    previous: str | None = None
+    #: Messages ahead of the input's in ``submit.inputs`` (the instructions).
+    lead: int = 0
 
     def events(self, response_id: str) -> ResponseEvents:
-        return ResponseEvents(response_id, self.submit.model, self.echo, background=self.background)
+        parser = self.agents.parser() if self.agents is not None else None
+        return ResponseEvents(
+            response_id, self.submit.model, self.echo, background=self.background, parser=parser
+        )
+
+    @property
+    def input_messages(self) -> list[dict[str, Any]]:
+        """The conversation this response adds to (its messages, less the instructions:
+        a response that continues it brings its own)."""
+        return self.submit.inputs["messages"][self.lead :]
+
+    def continuing(self, history: list[dict[str, Any]]) -> ResponseGeneration:
+        """This response with ``history`` (a stored response's conversation, media
+        resolved) between its instructions and its input."""
+        inputs = self.submit.inputs
+        messages = inputs["messages"]
+        joined = [*messages[: self.lead], *history, *messages[self.lead :]]
+        modalities = list(inputs.get("modalities") or ["text"])
+        for message in history:
+            content = message.get("content")
+            for part in content if type(content) is list else ():
+                if part.get("type") not in modalities:
+                    modalities.append(part.get("type"))
+        submit = attrs.evolve(
+            self.submit, inputs={**inputs, "messages": joined, "modalities": modalities}
+        )
+        return attrs.evolve(self, submit=submit)
 
 
 def _text_part(part: dict[str, Any], loc: str, errors: Errors) -> dict[str, Any] | None:
@@ -222,6 +282,8 @@ def _messages(
     if len(items) > MAX_MESSAGES:
         raise invalid([{"loc": "$.input", "msg": f"at most {MAX_MESSAGES} input items"}])
     parts_total = 0
+    #: A reasoning item's text, for the assistant message after it.
+    reasoning: str | None = None
     for i, item in enumerate(items):
         loc = f"$.input[{i}]"
         if type(item) is not dict:
@@ -229,10 +291,14 @@ def _messages(
             continue
         kind = item.get("type", "message")
         if kind != "message":
-            errors.add(
-                f"input items of type {str(kind)[:40]!r} are not served (only messages)",
-                f"{loc}.type",
-            )
+            if type(kind) is str and kind in _ITEMS:
+                reasoning = _ITEMS[kind](item, loc, messages, reasoning, errors)
+            else:
+                errors.add(
+                    f"input items of type {str(kind)[:40]!r} are not served (messages, "
+                    "function_call, function_call_output and reasoning are)",
+                    f"{loc}.type",
+                )
             continue
         role = item.get("role")
         if type(role) is not str or role not in INPUT_ROLES:
@@ -240,7 +306,8 @@ def _messages(
             continue
         content = item.get("content")
         if type(content) is str:
-            messages.append({"role": role, "content": content})
+            messages.append(_with_reasoning({"role": role, "content": content}, reasoning))
+            reasoning = None
             continue
         if type(content) is not list:
             errors.add("expected a string or a list of content parts", f"{loc}.content")
@@ -264,8 +331,128 @@ def _messages(
             if converted["type"] == "image_url":
                 media.append((len(messages), len(parts), part_loc))
             parts.append(converted)
-        messages.append({"role": role, "content": parts})
+        messages.append(_with_reasoning({"role": role, "content": parts}, reasoning))
+        reasoning = None
     return messages, media
+
+
+def _with_reasoning(message: dict[str, Any], reasoning: str | None) -> dict[str, Any]:
+    if reasoning is not None and message["role"] == "assistant":
+        message["reasoning"] = reasoning
+    return message
+
+
+def _assistant(messages: list[dict[str, Any]], reasoning: str | None) -> dict[str, Any]:
+    """The assistant message a call belongs to: the last message if it is the
+    assistant's (its text, or the calls before this one), else a new one."""
+    last = messages[-1] if messages else None
+    if last is not None and last["role"] == "assistant" and reasoning is None:
+        return last
+    message = _with_reasoning({"role": "assistant", "content": None}, reasoning)
+    messages.append(message)
+    return message
+
+
+def _function_call(
+    item: dict[str, Any],
+    loc: str,
+    messages: list[dict[str, Any]],
+    reasoning: str | None,
+    errors: Errors,
+) -> str | None:
+    call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments")
+    if type(call_id) is not str or type(name) is not str or type(arguments) is not str:
+        errors.add("a function_call has a string call_id, name and arguments", loc)
+        return reasoning
+    message = _assistant(messages, reasoning)
+    message.setdefault("tool_calls", []).append(
+        {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+    )
+    return None
+
+
+def _function_call_output(
+    item: dict[str, Any],
+    loc: str,
+    messages: list[dict[str, Any]],
+    reasoning: str | None,
+    errors: Errors,
+) -> str | None:
+    call_id, output = item.get("call_id"), item.get("output")
+    if type(call_id) is not str:
+        errors.add("expected the call_id of the function_call it answers", f"{loc}.call_id")
+        return reasoning
+    if type(output) is list:  # input_text parts (images in a call's output: not served)
+        texts = [p.get("text") for p in output if type(p) is dict]
+        if not all(type(text) is str for text in texts) or len(texts) != len(output):
+            errors.add("expected a string or input_text parts", f"{loc}.output")
+            return reasoning
+        output = "".join(str(text) for text in texts)
+    if type(output) is not str:
+        errors.add("expected a string", f"{loc}.output")
+        return reasoning
+    messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
+    return reasoning
+
+
+def _reasoning_item(
+    item: dict[str, Any],
+    loc: str,
+    messages: list[dict[str, Any]],
+    reasoning: str | None,
+    errors: Errors,
+) -> str | None:
+    texts = []
+    for field in ("content", "summary"):
+        for part in item.get(field) or ():
+            if type(part) is not dict or type(part.get("text")) is not str:
+                errors.add("expected parts with a text", f"{loc}.{field}")
+                return reasoning
+            texts.append(part["text"])
+        if texts:
+            break  # the content if it has one, else the summary
+    return "".join(texts)
+
+
+#: How each input item other than a message joins the chat messages: it returns the
+#: reasoning waiting for the next assistant message.
+_ITEMS = {
+    "function_call": _function_call,
+    "function_call_output": _function_call_output,
+    "reasoning": _reasoning_item,
+}
+
+
+def _tools(req: ResponsesRequest, errors: Errors) -> dict[str, Any]:
+    """The chat ``tools``, ``tool_choice`` and ``parallel_tool_calls`` of ``req``."""
+    chat: dict[str, Any] = {}
+    if req.tools:
+        tools = []
+        for i, tool in enumerate(req.tools):
+            if type(tool) is not dict or tool.get("type") != "function":
+                kind = tool.get("type") if type(tool) is dict else None
+                errors.add(
+                    f"only function tools are served (not {str(kind)[:40]!r})", f"$.tools[{i}].type"
+                )
+                continue
+            function = {
+                name: tool[name]
+                for name in ("name", "description", "parameters", "strict")
+                if tool.get(name) is not None
+            }
+            tools.append({"type": "function", "function": function})
+        chat["tools"] = tools
+    choice = req.tool_choice
+    if type(choice) is dict:
+        if choice.get("type") != "function" or type(choice.get("name")) is not str:
+            errors.add('expected {"type": "function", "name": ...}', "$.tool_choice")
+        else:
+            chat["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
+    elif choice is not None and (req.tools or choice != "auto"):
+        chat["tool_choice"] = choice
+    if req.parallel_tool_calls is not None:
+        chat["parallel_tool_calls"] = req.parallel_tool_calls
+    return chat
 
 
 def _check(req: ResponsesRequest, errors: Errors, streamed: bool) -> None:
@@ -275,10 +462,6 @@ def _check(req: ResponsesRequest, errors: Errors, streamed: bool) -> None:
     for name, why in _REFUSED.items():
         if getattr(req, name) not in (None, 0):
             errors.add(why, f"$.{name}")
-    if req.tools:
-        errors.add("tools are not served on /v1/responses yet", "$.tools")
-    if req.tool_choice not in (None, "auto", "none"):
-        errors.add("tool_choice needs tools, which are not served here", "$.tool_choice")
     if req.include:
         errors.add("include is not served (nothing extra can be included)", "$.include")
     if req.truncation not in (None, "disabled"):
@@ -333,13 +516,13 @@ def _echo(req: ResponsesRequest, store: bool, body: dict[str, Any]) -> dict[str,
         "max_output_tokens": req.max_output_tokens,
         "metadata": req.metadata or {},
         "parallel_tool_calls": True if req.parallel_tool_calls is None else req.parallel_tool_calls,
-        "previous_response_id": None,
+        "previous_response_id": req.previous_response_id,
         "reasoning": body.get("reasoning"),
         "store": store,
         "temperature": req.temperature,
         "text": {"format": {"type": "text"}},
         "tool_choice": req.tool_choice or "auto",
-        "tools": [],
+        "tools": [tool for tool in req.tools or () if type(tool) is dict],
         "top_p": req.top_p,
         "truncation": "disabled",
         "user": req.user,
@@ -347,26 +530,40 @@ def _echo(req: ResponsesRequest, store: bool, body: dict[str, Any]) -> dict[str,
 
 
 def parse_response(
-    body: dict[str, Any], request_id: str, resolve_model: Any, *, streamed: bool = False
+    body: dict[str, Any],
+    request_id: str,
+    resolve_model: Any,
+    *,
+    streamed: bool = False,
+    parsers: ParserNames = ParserNames(),  # noqa: B008 (frozen)
 ) -> ResponseGeneration:
     """Validate ``body`` and translate it (a 422 :class:`HTTPError` if it is bad).
 
     ``resolve_model(requested: str | None) -> str`` picks the model (503/404 from it);
-    ``streamed``: the transport streams whatever the body says (WebSocket).
+    ``streamed``: the transport streams whatever the body says (WebSocket); ``parsers``:
+    the formats the server parses tool calls and reasoning in.
     """
     req = structure(body, ResponsesRequest)
     errors = Errors()
     messages, media = _messages(req, errors)
     _check(req, errors, streamed)
+    chat = _tools(req, errors)
     if errors:
         raise errors.error()
+    params = engine_params(req, body)
+    if req.reasoning is not None and req.reasoning.effort is not None:
+        chat["reasoning_effort"] = req.reasoning.effort
+    if body.get("chat_template_kwargs") is not None:
+        chat["chat_template_kwargs"] = body["chat_template_kwargs"]
+    params.update({k: v for k, v in chat.items() if k not in ("reasoning_effort",)})
+    agents = parse_agent_options(chat, parsers, params)
     store = req.store is not False
     submit = Submit(
         request_id,
         resolve_model(req.model),
         "chat",
         {"messages": messages},
-        engine_params(req, body),
+        params,
         # The session key of affinity routing (never sent to the engine): what the
         # Responses API has for "keep my prompt's cache", else the user.
         session_key=req.prompt_cache_key or req.user or None,
@@ -378,6 +575,9 @@ def parse_response(
         store=store,
         echo=_echo(req, store, body),
         media=tuple(media),
+        agents=agents,
+        previous=req.previous_response_id,
+        lead=1 if req.instructions is not None else 0,
     )
 
 

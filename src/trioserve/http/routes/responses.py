@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Awaitable, Callable
 from functools import partial
+from typing import Any
 from urllib.parse import parse_qs
 
 import attrs
@@ -51,9 +52,11 @@ REPLAY_BATCH = 256
 async def create(services: Services, exchange: Exchange) -> None:
     timeout = services.begin(exchange)
     body = await services.json_body(exchange)
-    generation = parse_response(body, exchange.request_id, services.resolve_model)
-    generation = await resolve_media(generation, services.media_fetcher())
+    generation = parse_response(
+        body, exchange.request_id, services.resolve_model, parsers=services.parsers
+    )
     events = generation.events(new_response_id())
+    generation = await prepared(services, generation, events, exchange.key_index)
     if generation.background:
         await _create_background(services, exchange, generation, events, timeout)
         return
@@ -66,6 +69,42 @@ async def create(services: Services, exchange: Exchange) -> None:
         writer = ResponsesJSONWriter(exchange, events, on_done if generation.store else None)
         keepalive = 0
     await services.run(exchange, generation.submit, "chat", writer, timeout, keepalive=keepalive)
+
+
+async def prepared(
+    services: Services, generation: ResponseGeneration, events: ResponseEvents, owner: int | None
+) -> ResponseGeneration:
+    """``generation`` ready to submit: its media resolved and, with
+    ``previous_response_id``, the stored conversation it continues put ahead of its input
+    (a 404 when this key has no such response: another key's does not exist for it; 409
+    while it still runs). Sets ``events.inputs``, the conversation a later turn continues.
+    """
+    generation = await resolve_media(generation, services.media_fetcher())
+    history: list[dict[str, Any]] = []
+    if generation.previous is not None:
+        record = services.responses.get(generation.previous, owner)
+        if record is None:
+            raise HTTPError(
+                404,
+                f"no previous response {generation.previous[:80]!r} here: it is kept only "
+                "by the frontend that created it, for this key, for --responses-ttl after "
+                "it ends, and only with store: true",
+                "previous_response_not_found",
+                param="previous_response_id",
+            )
+        if not record.finished:
+            raise HTTPError(
+                409,
+                f"response {generation.previous[:80]!r} is still running: continue it once "
+                "it has ended",
+                "previous_response_in_progress",
+                param="previous_response_id",
+            )
+        history = record.conversation()
+        events.inputs = [*history, *generation.input_messages]
+        return generation.continuing(history)
+    events.inputs = list(generation.input_messages)
+    return generation
 
 
 async def _create_background(
