@@ -85,7 +85,7 @@ async def test_with_api_keys_every_route_but_the_open_ones_needs_a_key(nursery, 
         "name": "X-Api-Key",
     }
     assert "/" not in spec["paths"]  # --no-playground
-    open_paths = {"/health", "/live", "/metrics", "/docs", "/openapi.json"}
+    open_paths = {"/health", "/live", "/metrics", "/docs", "/openapi.json", "/favicon.ico"}
     for path, ops in spec["paths"].items():
         for op in ops.values():
             if path in open_paths:
