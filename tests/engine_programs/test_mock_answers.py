@@ -7,8 +7,8 @@ import openai
 import pytest
 
 from tests.helpers.frontends import start_engine, start_frontend
-from trioserve.protocol import Submit
 from trioserve.engine_programs.mock import MockBackend
+from trioserve.protocol import Submit
 from trioserve.sdk.core import RequestError
 
 
