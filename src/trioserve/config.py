@@ -228,6 +228,17 @@ class Settings:
         help="fetch http(s) media URLs given in requests (off by default: the server "
         "would fetch any URL a client names)",
     )
+    #: ``bodies/media.py``: loopback, private, link-local and multicast addresses are
+    #: refused unless in one of these networks.
+    remote_media_allow: list[str] = option(
+        [],
+        group="bodies",
+        kind="network",
+        metavar="CIDR",
+        help="a network remote media may come from although it is not public (repeatable; "
+        "by default loopback, private, link-local and multicast addresses are refused, "
+        "after DNS resolution and on every redirect)",
+    )
     remote_media_max_bytes: int = option(
         32 * 2**20,
         group="bodies",
@@ -348,6 +359,17 @@ class Settings:
         unit=MIB,
         help="memory the response store may hold, in MiB; finished responses are dropped "
         "oldest first to stay under it",
+    )
+    #: 0: ``responses_store_bytes`` divided by the number of keys (``responses_store.py``).
+    responses_store_bytes_per_key: int = option(
+        0,
+        group="responses",
+        flag="--responses-store-mb-per-key",
+        kind="non_negative",
+        unit=MIB,
+        help="memory one API key's responses may hold, in MiB; past it that key's own "
+        "oldest are dropped, then its new ones refused (0: the store's size divided by the "
+        "number of keys)",
     )
 
     # -- stopping

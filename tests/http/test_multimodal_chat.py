@@ -4,6 +4,7 @@ size cap and a timeout), modalities in first-seen order."""
 from __future__ import annotations
 
 import base64
+import socket
 from functools import partial
 
 import openai
@@ -41,9 +42,16 @@ async def media_server(nursery: trio.Nursery) -> str:
         path = scope["path"]
         if path == "/slow":
             await trio.sleep_forever()
-        if path == "/redirect":
+        redirects = {
+            "/redirect": b"/cat.png",
+            # Loopback, but not the allowed 127.0.0.1: refused on the redirect too.
+            "/to-loopback": b"http://127.0.0.2/cat.png",
+            "/to-metadata": b"http://169.254.169.254/latest/meta-data/",
+            "/loop": b"/loop",
+        }
+        if path in redirects:
             await send({"type": "http.response.start", "status": 302,
-                        "headers": [(b"location", b"/cat.png")]})  # fmt: skip
+                        "headers": [(b"location", redirects[path])]})  # fmt: skip
             await send({"type": "http.response.body", "body": b""})
             return
         body = {"/cat.png": IMAGE, "/big.png": b"x" * 5000}.get(path)
@@ -70,8 +78,78 @@ async def remote(nursery, http_server):
         # Only /slow (which never answers) must hit it; the others must answer well
         # within it, even on a loaded machine (0.3 s was not always enough for a 404).
         remote_media_timeout=5.0,
+        # The media server is on loopback, refused unless allowed.
+        remote_media_allow=["127.0.0.1/32"],
     )
     return frontend, await media_server(nursery)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://localhost:{port}/cat.png",  # resolves to loopback
+        "http://127.0.0.2:{port}/cat.png",
+        "http://[::1]:{port}/cat.png",
+        "http://[::ffff:127.0.0.1]:{port}/cat.png",
+        "http://169.254.169.254/latest/meta-data/",  # cloud metadata (link-local)
+        "http://10.0.0.1/x.png",
+        "http://192.168.1.1/x.png",
+        "http://100.64.0.1/x.png",  # shared address space (CGNAT)
+        "http://224.0.0.1/x.png",
+        "http://0.0.0.0:{port}/cat.png",
+    ],
+)
+async def test_remote_media_from_addresses_that_are_not_public_is_refused(
+    nursery, http_server, url
+):
+    engine = await start_engine(nursery)
+    frontend = await start_frontend(
+        nursery, engine, server=http_server, allow_remote_media=True, remote_media_timeout=5.0
+    )
+    server = await media_server(nursery)
+    port = server.rpartition(":")[2]
+    submits = capture_submits(frontend)
+    part = {"type": "image_url", "image_url": {"url": url.format(port=port)}}
+    async with frontend.client() as client:
+        response = await client.post("/v1/chat/completions", json=chat(part))
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "media_fetch_failed"
+    assert port not in error["message"] and "refused" not in error["message"].lower()
+    assert submits == []
+
+
+@pytest.mark.parametrize("path", ["/to-loopback", "/to-metadata", "/loop", "/missing"])
+async def test_every_failed_fetch_answers_alike_redirects_checked_like_the_first_url(remote, path):
+    frontend, server = remote
+    submits = capture_submits(frontend)
+    part = {"type": "image_url", "image_url": {"url": f"{server}{path}"}}
+    async with frontend.client() as client:
+        response = await client.post("/v1/chat/completions", json=chat(part))
+    assert response.status_code == 400
+    error = response.json()["error"]
+    # The same words whatever failed: neither a status, nor an error's name, nor a port.
+    assert error == {
+        "message": "$.messages[0].content[0].image_url.url: the media URL could not be fetched",
+        "type": "invalid_request_error",
+        "param": "messages[0].content[0].image_url.url",
+        "code": "media_fetch_failed",
+    }
+    assert submits == []
+
+
+async def test_a_closed_port_and_a_missing_path_answer_alike(remote):
+    frontend, server = remote
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    answers = []
+    async with frontend.client() as client:
+        for url in (f"http://127.0.0.1:{closed}/x.png", f"{server}/missing"):
+            part = {"type": "image_url", "image_url": {"url": url}}
+            response = await client.post("/v1/chat/completions", json=chat(part))
+            answers.append((response.status_code, response.json()["error"]["message"]))
+    assert answers[0] == answers[1]
 
 
 async def test_media_parts_reach_the_engine_decoded_with_modalities_in_first_seen_order(

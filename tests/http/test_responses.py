@@ -177,6 +177,10 @@ async def test_input_image_parts_are_decoded_for_the_engine(frontend):
         ),
         ({"input": "x", "metadata": {"k": "v" * 513}}, "$.metadata"),
         ({"input": "x", "stream": "maybe"}, "$.stream"),
+        # What a stored response echoes is bounded (OpenAI's 64 characters).
+        ({"input": "x", "user": "u" * 65}, "$.user"),
+        ({"input": "x", "safety_identifier": "s" * 65}, "$.safety_identifier"),
+        ({"input": "x", "reasoning": {"effort": "e" * 65}}, "$.reasoning.effort"),
     ],
 )
 async def test_invalid_bodies_are_422_naming_the_field(frontend, body, loc):
@@ -188,6 +192,20 @@ async def test_invalid_bodies_are_422_naming_the_field(frontend, body, loc):
     assert error["code"] == "invalid_request"
     assert loc in [d["loc"] for d in error["details"]]
     assert submits == []
+
+
+async def test_reasoning_is_echoed_as_read_not_as_sent(frontend):
+    body = {
+        "input": "x",
+        "max_output_tokens": 2,
+        "reasoning": {"effort": "low", "junk": "x" * 1000},
+    }
+    async with frontend.client() as client:
+        response = await client.post("/v1/responses", json=body)
+        assert response.status_code == 200, response.text
+        assert response.json()["reasoning"] == {"effort": "low", "summary": None}
+        response = await client.post("/v1/responses", json={**body, "user": "u" * 64})
+        assert response.json()["user"] == "u" * 64
 
 
 async def test_sdk_raises_the_openai_error_of_a_bad_request(frontend):

@@ -73,17 +73,27 @@ def test_a_worker_reads_its_settings_whole_from_one_line():
     assert stream.read() == b"what follows is not read"
 
 
-async def test_restarts_within_the_window_are_bounded(autojump_clock):
+async def test_restart_delays_double_per_exit_and_the_supervisor_gives_up_only_when_none_runs(
+    autojump_clock,
+):
     supervisor = Supervisor(Settings(), 2, [])
-    for _ in range(workers.RESTART_LIMIT):
-        assert supervisor._may_restart(0, 1234, -9)
-        await trio.sleep(1)
-    assert not supervisor._may_restart(0, 1234, -9)
+    supervisor.up = {1}  # worker 1 serves while worker 0 keeps dying
+    delays = [supervisor._restart_delay(0, 1234, -9) for _ in range(workers.RESTART_LIMIT + 3)]
+    assert delays[:3] == [workers.RESTART_DELAY * k for k in (1, 2, 4)]
+    assert max(delays) == workers.MAX_RESTART_DELAY and None not in delays
+    # Worker 1 dies too, once: worker 0 is crash-looping, but worker 1 can still run.
+    supervisor.up = set()
+    assert supervisor._restart_delay(1, 1235, 3) == workers.RESTART_DELAY
+    for _ in range(workers.RESTART_LIMIT - 1):
+        assert supervisor._restart_delay(1, 1235, 3) is not None
+    # Now every worker has exited more than RESTART_LIMIT times in the window, none is up.
+    assert supervisor._restart_delay(1, 1235, 3) is None
+    # A window later, the exits are forgotten: back to the first delay.
     await trio.sleep(workers.RESTART_WINDOW)
-    assert supervisor._may_restart(0, 1234, -9)
+    assert supervisor._restart_delay(0, 1234, -9) == workers.RESTART_DELAY
 
 
-async def test_a_worker_that_keeps_dying_is_restarted_up_to_the_limit_then_all_stop(
+async def test_a_worker_that_keeps_dying_alone_is_restarted_then_the_supervisor_stops(
     monkeypatch, caplog
 ):
     monkeypatch.setattr(workers, "RESTART_DELAY", 0.01)
@@ -94,9 +104,52 @@ async def test_a_worker_that_keeps_dying_is_restarted_up_to_the_limit_then_all_s
     assert supervisor.status == 1
     restarts = [r for r in caplog.messages if "restarting it" in r]
     assert len(restarts) == workers.RESTART_LIMIT
-    assert "exited with 3; restarting it (restart 1 of at most" in restarts[0]
+    assert "exited with 3; restarting it in 0.01 s (exit 1 in 60 s; 0 of 1" in restarts[0]
     assert any("giving up" in m for m in caplog.messages)
     assert supervisor.workers == {}
+
+
+#: Worker 0 says it is ready, then dies; every other worker serves until SIGTERM.
+ZERO_CRASHES = (
+    "import json, os, signal, sys, time\n"
+    "spec = json.loads(sys.stdin.readline())\n"
+    "os.write(1, b'ready\\n')\n"
+    "if spec['index'] == 0: sys.exit(3)\n"
+    "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+    "time.sleep(600)\n"
+)
+
+
+async def test_one_crash_looping_worker_leaves_the_others_serving_and_health_counts_them(
+    nursery, monkeypatch, caplog
+):
+    monkeypatch.setattr(workers, "RESTART_DELAY", 0.01)
+    caplog.set_level(logging.INFO, "trioserve.workers")
+    supervisor = Supervisor(Settings(port=0), 2, stand_in(ZERO_CRASHES))
+    done = trio.Event()
+
+    async def serve() -> None:
+        await supervisor.serve(handle_signals=False)
+        done.set()
+
+    nursery.start_soon(serve)
+    exits = workers.RESTART_LIMIT + 3
+
+    def restarted() -> bool:
+        return sum("worker 0" in m and "restarting it" in m for m in caplog.messages) >= exits
+
+    await wait_until(restarted, f"worker 0 restarted {exits} times")
+    assert not done.is_set() and supervisor.status == 0
+    assert supervisor.up == {1} and 1 in supervisor.workers
+    up = workers.read_workers_up(supervisor._metrics_dir)
+    assert up == {"up": 1, "count": 2}
+    # While worker 0 waits to be restarted its sockets are closed: the kernel sends every
+    # new connection to worker 1's.
+    assert any("1 of 2 workers up" in m for m in caplog.messages)
+    supervisor.drain()
+    with trio.fail_after(HANG_GUARD):
+        await done.wait()
+    assert supervisor.status == 0
 
 
 async def test_a_worker_that_never_starts_stops_the_others_and_closes_the_port(caplog):

@@ -62,6 +62,16 @@ def api_key(text: str) -> str:
     return text
 
 
+def network(text: str) -> str:
+    from ..http.bodies.media import parse_networks
+
+    try:
+        parse_networks([text])
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def cpu_set(text: str) -> str:
     """``--vllm-cpus``: checked here, resolved when the engine starts (:func:`vllm_cpus`)."""
     vllm_cpus(text)
@@ -121,5 +131,6 @@ BY_KIND: dict[str, Callable[[type], Callable[[str], Any]]] = {
     "engine_address": _fixed(engine_address),
     "dns_server": _fixed(dns_server),
     "api_key": _fixed(api_key),
+    "network": _fixed(network),
     "cpu_set": _fixed(cpu_set),
 }

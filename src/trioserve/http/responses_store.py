@@ -24,9 +24,14 @@ The bounds (``config.Settings``; docs/api.md):
   fails the response (``response_events_overflow``) and aborts its engine request; the
   ``response.failed`` that says so is always kept;
 - ``max_background_responses``: background responses generating at once (503 past it);
-- ``responses_store_bytes``: everything held (retained events, each response's text and
-  conversation, :data:`RECORD_OVERHEAD` per response). Finished responses are dropped
-  oldest first to make room; a running one that still finds no room fails (``response_store_full``).
+- ``responses_store_bytes``: everything held, as Python holds it (:func:`held_bytes`
+  of the echoed request fields and of the conversation, each text part and retained
+  event with its header, :data:`RECORD_OVERHEAD` per response);
+- ``responses_store_bytes_per_key``: what one API key may hold of it (by default an
+  equal share per configured key). Room is made by dropping that key's own finished
+  responses, oldest first; a record that still finds no room is refused to that key
+  (a background one: 503 ``response_store_full``; a running one fails with it), never
+  taken from another key's share.
 
 The interface the routes use is :meth:`~ResponseStore.get`, :meth:`~ResponseStore.keep`,
 :meth:`~ResponseStore.start_background`, :meth:`~ResponseStore.delete` and the
@@ -39,7 +44,8 @@ from __future__ import annotations
 import collections
 import logging
 import math
-from collections.abc import Awaitable, Callable
+import sys
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import trio
@@ -54,11 +60,70 @@ from .writers.stream import Sink, WriterBase, text_of
 
 log = logging.getLogger("trioserve.responses")
 
-#: Bytes counted for each stored response besides its events and text (its state, its
-#: entry in the store).
-RECORD_OVERHEAD = 1024
+#: Bytes counted for each stored response besides what :func:`held_bytes` counts of its
+#: echoed fields, its text parts and its events: the objects every record has (the
+#: record, its ``ResponseEvents``, their attribute dicts, its ``trio.Event`` and parking
+#: lot, its ids, its entries in the store's dicts). Set from RSS measured per record
+#: (``tools/store_overhead.py``; the figures in docs/benchmarks.md), with a margin.
+RECORD_OVERHEAD = 2048
+#: Bytes of a retained event besides ``sys.getsizeof`` of its JSON: its ``(kind, data)``
+#: tuple (56), its slot in the list (8), and the allocator's rounding and the list's
+#: growth, as measured with the record's overhead.
+EVENT_SLOT = 96
+#: Bytes of a text part besides ``sys.getsizeof`` of the string: its slot in the list.
+PART_SLOT = 8
+#: The kind of event the writer renders without orjson (see :func:`retainable`).
+DELTA = "response.output_text.delta"
 #: Seconds between two sweeps for expired responses (each access sweeps too).
 SWEEP_INTERVAL = 10.0
+
+
+def held_bytes(value: Any) -> int:
+    """What ``value`` (JSON-like: dicts, lists, strings, numbers) holds in memory, by
+    ``sys.getsizeof`` of each object in it, shared ones once. Iterative: a value nested
+    any depth is measured without recursion."""
+    total = 0
+    seen: set[int] = set()
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        total += sys.getsizeof(item)
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return total
+
+
+def echo_bytes(value: Any) -> int:
+    """What a response's echoed request fields (or its conversation) hold, with the
+    allocator's slack as for text parts (measured alike)."""
+    return held_bytes(value) * 5 // 4
+
+
+def retainable(events: list[Event]) -> list[Event]:
+    """``events`` as they are worth keeping: orjson leaves the bytes it returns in an
+    allocation of at least 4 KiB whatever their length (``sys.getsizeof`` does not see
+    it), so a retained lifecycle event held four to eight times its size; a copy is
+    exact. (The deltas are joined here already, exactly.)"""
+    return [(kind, data if kind == DELTA else memoryview(data).tobytes()) for kind, data in events]
+
+
+def events_bytes(events: Iterable[Event]) -> int:
+    """What retained ``events`` hold."""
+    return sum(sys.getsizeof(data) + EVENT_SLOT for _, data in events)
+
+
+def parts_bytes(parts: Iterable[str]) -> int:
+    """What a response's text ``parts`` hold (a ``str`` of one non-Latin-1 character
+    takes 2 or 4 bytes for every character: counted as held, not as UTF-8), and a
+    quarter more: what the allocator keeps of the many small parts a text was joined
+    from (measured with :data:`RECORD_OVERHEAD`)."""
+    return sum(sys.getsizeof(part) * 5 // 4 + PART_SLOT for part in parts)
 
 
 class StoredResponse:
@@ -71,11 +136,18 @@ class StoredResponse:
     ) -> None:
         self.id = events.id
         self.events = events
-        #: The API key that created it (``http/auth.py``): only it may see or cancel it.
+        #: The API key that created it (``http/auth.py``): only it may see or cancel it,
+        #: and it counts against that key's share of the store.
         self.owner = owner
         self.handle = handle
         self.retained: list[Event] = []
-        self.size = RECORD_OVERHEAD + payload_bytes(events.inputs)
+        #: Bytes of its text parts (within ``size``).
+        self.text_size = parts_bytes(events.parts)
+        #: Everything it holds, as the store counts it (its conversation's messages may
+        #: be shared with the response it continued: counted in both, never less).
+        self.size = (
+            RECORD_OVERHEAD + echo_bytes(events.echo) + echo_bytes(events.inputs) + self.text_size
+        )
         self.finished_at: float | None = None
         #: Set once the response has finished (its last event is retained).
         self.done = trio.Event()
@@ -105,24 +177,16 @@ class StoredResponse:
     def _wake(self) -> None:
         self._lot.unpark_all()
 
-
-def payload_bytes(value: Any) -> int:
-    """The bytes of the text and binary data in ``value`` (chat messages: dicts, lists,
-    strings, media records' bytes), and 8 for anything else; iterative, so any depth."""
-    total = 0
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str | bytes | bytearray | memoryview):
-            total += len(item)
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
-        else:
-            total += 8
-    return total
+    def _compact(self) -> int:
+        """Join its text parts into one string (a finished response's text no longer
+        grows; one part per delta costs a string header each): the bytes it changes."""
+        parts = self.events.parts
+        if len(parts) <= 1:
+            return 0
+        parts[:] = ["".join(parts)]
+        before, self.text_size = self.text_size, parts_bytes(parts)
+        self.size += self.text_size - before
+        return self.text_size - before
 
 
 def events_overflow(limit: int) -> HTTPError:
@@ -134,21 +198,45 @@ def events_overflow(limit: int) -> HTTPError:
     )
 
 
-def store_full(limit: int) -> HTTPError:
-    return HTTPError(
-        503,
-        f"the response store is full ({limit} bytes, --responses-store-mb)",
-        "response_store_full",
-    )
+def store_full(limit: int, quota: int, shared: bool) -> HTTPError:
+    if shared:
+        message = (
+            f"this API key's share of the response store is full ({quota} bytes, "
+            "--responses-store-mb-per-key); delete responses or retry once they expire"
+        )
+    else:
+        message = f"the response store is full ({limit} bytes, --responses-store-mb)"
+    return HTTPError(503, message, "response_store_full")
 
 
 def server_stopped() -> HTTPError:
     return HTTPError(503, "the server is shutting down", "server_shutting_down")
 
 
+class _Tenant:
+    """What one API key (or, without keys, everyone) holds in the store."""
+
+    __slots__ = ("bytes", "finished")
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        #: Its finished responses in the order they finished: evicted first for its own.
+        self.finished: collections.OrderedDict[str, StoredResponse] = collections.OrderedDict()
+
+
 class ResponseStore:
     """In-memory responses of this process, within the bounds above. ``clock``: seconds,
-    for the TTL (trio's clock by default, so a test can drive it with ``MockClock``)."""
+    for the TTL (trio's clock by default, so a test can drive it with ``MockClock``).
+
+    Tenants: each owner (API key) may hold ``quota`` bytes (default: ``max_bytes``
+    divided by ``tenants``, the number of keys, so that every key can always have its
+    share). Room for an owner is made by dropping *its own* finished responses, oldest
+    first; when the whole store is full, an owner still under its fair share
+    (``max_bytes / tenants``) may also drop the oldest finished responses of owners over
+    theirs (possible only when ``quota`` is set above the fair share). Whatever still
+    does not fit is refused (503 ``response_store_full``) to that owner, never taken
+    from another.
+    """
 
     def __init__(
         self,
@@ -157,16 +245,23 @@ class ResponseStore:
         max_events: int,
         max_background: int,
         max_bytes: int,
+        tenants: int = 1,
+        quota: int = 0,
         clock: Callable[[], float] = trio.current_time,
     ) -> None:
         self.ttl = ttl
         self.max_events = max_events
         self.max_background = max_background
         self.max_bytes = max_bytes
+        self.tenants = max(tenants, 1)
+        #: Bytes one owner may hold at most in all.
+        self.fair_share = max_bytes // self.tenants
+        self.quota = quota if quota > 0 else self.fair_share
         self.clock = clock
         self._records: dict[str, StoredResponse] = {}
         #: Finished responses in the order they finished: the first expires first.
         self._finished: collections.OrderedDict[str, StoredResponse] = collections.OrderedDict()
+        self._owners: dict[int | None, _Tenant] = {}
         #: Bytes held by the responses in ``_records``.
         self.bytes = 0
         #: Background responses generating now.
@@ -176,6 +271,11 @@ class ResponseStore:
 
     def __len__(self) -> int:
         return len(self._records)
+
+    def held_by(self, owner: int | None) -> int:
+        """Bytes ``owner``'s responses hold."""
+        tenant = self._owners.get(owner)
+        return 0 if tenant is None else tenant.bytes
 
     # -- the task that owns background responses ----------------------------------------
 
@@ -200,7 +300,8 @@ class ResponseStore:
     def start_background(self, record: StoredResponse, run: Callable[[], Awaitable[None]]) -> None:
         """Store ``record`` (with its ``response.created``) and run ``run()``, its
         generation, in the store's nursery. Raises the 503 to answer when the store is
-        not serving, is full, or ``max_background_responses`` are running."""
+        not serving, its owner's share is full, or ``max_background_responses`` are
+        running."""
         nursery = self._nursery
         if nursery is None:
             raise HTTPError(
@@ -217,13 +318,12 @@ class ResponseStore:
                 headers=[(b"retry-after", str(RETRY_AFTER).encode())],
             )
         if not record.events.began:  # response.created: sequence number 0
-            created = record.events.begin()
+            created = retainable(record.events.begin())
             record.retained.extend(created)
-            record.size += sum(len(data) for _, data in created)
+            record.size += events_bytes(created)
         self.expire()
-        self._make_room(record.size)
-        if self.bytes + record.size > self.max_bytes:
-            raise store_full(self.max_bytes)
+        if not self._make_room(record.owner, record.size):
+            raise self._full()
         self.running += 1
         self._add(record)
         nursery.start_soon(self._run, record, run)
@@ -255,13 +355,13 @@ class ResponseStore:
         return record
 
     def keep(self, events: ResponseEvents, owner: int | None) -> None:
-        """Keep a finished foreground response (its final ``Response`` object)."""
+        """Keep a finished foreground response (its final ``Response`` object), unless
+        its owner's share cannot make room for it (logged)."""
         record = StoredResponse(events, owner)
-        record.size += len(events.text.encode())
+        record._compact()
         self.expire()
-        self._make_room(record.size)
-        if self.bytes + record.size > self.max_bytes:
-            log.warning("response %s not kept: the response store is full", record.id)
+        if not self._make_room(owner, record.size):
+            log.warning("response %s not kept: %s", record.id, self._full().message)
             return
         self._add(record)
         self._finish(record)
@@ -274,18 +374,20 @@ class ResponseStore:
 
     # -- what the background writer uses -------------------------------------------------
 
-    def append(self, record: StoredResponse, events: list[Event], text_bytes: int) -> None:
-        """Retain ``events`` (and count ``text_bytes`` of text the response now holds), or
-        raise :class:`WriterRefused` past a bound, retaining nothing."""
+    def append(self, record: StoredResponse, events: list[Event], parts: list[str]) -> None:
+        """Retain ``events`` (and count the text ``parts`` the response now holds more),
+        or raise :class:`WriterRefused` past a bound, retaining nothing."""
         if len(record.retained) + len(events) > self.max_events:
             raise WriterRefused(events_overflow(self.max_events), EndReason.RESPONSE_OVERFLOW)
-        added = text_bytes + sum(len(data) for _, data in events)
+        events = retainable(events)
+        text = parts_bytes(parts)
+        added = text + events_bytes(events)
         if record.id in self._records:
-            self._make_room(added)
-            if self.bytes + added > self.max_bytes:
-                raise WriterRefused(store_full(self.max_bytes), EndReason.RESPONSE_OVERFLOW)
-            self.bytes += added
+            if not self._make_room(record.owner, added):
+                raise WriterRefused(self._full(), EndReason.RESPONSE_OVERFLOW)
+            self._count(record.owner, added)
         record.size += added
+        record.text_size += text
         record.retained.extend(events)
         record._wake()
 
@@ -297,34 +399,54 @@ class ResponseStore:
         """End ``record`` with ``error`` (``response.failed``, kept past every bound)."""
         if record.finished:
             return
-        events = record.events.fail(error)
-        added = sum(len(data) for _, data in events)
+        events = retainable(record.events.fail(error))
+        added = events_bytes(events)
         record.retained.extend(events)
         record.size += added
         if record.id in self._records:
-            self.bytes += added
+            self._count(record.owner, added)
         self._finish(record)
 
     # -- bookkeeping ---------------------------------------------------------------------
 
+    def _tenant(self, owner: int | None) -> _Tenant:
+        tenant = self._owners.get(owner)
+        if tenant is None:
+            tenant = self._owners[owner] = _Tenant()
+        return tenant
+
+    def _count(self, owner: int | None, size: int) -> None:
+        self.bytes += size
+        self._tenant(owner).bytes += size
+
+    def _full(self) -> HTTPError:
+        return store_full(self.max_bytes, self.quota, self.tenants > 1)
+
     def _add(self, record: StoredResponse) -> None:
         self._records[record.id] = record
-        self.bytes += record.size
+        self._count(record.owner, record.size)
 
     def _finish(self, record: StoredResponse) -> None:
         record.finished_at = self.clock()
         if self._records.get(record.id) is record:
+            self._count(record.owner, record._compact())
             self._finished[record.id] = record
+            self._tenant(record.owner).finished[record.id] = record
+        else:
+            record._compact()
         record.done.set()
         record._wake()
         self.expire()
-        self._make_room(0)
 
     def _drop(self, record: StoredResponse) -> None:
         if self._records.get(record.id) is record:
             del self._records[record.id]
-            self.bytes -= record.size
             self._finished.pop(record.id, None)
+            tenant = self._tenant(record.owner)
+            tenant.finished.pop(record.id, None)
+            self._count(record.owner, -record.size)
+            if not tenant.bytes and not tenant.finished:
+                del self._owners[record.owner]
 
     def expire(self) -> None:
         """Drop the finished responses older than the TTL."""
@@ -339,11 +461,32 @@ class ResponseStore:
                 return
             self._drop(record)
 
-    def _make_room(self, needed: int) -> None:
-        """Drop finished responses, oldest first, until ``needed`` more bytes fit."""
-        finished = self._finished
-        while finished and self.bytes + needed > self.max_bytes:
-            self._drop(next(iter(finished.values())))
+    def _make_room(self, owner: int | None, needed: int) -> bool:
+        """Make room for ``needed`` more bytes of ``owner``'s (see the class docstring);
+        whether they fit now."""
+        own = self._tenant(owner)
+        while own.finished and own.bytes + needed > self.quota:
+            self._drop(next(iter(own.finished.values())))
+        if own.bytes + needed > self.quota:
+            return False
+        while self.bytes + needed > self.max_bytes:
+            # A key within its fair share takes back from those over theirs first.
+            if own.bytes + needed <= self.fair_share and (victim := self._over_share()):
+                self._drop(victim)
+            elif own.finished:
+                self._drop(next(iter(own.finished.values())))
+            else:
+                return False
+        return True
+
+    def _over_share(self) -> StoredResponse | None:
+        """The oldest finished response of an owner over its fair share, if any."""
+        over = [
+            next(iter(t.finished.values()))
+            for t in self._owners.values()
+            if t.bytes > self.fair_share and t.finished
+        ]
+        return min(over, key=lambda r: r.finished_at or 0.0, default=None)
 
 
 class RecordWriter(WriterBase):
@@ -380,7 +523,7 @@ class RecordWriter(WriterBase):
             mark = events.mark()
             text = "".join(texts)
             try:
-                self.store.append(self.record, events.output(text), len(text.encode()))
+                self.store.append(self.record, events.output(text), [text])
             except WriterRefused:
                 events.rollback(mark)
                 return items  # write() meets the bound again, and fails the response
@@ -391,9 +534,8 @@ class RecordWriter(WriterBase):
         mark = events.mark()
         texts_before = len(events.parts)
         out, done, failure = events.take(batch)
-        text_bytes = sum(len(part.encode()) for part in events.parts[texts_before:])
         try:
-            self.store.append(self.record, out, text_bytes)
+            self.store.append(self.record, out, events.parts[texts_before:])
         except WriterRefused:
             events.rollback(mark)
             raise

@@ -22,7 +22,7 @@ from ..text.assets import ModelText
 from ..text.registry import TextRegistry
 from .admission import Admission
 from .bodies.forms import JSON, MULTIPART, URLENCODED, Body, read_body
-from .bodies.media import MediaFetcher
+from .bodies.media import IPNetwork, MediaFetcher, parse_networks
 from .bodies.uploads import Uploads
 from .bodies.validation import invalid, parse_json
 from .exchange import Exchange, ServerState
@@ -76,6 +76,9 @@ class Services:
     #: The description of the API as JSON (``/openapi.json``): the application's, which
     #: knows the route table.
     openapi: Callable[[], bytes] | None = None
+    #: With ``--workers``: how many workers are up, of how many (``server/workers.py``),
+    #: for ``/health``.
+    workers: Callable[[], dict[str, int] | None] | None = None
     #: Background and stored responses (``/v1/responses``); its ``serve`` runs in the
     #: server's nursery (``server/frontend.py``).
     responses: ResponseStore = attrs.field(init=False)
@@ -85,6 +88,9 @@ class Services:
     #: that takes token ids registers its model's here): ``--tokenizer`` sets the default.
     texts: TextRegistry = attrs.Factory(TextRegistry)
 
+    #: ``--remote-media-allow``, parsed once.
+    media_allowed: list[IPNetwork] = attrs.field(init=False)
+
     def __attrs_post_init__(self) -> None:
         settings = self.settings
         self.parsers = ParserNames(
@@ -92,6 +98,7 @@ class Services:
         )
         if settings.tokenizer and self.texts.default is None:
             self.texts.set_default(ModelText.load(settings.tokenizer))
+        self.media_allowed = parse_networks(settings.remote_media_allow)
         self.admission = Admission(settings.max_concurrent_requests)
         self.body_budget = body_budget(settings.max_body_memory_bytes)
         self.responses = ResponseStore(
@@ -99,6 +106,8 @@ class Services:
             max_events=settings.responses_max_events,
             max_background=settings.max_background_responses,
             max_bytes=settings.responses_store_bytes,
+            tenants=len(settings.api_keys),
+            quota=settings.responses_store_bytes_per_key,
         )
 
     # -- checks every generation route makes ---------------------------------------------
@@ -195,6 +204,7 @@ class Services:
             allow_remote=settings.allow_remote_media,
             max_bytes=settings.remote_media_max_bytes,
             timeout=settings.remote_media_timeout,
+            allowed=self.media_allowed,
         )
 
     def uploads(self) -> Uploads:

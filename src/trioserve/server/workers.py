@@ -35,9 +35,18 @@ What the supervisor does:
   the drain delay), and forwards a second signal too (each skips to the end); it exits 0
   once every worker has exited 0, and kills a worker still running past the drain's own
   bound;
-- restarts a worker that exits while no drain is under way, at most
-  :data:`RESTART_LIMIT` times in :data:`RESTART_WINDOW` seconds; past that it drains the
-  others and exits 1, so that a crash loop is the orchestrator's to see;
+- restarts a worker that exits while no drain is under way, after a delay that doubles
+  with each of that worker's exits within :data:`RESTART_WINDOW` seconds (from
+  :data:`RESTART_DELAY` up to :data:`MAX_RESTART_DELAY`), and goes on serving with the
+  workers that are up meanwhile: one worker that keeps crashing (a request that kills
+  it, a bad core) costs its share of the capacity, not the service. From its second
+  quick exit on, the worker's sockets are closed while it waits, so that the kernel
+  spreads new connections over the others instead of queueing them for a worker that
+  is not there; its replacement gets new ones in the group. The supervisor gives up
+  (drains what is left and exits 1, for the orchestrator to see) only when no worker is
+  up and every one has exited more than :data:`RESTART_LIMIT` times in the window;
+- writes how many workers are up (``workers.json`` in the metrics directory), which
+  each worker's ``/health`` reports;
 - makes the directory where workers keep their metrics (prometheus-client's multiprocess
   mode, ``metrics.aggregate_workers``), tells it when a worker is gone (its gauges leave
   the figures; its counts stay in the sums), and removes it at the end.
@@ -55,6 +64,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from functools import partial
 from typing import IO, Any
 
 import attrs
@@ -70,13 +80,18 @@ log = logging.getLogger("trioserve.workers")
 
 #: Seconds a worker has to say it is ready, beyond the wait for the engine's handshake.
 WORKER_START_TIMEOUT = 30.0
-#: A worker that exits unexpectedly is restarted, at most this many times ...
+#: A worker that exited more than this many times ...
 RESTART_LIMIT = 5
-#: ... within this many seconds; past that the supervisor gives up (status 1).
+#: ... within this many seconds is crash-looping; when every worker is, and none is up,
+#: the supervisor gives up (status 1).
 RESTART_WINDOW = 60.0
-#: Seconds between a worker's exit and its replacement (a worker that dies at once does
-#: not spin).
+#: Seconds between a worker's first exit and its replacement (a worker that dies at once
+#: does not spin); doubled for each further exit within the window ...
 RESTART_DELAY = 0.5
+#: ... up to this.
+MAX_RESTART_DELAY = 30.0
+#: The file in the metrics directory that says how many workers are up.
+WORKERS_FILE = "workers.json"
 #: Seconds between a worker's writes of what the others cannot read in its memory (its
 #: in-flight count, its histograms) for the figures /metrics sums.
 SAMPLE_INTERVAL = 0.5
@@ -139,9 +154,21 @@ async def run_worker(spec: WorkerSpec) -> None:
 
         nursery.start_soon(_sample)
         nursery.start_soon(_drain_when_orphaned)
-        await nursery.start(frontend)
+        app, _, _ = await nursery.start(frontend)
+        app.services.workers = partial(read_workers_up, spec.metrics_dir)
         _report_ready()
         log.info("worker %d (pid %d) accepting", spec.index, os.getpid())
+
+
+def read_workers_up(metrics_dir: str) -> dict[str, int] | None:
+    """How many workers are up, of how many, as the supervisor last wrote it (None if it
+    cannot be read)."""
+    try:
+        with open(os.path.join(metrics_dir, WORKERS_FILE)) as file:
+            data = json.load(file)
+        return {"up": int(data["up"]), "count": int(data["count"])}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _report_ready() -> None:
@@ -204,7 +231,12 @@ class Supervisor:
         self._sockets: list[list[socket.socket]] = []
         self._metrics_dir = ""
         self._engine_wait = 0.0
-        self._restarts: collections.deque[float] = collections.deque()
+        #: When each worker exited unexpectedly, within the window, by index.
+        self._exits: dict[int, collections.deque[float]] = {}
+        #: Workers that said they are ready and have not exited.
+        self.up: set[int] = set()
+        #: Each listening socket's address, to bind a worker's sockets again.
+        self._addresses: list[tuple[int, int, int, Any]] = []
         self._nursery: trio.Nursery | None = None
 
     async def serve(
@@ -220,9 +252,13 @@ class Supervisor:
         workers at once (bounded: :data:`KILL_AFTER`)."""
         self._engine_wait = engine_wait
         self._sockets = await bind_group(self.settings.host, self.settings.port, self.count)
+        self._addresses = [
+            (sock.family, sock.type, sock.proto, sock.getsockname()) for sock in self._sockets[0]
+        ]
         scheme = "https" if tls.enabled(self.settings) else "http"
         urls = [f"{scheme}://{host_port(sock.getsockname())}" for sock in self._sockets[0]]
         self._metrics_dir = tempfile.mkdtemp(prefix="trioserve-metrics-")
+        self._write_up()
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -281,6 +317,9 @@ class Supervisor:
         """Worker ``index``: started, and started again each time it exits unexpectedly."""
         started = False
         while not self.draining:
+            if not self._sockets[index] and not self._bind_again(index):
+                await trio.sleep(MAX_RESTART_DELAY)
+                continue
             process = await self._spawn(index)
             try:
                 ready = await self._send_spec(index, process) and await self._wait_ready(process)
@@ -291,11 +330,17 @@ class Supervisor:
                     # (Not ready, but a signal came first: the drain goes on without it.)
                     started = True
                     task_status.started()
+                if ready:
+                    self.up.add(index)
+                    self._write_up()
                 code = await process.wait()
             finally:
                 with trio.CancelScope(shield=True):
                     await self._stop(process)
                     del self.workers[index]
+                    if index in self.up:
+                        self.up.discard(index)
+                        self._write_up()
                     for pipe in (process.stdin, process.stdout):
                         if pipe is not None:
                             await pipe.aclose()
@@ -308,11 +353,15 @@ class Supervisor:
                     log.error("worker %d (pid %d) exited with %s", index, process.pid, code)
                     self.status = 1
                 return
-            if not self._may_restart(index, process.pid, code):
+            delay = self._restart_delay(index, process.pid, code)
+            if delay is None:
                 self.status = 1
                 self.drain()
                 return
-            await trio.sleep(RESTART_DELAY)
+            if delay > RESTART_DELAY and self.up:
+                # It keeps dying: let the others take its connections while it waits.
+                self._close_sockets(index)
+            await trio.sleep(delay)
 
     async def _spawn(self, index: int) -> trio.Process:
         process = await trio.lowlevel.open_process(
@@ -363,34 +412,83 @@ class Supervisor:
         _send(process, signal.SIGKILL)
         return False
 
-    def _may_restart(self, index: int, pid: int, code: int | None) -> bool:
+    def _restart_delay(self, index: int, pid: int, code: int | None) -> float | None:
+        """Seconds to wait before worker ``index`` (pid ``pid``, gone with ``code``) is
+        started again, or None when the supervisor gives up: no worker is up and every
+        one is crash-looping."""
         now = trio.current_time()
-        while self._restarts and self._restarts[0] <= now - RESTART_WINDOW:
-            self._restarts.popleft()
+        exits = self._exits.setdefault(index, collections.deque())
+        while exits and exits[0] <= now - RESTART_WINDOW:
+            exits.popleft()
+        exits.append(now)
         if code is not None and code < 0:
             how = f"was killed by {_signal_name(-code)}"
         else:
             how = f"exited with {code}"
-        if len(self._restarts) >= RESTART_LIMIT:
+        if not self.up and all(self._crash_looping(i, now) for i in range(self.count)):
             log.error(
-                "worker %d (pid %d) %s, after %d restarts in %g s: giving up, stopping",
+                "worker %d (pid %d) %s; no worker is up and every one exited more than %d "
+                "times in %g s: giving up, stopping",
                 index,
                 pid,
                 how,
-                len(self._restarts),
+                RESTART_LIMIT,
                 RESTART_WINDOW,
             )
-            return False
-        self._restarts.append(now)
+            return None
+        delay = min(RESTART_DELAY * 2 ** (len(exits) - 1), MAX_RESTART_DELAY)
         log.error(
-            "worker %d (pid %d) %s; restarting it (restart %d of at most %d in %g s)",
+            "worker %d (pid %d) %s; restarting it in %g s (exit %d in %g s; %d of %d workers up)",
             index,
             pid,
             how,
-            len(self._restarts),
-            RESTART_LIMIT,
+            delay,
+            len(exits),
             RESTART_WINDOW,
+            len(self.up),
+            self.count,
         )
+        return delay
+
+    def _crash_looping(self, index: int, now: float) -> bool:
+        exits = self._exits.get(index, ())
+        return sum(1 for t in exits if t > now - RESTART_WINDOW) > RESTART_LIMIT
+
+    def _write_up(self) -> None:
+        """Say how many workers are up, for their ``/health`` (replaced whole: a reader
+        never sees half a file)."""
+        if not self._metrics_dir:
+            return
+        path = os.path.join(self._metrics_dir, WORKERS_FILE)
+        try:
+            with open(path + ".tmp", "w") as file:
+                json.dump({"up": len(self.up), "count": self.count}, file)
+            os.replace(path + ".tmp", path)
+        except OSError as exc:
+            log.warning("cannot write %s: %s", path, exc)
+
+    def _close_sockets(self, index: int) -> None:
+        for sock in self._sockets[index]:
+            sock.close()
+        self._sockets[index] = []
+
+    def _bind_again(self, index: int) -> bool:
+        """New listening sockets for worker ``index`` in the group (its own were closed
+        while it waited); False (logged) if the address cannot be bound now."""
+        sockets: list[socket.socket] = []
+        try:
+            for family, kind, proto, address in self._addresses:
+                sock = socket.socket(family, kind, proto)
+                sockets.append(sock)
+                _options(sock, reuse_port=True)
+                sock.bind(address)
+                sock.listen(BACKLOG)
+        except OSError as exc:
+            for sock in sockets:
+                sock.close()
+            log.error("cannot bind worker %d's sockets again: %s; retrying later", index, exc)
+            return False
+        self._sockets[index] = sockets
         return True
 
     async def _stop(self, process: trio.Process) -> None:

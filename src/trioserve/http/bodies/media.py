@@ -13,15 +13,25 @@ run in between: the lenient path is slow (docs/security.md has its cost per MiB)
 body may hold 128 MiB.
 Remote URLs are fetched only with ``--allow-remote-media`` (off by default: a server that
 fetches any URL a client names is an SSRF hole), within a byte budget per request and a
-timeout per fetch.
+timeout per fetch. Even then, only public addresses are fetched: each hop's host is
+resolved here, every address it resolves to must be global unicast (no loopback,
+link-local such as the cloud metadata address, private, shared, multicast, reserved) or
+in a network of ``--remote-media-allow``, and the connection goes to the address that was
+checked (a name that resolves again to another address is not asked twice). Redirects
+are followed here, each one checked the same way. Whatever fails answers one
+``media_fetch_failed`` that says neither the status nor the error, so the server cannot be
+used to learn which hosts or ports answer; the reason is logged.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import ipaddress
+import logging
 import mimetypes
 import re
+import socket
 import urllib.parse
 from typing import Any
 
@@ -30,6 +40,8 @@ import httpx
 import trio
 
 from ...errors import HTTPError
+
+log = logging.getLogger("trioserve.media")
 
 #: Media type assumed when neither the client nor the URL says one.
 DEFAULT_MIME = {"image": "image/png", "audio": "audio/wav", "video": "video/mp4"}
@@ -48,6 +60,11 @@ AUDIO_FORMATS = {
 }
 #: Redirects followed by a remote fetch (each one is a new URL the server fetches).
 MAX_REDIRECTS = 3
+#: Statuses that redirect (their ``Location`` is fetched next, checked like the first).
+REDIRECTS = frozenset({301, 302, 303, 307, 308})
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 #: Characters of base64 text decoded in one go (a multiple of 4) before other tasks run.
 DECODE_STEP = 1 << 18
@@ -120,14 +137,53 @@ async def decode_data_uri(uri: str, modality: str) -> Media:
     return Media(modality, mime, data=data)
 
 
-class MediaFetcher:
-    """Resolves media URLs for one request; remote fetches share one byte budget."""
+def parse_networks(values: list[str]) -> list[IPNetwork]:
+    """``--remote-media-allow`` values (``10.0.0.0/8``, ``fd00::/8``, one address) as
+    networks; ValueError (a message for the command line) for one that is not."""
+    networks = []
+    for value in values:
+        try:
+            networks.append(ipaddress.ip_network(value.strip(), strict=False))
+        except ValueError:
+            raise ValueError(
+                f"--remote-media-allow {value!r} is not an address or a network (CIDR)"
+            ) from None
+    return networks
 
-    def __init__(self, *, allow_remote: bool, max_bytes: int, timeout: float) -> None:
+
+def is_public(address: IPAddress) -> bool:
+    """Whether ``address`` is one remote media may come from without an allow-list: global
+    unicast (an IPv4 address mapped into IPv6 judged as itself)."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_global and not address.is_multicast
+
+
+class _Refused(Exception):
+    """A hop the fetcher will not make or that failed; ``reason`` is for the log only."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class MediaFetcher:
+    """Resolves media URLs for one request; remote fetches share one byte budget.
+    ``allowed``: networks fetched from although not public (``--remote-media-allow``)."""
+
+    def __init__(
+        self,
+        *,
+        allow_remote: bool,
+        max_bytes: int,
+        timeout: float,
+        allowed: list[IPNetwork] | None = None,
+    ) -> None:
         self.allow_remote = allow_remote
         self.budget = max_bytes
         self.max_bytes = max_bytes
         self.timeout = timeout
+        self.allowed = allowed or []
 
     async def resolve(self, url: Any, modality: str, loc: str) -> Media:
         if not isinstance(url, str) or not url.strip():
@@ -152,40 +208,81 @@ class MediaFetcher:
             )
         return await self._fetch(url, modality, loc)
 
+    def _allows(self, address: IPAddress) -> bool:
+        return is_public(address) or any(address in network for network in self.allowed)
+
+    async def _address(self, host: str, port: int) -> str:
+        """The address to connect to for ``host``: every address it resolves to checked
+        (one that may not be fetched from refuses the host: a name that resolves to a
+        public and a private address is not tried on either)."""
+        try:
+            infos = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise _Refused(f"{host} does not resolve ({exc})") from None
+        addresses = [ipaddress.ip_address(str(info[4][0]).partition("%")[0]) for info in infos]
+        refused = [str(a) for a in addresses if not self._allows(a)]
+        if refused or not addresses:
+            raise _Refused(
+                f"{host} resolves to {', '.join(refused) or 'nothing'}, not a public address "
+                "(--remote-media-allow lets a network be fetched from)"
+            )
+        return str(addresses[0])
+
     async def _fetch(self, url: str, modality: str, loc: str) -> Media:
         too_large = bad_media(
             f"{loc}: remote media exceed {self.max_bytes} bytes", "media_too_large", loc
         )
         chunks: list[bytes] = []
+        content_type = ""
         with trio.move_on_after(self.timeout) as scope:
             try:
-                async with (
-                    httpx.AsyncClient(
-                        follow_redirects=True, max_redirects=MAX_REDIRECTS, timeout=None
-                    ) as client,
-                    client.stream("GET", url) as response,
-                ):
-                    if response.status_code != 200:
-                        raise bad_media(
-                            f"{loc}: fetching the media answered {response.status_code}",
-                            "media_fetch_failed",
-                            loc,
+                # trust_env off: a proxy from the environment would connect for us, to
+                # addresses never checked here.
+                async with httpx.AsyncClient(
+                    follow_redirects=False, timeout=None, trust_env=False
+                ) as client:
+                    for _ in range(MAX_REDIRECTS + 1):
+                        target = urllib.parse.urlsplit(url)
+                        if target.scheme not in ("http", "https") or not target.hostname:
+                            raise _Refused(f"not an http(s) URL with a host: {url[:200]}")
+                        port = target.port or (443 if target.scheme == "https" else 80)
+                        address = await self._address(target.hostname, port)
+                        # To the address checked, under the URL's name (Host, and for TLS
+                        # the name the certificate is checked against).
+                        request = client.build_request(
+                            "GET",
+                            httpx.URL(url).copy_with(host=address),
+                            headers={"host": target.netloc.rpartition("@")[2]},
+                            extensions={"sni_hostname": target.hostname},
                         )
-                    declared = response.headers.get("content-length", "")
-                    if declared.isdigit() and int(declared) > self.budget:
-                        raise too_large
-                    async for chunk in response.aiter_bytes():
-                        self.budget -= len(chunk)
-                        if self.budget < 0:
-                            raise too_large
-                        chunks.append(chunk)
-                    content_type = response.headers.get("content-type", "")
+                        response = await client.send(request, stream=True)
+                        try:
+                            if response.status_code in REDIRECTS:
+                                location = response.headers.get("location")
+                                if not location:
+                                    raise _Refused(f"{response.status_code} without Location")
+                                url = urllib.parse.urljoin(url, location)
+                                continue
+                            if response.status_code != 200:
+                                raise _Refused(f"answered {response.status_code}")
+                            declared = response.headers.get("content-length", "")
+                            if declared.isdigit() and int(declared) > self.budget:
+                                raise too_large
+                            async for chunk in response.aiter_bytes():
+                                self.budget -= len(chunk)
+                                if self.budget < 0:
+                                    raise too_large
+                                chunks.append(chunk)
+                            content_type = response.headers.get("content-type", "")
+                            break
+                        finally:
+                            await response.aclose()
+                    else:
+                        raise _Refused(f"more than {MAX_REDIRECTS} redirects")
+            except _Refused as refused:
+                raise self._failed(loc, url, refused.reason) from None
             except httpx.HTTPError as exc:
-                raise bad_media(
-                    f"{loc}: fetching the media failed ({type(exc).__name__})",
-                    "media_fetch_failed",
-                    loc,
-                ) from None
+                raise self._failed(loc, url, type(exc).__name__) from None
         if scope.cancelled_caught:
             raise bad_media(
                 f"{loc}: fetching the media took longer than {self.timeout:g} s",
@@ -197,3 +294,16 @@ class MediaFetcher:
             path = urllib.parse.urlsplit(url).path
             mime = mimetypes.guess_type(path)[0] or DEFAULT_MIME[modality]
         return Media(modality, mime, data=b"".join(chunks))
+
+    def _failed(self, loc: str, url: str, reason: str) -> HTTPError:
+        """One answer for every failure: what failed is the operator's to read, not the
+        client's (a status or an error name would tell which hosts and ports answer)."""
+        log.info("remote media %s not fetched: %s", _loggable_url(url), reason)
+        return bad_media(f"{loc}: the media URL could not be fetched", "media_fetch_failed", loc)
+
+
+def _loggable_url(url: str) -> str:
+    """``url`` without its query and credentials, cut short, for a log line."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return f"{parts.scheme}://{host}{parts.path}"[:200].encode("unicode_escape").decode("ascii")

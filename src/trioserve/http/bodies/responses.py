@@ -48,6 +48,12 @@ INPUT_ROLES = frozenset({"user", "assistant", "system", "developer"})
 MAX_METADATA_PAIRS = 16
 MAX_METADATA_KEY = 64
 MAX_METADATA_VALUE = 512
+#: Characters of the identifiers a response echoes or keys by (``user``,
+#: ``safety_identifier``: the OpenAI API's 64; ``reasoning``'s strings, whose values are
+#: short words): a stored response keeps them, so each is bounded.
+MAX_IDENTIFIER = 64
+#: The string fields held to :data:`MAX_IDENTIFIER`.
+_IDENTIFIERS = ("user", "safety_identifier")
 
 
 @attrs.define
@@ -116,7 +122,7 @@ class ResponsesRequest:
         propertyNames={"maxLength": MAX_METADATA_KEY},
         additionalProperties={"type": "string", "maxLength": MAX_METADATA_VALUE},
     )
-    user: str | None = None
+    user: str | None = documented(maxLength=MAX_IDENTIFIER)
     reasoning: Reasoning | None = None
     parallel_tool_calls: bool | None = None
     tool_choice: Any = documented(
@@ -169,7 +175,7 @@ class ResponsesRequest:
     prompt: Any = documented(description=NOT_SERVED.format("reusable prompts"))
     stream_options: Any = None
     service_tier: str | None = None
-    safety_identifier: str | None = None
+    safety_identifier: str | None = documented(maxLength=MAX_IDENTIFIER)
     prompt_cache_key: str | None = None
 
 
@@ -489,6 +495,16 @@ def _check(req: ResponsesRequest, errors: Errors, streamed: bool) -> None:
                 "$.metadata",
             )
             break
+    for name in _IDENTIFIERS:
+        value = getattr(req, name)
+        if value is not None and len(value) > MAX_IDENTIFIER:
+            errors.add(f"at most {MAX_IDENTIFIER} characters", f"$.{name}")
+    reasoning = req.reasoning
+    if reasoning is not None:
+        for name in ("effort", "summary", "generate_summary"):
+            value = getattr(reasoning, name)
+            if value is not None and len(value) > MAX_IDENTIFIER:
+                errors.add(f"at most {MAX_IDENTIFIER} characters", f"$.reasoning.{name}")
     if req.background and req.store is False:
         errors.add("a background response must be stored (store: true)", "$.store")
     if req.background and streamed:
@@ -517,7 +533,9 @@ def _echo(req: ResponsesRequest, store: bool, body: dict[str, Any]) -> dict[str,
         "metadata": req.metadata or {},
         "parallel_tool_calls": True if req.parallel_tool_calls is None else req.parallel_tool_calls,
         "previous_response_id": req.previous_response_id,
-        "reasoning": body.get("reasoning"),
+        # What was read of it, not the body's object (which may hold anything, kept as
+        # long as the response is).
+        "reasoning": _reasoning_echo(req.reasoning),
         "store": store,
         "temperature": req.temperature,
         "text": {"format": {"type": "text"}},
@@ -527,6 +545,12 @@ def _echo(req: ResponsesRequest, store: bool, body: dict[str, Any]) -> dict[str,
         "truncation": "disabled",
         "user": req.user,
     }
+
+
+def _reasoning_echo(reasoning: Reasoning | None) -> dict[str, Any] | None:
+    if reasoning is None:
+        return None
+    return {"effort": reasoning.effort, "summary": reasoning.summary or reasoning.generate_summary}
 
 
 def parse_response(

@@ -41,13 +41,20 @@ async def retrieve_model(services: Services, exchange: Exchange) -> None:
 
 
 async def health(services: Services, exchange: Exchange) -> None:
-    """Readiness: an engine is connected and the server is not draining."""
+    """Readiness: an engine is connected and the server is not draining. With
+    ``--workers``, how many workers are up too (this one answers, so it is ready)."""
+    body: dict[str, object]
     if services.state.draining:
-        await exchange.respond_json(503, {"status": "draining"})
+        status, body = 503, {"status": "draining"}
     elif not services.engines.ready:
-        await exchange.respond_json(503, {"status": "no_engine"})
+        status, body = 503, {"status": "no_engine"}
     else:
-        await exchange.respond_json(200, {"status": "ok"})
+        status, body = 200, {"status": "ok"}
+    if services.workers is not None:
+        workers = services.workers()
+        if workers is not None:
+            body["workers"] = workers
+    await exchange.respond_json(status, body)
 
 
 async def live(services: Services, exchange: Exchange) -> None:
