@@ -60,6 +60,7 @@ class Exchange:
     __slots__ = (
         "_prepared_start",
         "arrived",
+        "body_ended",
         "channel",
         "error_shape",
         "extra_headers",
@@ -89,6 +90,8 @@ class Exchange:
         for name, value in head.headers:
             self.headers[name.lower()] = value
         self.started = False
+        #: The body has been read to its end (see respond_error).
+        self.body_ended = False
         #: (status, headers, closing then) of the start framed ahead (see prepare_start).
         self._prepared_start: tuple[int, Headers, bool, Headers] | None = None
         self.request_id = self._request_id()
@@ -138,6 +141,7 @@ class Exchange:
         """
         piece = self.channel.body_at_hand()
         if piece is not None:
+            self.body_ended = not piece[1]
             return piece
         received = False
         with trio.move_on_after(timeout if timeout > 0 else math.inf):
@@ -149,6 +153,7 @@ class Exchange:
             )
         if piece is None:
             raise ClientGone
+        self.body_ended = not piece[1]
         return piece
 
     async def read_body(self, limit: int, timeout: float = 0) -> bytes:
@@ -258,7 +263,16 @@ class Exchange:
             status = error.anthropic_status
         else:
             body = error.body()
-        await self.respond(status, body, [*JSON_HEADERS, *error.headers])
+        headers = [*JSON_HEADERS, *error.headers]
+        if not self.body_ended and self._declares_body():
+            # Refused before its body was read (401, 404, 413, ...): the connection ends
+            # with the answer, so no server reads (and parses) a body nobody wants.
+            headers.append((b"connection", b"close"))
+        await self.respond(status, body, headers)
+
+    def _declares_body(self) -> bool:
+        headers = self.headers
+        return b"transfer-encoding" in headers or headers.get(b"content-length", b"0") != b"0"
 
     def watch_disconnect(self, on_gone: Callable[[], None]) -> AbstractAsyncContextManager[None]:
         """While the context is open, ``on_gone`` is called once if the client goes away.

@@ -1,0 +1,263 @@
+"""The hostile clients of issue 27 against ``trioserve run`` as a process, on both servers:
+the frontend's RSS stays under a figure computed from its flags, and another client is
+served meanwhile (its ``/live`` answered, its stream flowing to its end).
+
+The clients are those of ``tools/hostile_clients.py`` (which measures the same against
+the defaults and reports figures; here only the bounds are asserted), at sizes that
+keep the test short. No timings are asserted.
+"""
+
+from __future__ import annotations
+
+import http.client
+import importlib.util
+import json
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from trioserve.server.http1.config import PIPELINE_BUFFER, RECEIVE_SIZE
+from trioserve.server.http1.websocket import max_message_fragments
+
+_spec = importlib.util.spec_from_file_location(
+    "hostile_clients", Path(__file__).resolve().parents[2] / "tools" / "hostile_clients.py"
+)
+assert _spec is not None and _spec.loader is not None
+hostile = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(hostile)
+
+KEY = "hostile-suite-key"
+MIB = 2**20
+#: RSS that moves whatever the clients do (the allocator's arenas, the interpreter's
+#: caches, a few threads' stacks), beside what each bound allows.
+SLACK = 24 * MIB
+BODY_MEMORY_MB = 16
+WS_MESSAGE_KB = 64
+
+
+class Stream:
+    """Another client's stream (``/v1/completions``, SSE), read in a thread."""
+
+    def __init__(self, port: int) -> None:
+        self.events = 0
+        self.last = b""
+        self.done = False
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(port,), daemon=True)
+        self._thread.start()
+
+    def _run(self, port: int) -> None:
+        try:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+            body = {"prompt": "still flowing", "max_tokens": 600, "stream": True}
+            connection.request(
+                "POST",
+                "/v1/completions",
+                json.dumps(body),
+                {"content-type": "application/json", "authorization": f"Bearer {KEY}"},
+            )
+            response = connection.getresponse()
+            assert response.status == 200, response.status
+            for line in response:
+                if line.startswith(b"data: [DONE]"):
+                    self.done = True
+                elif line.startswith(b"data: "):
+                    self.events += 1
+                    self.last = line
+            connection.close()
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+
+    def wait(self) -> None:
+        self._thread.join(120)
+        assert self.error is None, self.error
+        ended = f"({self.events} events, the last {self.last[:300]!r})"
+        assert self.done, f"the other client's stream did not end {ended}"
+
+
+@pytest.fixture(params=["builtin", "hypercorn"])
+def frontend(request):
+    started = hostile.Frontend(
+        "--server",
+        request.param,
+        "--api-key",
+        KEY,
+        "--max-body-memory-mb",
+        str(BODY_MEMORY_MB),
+        "--ws-max-message-kb",
+        str(WS_MESSAGE_KB),
+        "--mock-tokens-per-second",
+        "200",
+    )
+    started.server = request.param
+    try:
+        yield started
+    finally:
+        started.stop()
+    assert b"Traceback" not in started.stderr, started.stderr.decode()[-3000:]
+
+
+def under_attack(frontend, attack: Callable[[], None], bound: int) -> None:
+    """Run ``attack`` while another client streams and polls ``/live``: RSS stays within
+    ``bound`` bytes over its level before, and the other client is served."""
+    before = frontend.rss() * MIB
+    stream = Stream(frontend.port)
+    while stream.events == 0 and stream.error is None:
+        time.sleep(0.01)
+    peak = [before]
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], frontend.rss() * MIB)
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    with hostile.LiveProbe(frontend.port) as probe:
+        events_before = stream.events
+        attack()
+        time.sleep(0.5)
+        events_during = stream.events - events_before
+    stop.set()
+    watcher.join()
+    assert probe.samples and probe.failures == 0, (len(probe.samples), probe.failures)
+    assert events_during > 0, "the other client's stream stopped"
+    stream.wait()
+    grown = peak[0] - before
+    assert grown <= bound, f"RSS grew {grown / MIB:.0f} MiB, over {bound / MIB:.0f} MiB"
+
+
+def test_keyless_chunked_bodies_are_refused_before_they_are_read(frontend):
+    if frontend.server == "hypercorn":
+        # Not held there yet (docs/security.md): hypercorn parses such a body (h11, a
+        # Python object per chunk) on the loop every client shares, after the 401, and
+        # the other client's stream fell behind (slow_client).
+        pytest.xfail("hypercorn parses a refused chunked body on the shared loop")
+    connections, refused = 10, []
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"transfer-encoding: chunked\r\n\r\n"
+    )
+
+    def attack() -> None:
+        socks = []
+        for _ in range(connections):
+            sock = hostile.connect(frontend.port)
+            sock.sendall(head)
+            try:
+                sock.sendall(b"2\r\nab\r\n" * (128 * 1024))  # 256 KiB of body, 2 bytes a chunk
+            except OSError:
+                pass  # answered and closed: as it should be
+            socks.append(sock)
+        for sock in socks:
+            refused.append(hostile.answer_of(sock, 5.0)[:12])
+            sock.close()
+
+    under_attack(frontend, attack, connections * (RECEIVE_SIZE + PIPELINE_BUFFER) + SLACK)
+    assert refused == [b"HTTP/1.1 401"] * connections
+
+
+def test_stalled_uploads_of_form_fields_stay_within_the_body_budget(frontend):
+    boundary = b"suiteboundary"
+    body = hostile.multipart_body(boundary, 24, MIB)
+    head = (
+        b"POST /generate HTTP/1.1\r\nhost: x\r\nauthorization: Bearer " + KEY.encode() + b"\r\n"
+        b"content-type: multipart/form-data; boundary=" + boundary + b"\r\n"
+        b"transfer-encoding: chunked\r\n\r\n"
+    )
+    answers = []
+
+    def attack() -> None:
+        socks = []
+        for _ in range(4):  # 96 MiB of fields in all, against a 16 MiB budget
+            sock = hostile.connect(frontend.port)
+            sock.sendall(head)
+            try:
+                for offset in range(0, len(body), MIB):
+                    piece = body[offset : offset + MIB]
+                    sock.sendall(b"%x\r\n%b\r\n" % (len(piece), piece))
+            except OSError:
+                pass
+            socks.append(sock)
+        for sock in socks:
+            answers.append(hostile.answer_of(sock, 5.0)[:12])
+            sock.close()
+
+    # The fields held (counted), their copy as they are decoded, one read each.
+    under_attack(frontend, attack, 2 * BODY_MEMORY_MB * MIB + SLACK)
+    assert answers == [b"HTTP/1.1 503"] * 4
+
+
+def test_empty_continuation_frames_close_the_socket_within_its_bounds(frontend):
+    codes = []
+
+    def attack() -> None:
+        for _ in range(3):
+            sock = hostile.ws_open(frontend.port, key=KEY)
+            data = hostile.ws_frame(1, b"{", fin=False)
+            data += hostile.ws_frame(0, b"", fin=False) * (
+                max_message_fragments(WS_MESSAGE_KB * 1024) * 2
+            )
+            try:
+                sock.sendall(data)
+            except OSError:
+                pass
+            codes.append(hostile.close_code(hostile.ws_read_frames(sock, 5.0)))
+            sock.close()
+
+    under_attack(frontend, attack, 3 * WS_MESSAGE_KB * 1024 + SLACK)
+    assert codes == [1009] * 3
+
+
+def test_a_compressed_frame_is_never_inflated(frontend):
+    import zlib
+
+    compressor = zlib.compressobj(9, zlib.DEFLATED, -15)
+    bomb = compressor.compress(b"a" * (32 * MIB)) + compressor.flush(zlib.Z_SYNC_FLUSH)
+    codes, agreed = [], []
+
+    def attack() -> None:
+        for _ in range(8):
+            sock, deflate = hostile.ws_open_negotiated(frontend.port, deflate=True, key=KEY)
+            agreed.append(deflate)
+            try:
+                sock.sendall(hostile.ws_frame(1, bomb[:-4], rsv1=True))
+            except OSError:
+                pass
+            codes.append(hostile.close_code(hostile.ws_read_frames(sock, 5.0)))
+            sock.close()
+
+    under_attack(frontend, attack, SLACK)
+    assert agreed == [False] * 8 and codes == [1002] * 8
+
+
+def test_sockets_flooding_frames_leave_the_others_served(frontend):
+    flood = hostile.ws_frame(1, b"{", fin=False) + hostile.ws_frame(0, b"", fin=False) * 500
+    flood += hostile.ws_frame(0, b"}", fin=True)
+
+    def attack() -> None:
+        stop = threading.Event()
+
+        def flooder() -> None:
+            sock = hostile.ws_open(frontend.port, key=KEY)
+            sock.settimeout(10)
+            try:
+                while not stop.is_set():
+                    sock.sendall(flood)
+            except OSError:
+                pass
+            sock.close()
+
+        threads = [threading.Thread(target=flooder) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        time.sleep(3)
+        stop.set()
+        for thread in threads:
+            thread.join()
+
+    under_attack(frontend, attack, 3 * WS_MESSAGE_KB * 1024 + SLACK)
