@@ -325,6 +325,16 @@ class Settings:
         unit=SECONDS,
         help="seconds between WebSocket pings (0: none)",
     )
+    #: ``http/websocket.py``: what a WebSocket that carries nothing holds (a connection
+    #: slot, its buffers) is given back, as nginx's ``proxy_read_timeout`` does.
+    ws_idle_timeout: float = option(
+        300.0,
+        group="websocket",
+        kind="non_negative",
+        unit=SECONDS,
+        help="seconds a WebSocket may stay open with no request in flight; then it is "
+        "closed with 1001 (0: never)",
+    )
 
     # -- the Responses API's store
     responses_ttl: float = option(

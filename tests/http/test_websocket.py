@@ -411,3 +411,18 @@ async def test_an_upgrade_on_another_path_is_refused_before_the_upgrade(
     if status == 404:
         assert error["message"] == f"no WebSocket route at {path} (it is /v1/ws)"
     assert engine.core.stats.submitted == 0
+
+
+async def test_a_socket_with_nothing_in_flight_past_the_idle_timeout_closes_with_1001(
+    nursery, engine, http_server
+):
+    frontend = await start_frontend(nursery, engine, server=http_server, ws_idle_timeout=1.0)
+    async with open_websocket_url(ws_url(frontend)) as ws:
+        # A request that runs longer than the timeout: the socket is not idle meanwhile.
+        await ws.send_message(request("slow", "a slow one", max_tokens=5, mock_stall_s=1.5))
+        seen = await collect(ws, {"slow"})
+        assert seen["slow"][-1]["type"] == "done"
+        with trio.fail_after(HANG_GUARD), pytest.raises(ConnectionClosed) as info:
+            await receive(ws)
+    assert info.value.reason.code == 1001
+    assert frontend.app.services.connections == set()

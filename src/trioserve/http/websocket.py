@@ -87,10 +87,13 @@ class WebSocketConnection:
         self.requests: dict[str, RequestHandle] = {}
         #: Requests not ended yet (cancelled ones included, until their end is written).
         self.running = 0
+        #: When ``running`` last fell to 0 (or the socket opened): the idle timeout's start.
+        self.idle_since = trio.current_time()
         #: Request messages received (run or refused).
         self.requests_served = 0
         self._send_lock = trio.Lock()
         self._reader_scope = trio.CancelScope()
+        self._idle_scope = trio.CancelScope()
         self.close_code: int | None = None
         #: The client closed the socket (or it failed): nothing more can be sent.
         self.peer_gone = False
@@ -134,8 +137,12 @@ class WebSocketConnection:
         services.connections.add(self)
         try:
             async with trio.open_nursery() as nursery:
+                idle_timeout = services.settings.ws_idle_timeout
+                if idle_timeout > 0:
+                    nursery.start_soon(self._close_when_idle, idle_timeout)
                 with self._reader_scope:
                     await self._read(nursery)
+                self._idle_scope.cancel()  # (the requests end by themselves)
         finally:
             services.connections.discard(self)
             if self.close_code is not None and not self.peer_gone:
@@ -150,6 +157,23 @@ class WebSocketConnection:
                 end="client_closed" if self.peer_gone else f"closed_{self.close_code}",
                 requests=self.requests_served,
             )
+
+    async def _close_when_idle(self, timeout: float) -> None:
+        """Close the socket with 1001 once it has had no request in flight for
+        ``timeout`` seconds (checked at least every quarter of it while busy)."""
+        with self._idle_scope:
+            await self._watch_idle(timeout)
+
+    async def _watch_idle(self, timeout: float) -> None:
+        while True:
+            now = trio.current_time()
+            deadline = self.idle_since + timeout
+            if not self.running and now >= deadline:
+                if self.close_code is None:
+                    self.close_code = GOING_AWAY
+                    self._reader_scope.cancel()
+                return
+            await trio.sleep(deadline - now if not self.running else timeout / 4)
 
     async def _read(self, nursery: trio.Nursery) -> None:
         """The connection's reader, and so its disconnect watcher."""
@@ -339,6 +363,8 @@ class WebSocketConnection:
             await self.send_error(client_id, error)
         finally:
             self.running -= 1
+            if not self.running:
+                self.idle_since = trio.current_time()
             self.services.admission.release()
             if self.requests.get(client_id) is handle:
                 del self.requests[client_id]
