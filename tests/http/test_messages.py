@@ -12,6 +12,7 @@ import pytest
 
 from tests.helpers.frontends import capture_submits, start_engine, start_frontend
 from tests.helpers.responses import named_events
+from tests.helpers.text_models import build_text_model
 from tests.helpers.waiting import wait_until
 from trioserve import metrics
 from trioserve.engine_programs.mock import expected_text
@@ -389,3 +390,22 @@ async def test_the_route_is_described_and_counted(frontend):
         "$ref": "#/components/schemas/AnthropicError"
     }
     assert "/v1/messages/count_tokens" in spec["paths"]
+
+
+async def test_count_tokens_uses_the_models_tokenizer_when_it_is_here(
+    nursery, http_server, tmp_path
+):
+    engine = await start_engine(nursery)
+    model_dir = build_text_model(tmp_path, harder=True)
+    frontend = await start_frontend(nursery, engine, server=http_server, tokenizer=str(model_dir))
+    messages = [{"role": "user", "content": "Wetter in Zürich? 日本 🙂"}]
+    count = await sdk(frontend).messages.count_tokens(
+        model="mock", system="Réponds brièvement.", messages=messages
+    )
+    chat = [{"role": "system", "content": "Réponds brièvement."}, *messages]
+    async with frontend.client() as client:
+        tokenized = (await client.post("/tokenize", json={"messages": chat})).json()
+        raw = (await client.post("/v1/messages/count_tokens", json={"messages": messages})).json()
+    # The chat template rendered and tokenized, as /tokenize does it: no estimate.
+    assert count.input_tokens == tokenized["count"] > 0
+    assert "estimated" not in raw

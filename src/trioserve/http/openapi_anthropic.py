@@ -159,8 +159,8 @@ ANSWERS: dict[str, dict[str, Any]] = {
             "input_tokens": _NATURAL,
             "estimated": {
                 "type": "boolean",
-                "description": "true: counted by characters (no tokenizer of the model "
-                "here), not by the model's tokenizer",
+                "description": "true: estimated by characters (no tokenizer of the "
+                "model here); absent when the model's tokenizer counted them",
             },
         },
         "required": ["input_tokens"],

@@ -11,9 +11,13 @@ these paths, the 401 included); ``X-Api-Key`` carries the key as well as
 from __future__ import annotations
 
 import math
+from functools import partial
+from typing import Any
 
 import orjson
+import trio
 
+from ...text.requests import chat_request_prompt
 from ..bodies.anthropic import parse_count_tokens, parse_messages
 from ..bodies.multimodal import resolve_parts
 from ..exchange import JSON_HEADERS, Exchange
@@ -57,13 +61,30 @@ async def messages(services: Services, exchange: Exchange) -> None:
 
 async def count_tokens(services: Services, exchange: Exchange) -> None:
     """``{"input_tokens": N}``: what the messages, the system prompt and the tools come
-    to. Without a tokenizer of the model here, an estimate (``CHARS_PER_TOKEN``), which
-    the answer says (``"estimated": true``)."""
+    to. With the model's text assets here (``Services.texts``: ``--tokenizer``, or an
+    engine link that takes token ids), the prompt its chat template renders, tokenized;
+    without, an estimate (``CHARS_PER_TOKEN``), which the answer says
+    (``"estimated": true``)."""
     services.check_accepting()
     body = await services.json_body(exchange)
     count = parse_count_tokens(body, services.resolve_model)
-    text = [orjson.dumps(count.tools).decode()] if count.tools else []
-    for message in count.messages:
+    served = services.texts.get(count.model)
+    if served is not None:
+        params: dict[str, Any] = {"tools": count.tools} if count.tools else {}
+        prompt = await trio.to_thread.run_sync(
+            partial(chat_request_prompt, served, count.messages, params)
+        )
+        answer: dict[str, Any] = {"input_tokens": len(prompt.token_ids)}
+    else:
+        answer = {"input_tokens": estimate(count.messages, count.tools), "estimated": True}
+    await exchange.respond(200, orjson.dumps(answer), JSON_HEADERS)
+
+
+def estimate(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
+    """The tokens of ``messages`` and ``tools`` by :data:`CHARS_PER_TOKEN` characters of
+    their text, their calls and the tools' JSON (images are not counted)."""
+    text = [orjson.dumps(tools).decode()] if tools else []
+    for message in messages:
         content = message.get("content")
         if type(content) is str:
             text.append(content)
@@ -73,6 +94,4 @@ async def count_tokens(services: Services, exchange: Exchange) -> None:
             text.append(call["function"]["name"] + call["function"]["arguments"])
         if message.get("reasoning"):
             text.append(message["reasoning"])
-    characters = sum(len(piece) for piece in text)
-    answer = {"input_tokens": math.ceil(characters / CHARS_PER_TOKEN), "estimated": True}
-    await exchange.respond(200, orjson.dumps(answer), JSON_HEADERS)
+    return math.ceil(sum(len(piece) for piece in text) / CHARS_PER_TOKEN)
