@@ -3,7 +3,8 @@
 pyzmq has no Trio integration; what it offers is ``zmq.FD``, a descriptor that becomes
 readable when the socket's state *may* have changed. It is edge-triggered: after it fires,
 it does not fire again until the socket has been drained, and sending on the socket can
-consume the edge too. So the owner task (its loop is :class:`~trioserve.owner.SocketOwner`'s)
+consume the edge too. So the owner task (its loop is
+:class:`~trioserve.transport.owner.SocketOwner`'s)
 
 1. receives until ``EAGAIN``,
 2. lets its user add coalesced messages (``before_flush``) and sends its outbox,
@@ -48,7 +49,7 @@ _RCVMORE = int(zmq.RCVMORE)
 
 class ZmqPump(SocketOwner[list[bytes]]):
     """The single owner of one ZeroMQ socket (``on_message`` and ``before_flush``: see
-    :class:`~trioserve.owner.SocketOwner`)."""
+    :class:`~trioserve.transport.owner.SocketOwner`)."""
 
     def __init__(
         self,

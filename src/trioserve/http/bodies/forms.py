@@ -2,7 +2,7 @@
 
 ``multipart/form-data`` is parsed as it arrives (python-multipart's streaming parser, fed
 one ASGI body message at a time): file parts go straight to disk under the request's
-upload directory (see :mod:`trioserve.http.uploads`), so the body limit is enforced while
+upload directory (see :mod:`trioserve.http.bodies.uploads`), so the body limit is enforced while
 the upload streams (413 mid-upload, without reading the rest); field values (not files)
 are held in memory and counted in the body budget as they arrive (503 past it); and a
 client that stops sending (408) or hangs up ends the request before anything reaches an

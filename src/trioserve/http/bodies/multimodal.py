@@ -9,7 +9,7 @@ accept):
 - ``{"type": "video_url", "video_url": {"url": URL} | URL}``
 
 Each becomes ``{"type": "image" | "audio" | "video", "media": <media record>}`` in place
-(see :mod:`trioserve.http.media`); text and unknown parts pass unchanged. The submit's
+(see :mod:`trioserve.http.bodies.media`); text and unknown parts pass unchanged. The submit's
 ``inputs.modalities`` lists the content modalities (``"text"`` included) in the order they
 first appear, so an engine can set up its encoders before reading the messages.
 """

@@ -3,7 +3,7 @@
 A writer gets batches of output items (everything that was waiting for the request when
 it woke: adaptive coalescing, never a delay) and turns each batch into at most one write.
 Transport framing lives here; the chunk objects come from
-:class:`~trioserve.http.openai_api.StreamFormat`, shared by every transport.
+:class:`~trioserve.http.writers.openai.StreamFormat`, shared by every transport.
 """
 
 from __future__ import annotations
