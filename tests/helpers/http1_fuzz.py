@@ -80,8 +80,14 @@ _header = st.tuples(
 
 @st.composite
 def chunked_body(draw: st.DrawFn) -> bytes:
-    """A chunked body whose sizes may lie, with or without its last chunk."""
+    """A chunked body whose sizes may lie, with or without its last chunk; sometimes in
+    hundreds of 1- or 2-byte chunks (the shape that was an object per chunk)."""
     out = b""
+    if draw(st.integers(0, 3)) == 0:
+        out += b"".join(
+            b"%x\r\n%s\r\n" % (len(piece), piece)
+            for piece in draw(st.lists(st.binary(min_size=1, max_size=2), max_size=300))
+        )
     for data in draw(st.lists(st.binary(max_size=12), max_size=4)):
         size = len(data) + draw(st.sampled_from([0, 0, 0, 1, -1]))
         out += b"%x\r\n%s\r\n" % (max(size, 0), data)
@@ -163,9 +169,32 @@ def websocket_frame(draw: st.DrawFn) -> bytes:
     return header + key + bytes(b ^ key[i % 4] for i, b in enumerate(payload))
 
 
-#: A whole WebSocket handshake, then frames, mutated.
+def _masked(first: int, payload: bytes) -> bytes:
+    return bytes([first, 0x80 | len(payload)]) + b"\0\0\0\0" + payload  # a zero mask
+
+
+@st.composite
+def fragmented_message(draw: st.DrawFn) -> bytes:
+    """A text message in many fragments, empty ones among them, ended or not, with
+    control frames between (RFC 6455 section 5.4)."""
+    out = _masked(0x01, draw(st.binary(max_size=4)))
+    for _ in range(draw(st.integers(0, 200))):
+        kind = draw(st.sampled_from(["empty", "empty", "empty", "byte", "ping"]))
+        if kind == "empty":
+            out += _masked(0x00, b"")
+        elif kind == "byte":
+            out += _masked(0x00, draw(st.binary(min_size=1, max_size=2)))
+        else:
+            out += _masked(0x89, b"")
+    if draw(st.booleans()):
+        out += _masked(0x80, b"")
+    return out
+
+
+#: A whole WebSocket handshake, then frames (some of them messages in many fragments),
+#: mutated.
 websocket_traffic = mutated(
-    st.lists(websocket_frame(), max_size=5).map(
+    st.lists(websocket_frame() | fragmented_message(), max_size=5).map(
         lambda frames: (
             (
                 b"GET /v1/ws HTTP/1.1\r\nhost: x\r\nupgrade: websocket\r\nconnection: Upgrade\r\n"
