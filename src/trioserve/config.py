@@ -163,6 +163,15 @@ class Settings:
         metavar="N",
         help="generation requests served at once; past it, 503 with Retry-After at once",
     )
+    #: 0: ``max_concurrent_requests`` divided by the number of API keys (``admission.py``).
+    max_requests_per_key: int = option(
+        0,
+        group="requests",
+        kind="non_negative",
+        metavar="N",
+        help="generation requests one API key may have in flight; past it, 429 with "
+        "Retry-After (0: --max-concurrent-requests divided by the number of keys)",
+    )
     stream_buffer: int = option(
         256,
         group="requests",

@@ -199,3 +199,32 @@ async def test_multipart_form_fields_are_held_in_the_body_budget(nursery, http_s
     async with frontend.client() as client:
         served = await client.post("/generate", json={"prompt": "x" * 150_000, "max_tokens": 1})
         assert served.status_code == 200
+
+
+async def test_a_key_at_its_share_is_429_and_another_key_is_still_served(nursery, http_server):
+    engine = await start_engine(nursery)
+    frontend = await start_frontend(
+        nursery, engine, server=http_server, max_concurrent_requests=2, api_keys=["ka", "kb"]
+    )
+    assert frontend.app.services.admission.per_key == 1  # 2 slots, 2 keys
+    a = {"authorization": "Bearer ka"}
+    b = {"authorization": "Bearer kb"}
+    async with (
+        frontend.client() as client,
+        client.stream(
+            "POST", "/v1/completions", json=HANG, headers={**a, "x-request-id": "holder"}
+        ) as held,
+    ):
+        chunks = held.aiter_bytes()
+        await chunks.__anext__()  # key a holds its one slot
+        refused = await client.post("/v1/completions", json={"prompt": "x"}, headers=a)
+        assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+        assert refused.json()["error"]["code"] == "too_many_requests_for_key"
+        # The server has a slot left, and it is key b's.
+        served = await client.post("/v1/completions", json={"prompt": "x"}, headers=b)
+        assert served.status_code == 200
+        assert (await client.delete("/v1/requests/holder", headers=a)).status_code == 200
+        b"".join([chunk async for chunk in chunks])
+    await wait_until(lambda: frontend.app.services.admission.in_use == 0, "the slots released")
+    assert frontend.app.services.admission.by_key == {}
+    assert frontend.ends("holder") == ["aborted"]

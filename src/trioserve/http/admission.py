@@ -5,7 +5,9 @@ A request past the bound is refused at once (503, ``Retry-After``), never queued
 in front of the engines only hides overload from the load balancer and the client. The
 slot is taken once the request's body is complete, just before its engine request is
 submitted (a client sending its body slowly holds no slot), and held until its last byte.
-Operations routes (health, liveness, metrics, models) never take a slot.
+Operations routes (health, liveness, metrics, models) never take a slot. With API keys,
+each key may hold its share of the slots (``--max-requests-per-key``, by default an equal
+share): past it that key is refused (429), and the others still find theirs.
 
 Request bodies held in memory draw on one budget for the whole server
 (``--max-body-memory-mb``: ``memory.py``), held until their request ends.
@@ -22,9 +24,16 @@ from .memory import RETRY_AFTER
 
 
 class Admission:
-    def __init__(self, limit: int) -> None:
+    """The slots, and each API key's share of them: ``per_key`` (default: ``limit``
+    divided by ``keys``, the number of configured keys, so that every key can always
+    have its share however busy the others are)."""
+
+    def __init__(self, limit: int, *, keys: int = 0, per_key: int = 0) -> None:
         self.limit = limit
         self.in_use = 0
+        self.per_key = per_key or (max(limit // keys, 1) if keys > 1 else limit)
+        #: Slots in use by key index (requests without a key are not in it).
+        self.by_key: dict[int, int] = {}
 
     def overloaded(self) -> HTTPError:
         return HTTPError(
@@ -34,21 +43,42 @@ class Admission:
             headers=[(b"retry-after", str(RETRY_AFTER).encode())],
         )
 
-    def try_acquire(self) -> None:
-        """Take a slot, or raise the 503 :class:`HTTPError`. Pair with :meth:`release`."""
+    def key_overloaded(self) -> HTTPError:
+        return HTTPError(
+            429,
+            f"this API key has its limit of {self.per_key} requests in flight "
+            "(--max-requests-per-key); retry once one has ended",
+            "too_many_requests_for_key",
+            headers=[(b"retry-after", str(RETRY_AFTER).encode())],
+        )
+
+    def try_acquire(self, key: int | None = None) -> None:
+        """Take a slot for a request of ``key``, or raise the 503 (the server is full) or
+        the 429 (this key has its share) :class:`HTTPError`. Pair with :meth:`release`."""
+        if key is not None and self.by_key.get(key, 0) >= self.per_key:
+            metrics.ADMISSION_REFUSED.inc()
+            raise self.key_overloaded()
         if self.in_use >= self.limit:
             metrics.ADMISSION_REFUSED.inc()
             raise self.overloaded()
         self.in_use += 1
+        if key is not None:
+            self.by_key[key] = self.by_key.get(key, 0) + 1
 
-    def release(self) -> None:
+    def release(self, key: int | None = None) -> None:
         self.in_use -= 1
+        if key is not None:
+            left = self.by_key[key] - 1
+            if left:
+                self.by_key[key] = left
+            else:
+                del self.by_key[key]
 
     @contextmanager
-    def slot(self) -> Iterator[None]:
-        """A slot for the block (the 503 if there is none)."""
-        self.try_acquire()
+    def slot(self, key: int | None = None) -> Iterator[None]:
+        """A slot of ``key``'s for the block (the 503 or 429 if there is none)."""
+        self.try_acquire(key)
         try:
             yield
         finally:
-            self.release()
+            self.release(key)

@@ -96,7 +96,7 @@ async def run_group(
     failure, if the response has begun, is its last event."""
     # One admission slot for the client's request, taken now that its body is complete
     # and held until its last byte.
-    with services.admission.slot():
+    with services.admission.slot(exchange.key_index):
         owner = exchange.key_index
         group = GroupHandle(exchange.request_id, owner=owner)
         transport = "json" if stream is None else "sse"

@@ -99,7 +99,11 @@ class Services:
         if settings.tokenizer and self.texts.default is None:
             self.texts.set_default(ModelText.load(settings.tokenizer))
         self.media_allowed = parse_networks(settings.remote_media_allow)
-        self.admission = Admission(settings.max_concurrent_requests)
+        self.admission = Admission(
+            settings.max_concurrent_requests,
+            keys=len(settings.api_keys),
+            per_key=settings.max_requests_per_key,
+        )
         self.body_budget = body_budget(settings.max_body_memory_bytes)
         self.responses = ResponseStore(
             ttl=settings.responses_ttl,
@@ -238,7 +242,7 @@ class Services:
             arrived=exchange.arrived,
         )
         exchange.handle = handle
-        with self.admission.slot():
+        with self.admission.slot(exchange.key_index):
             await run_generation(
                 engines=self.engines,
                 registry=self.registry,

@@ -253,7 +253,7 @@ class WebSocketConnection:
         arrived = perf_counter()
         try:
             generation, timeout = self._prepare(client_id, message)
-            self.services.admission.try_acquire()  # released when the request ends
+            self.services.admission.try_acquire(self.key_index)  # released when it ends
         except HTTPError as error:
             await self.send_error(client_id, error)
             self._log_request(message, error.status, 0, arrived, None, client_id)
@@ -365,7 +365,7 @@ class WebSocketConnection:
             self.running -= 1
             if not self.running:
                 self.idle_since = trio.current_time()
-            self.services.admission.release()
+            self.services.admission.release(self.key_index)
             if self.requests.get(client_id) is handle:
                 del self.requests[client_id]
             if status is None:
