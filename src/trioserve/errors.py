@@ -11,6 +11,7 @@
         ZmtpRefusedError      the engine refused this frontend (ZMTP ERROR; a CURVE key)
       EngineError             about an engine: the request did not complete (503 family)
         NoEngineError, EngineLostError, EngineOverloadedError, UnencodableRequestError,
+        EngineCallError,
         EngineFailedError > ProtocolVersionError
         TextInputError        what the text layer refuses (400): a sampling parameter vLLM
                               would reject, a prompt too long, a template's raise_exception
@@ -66,6 +67,13 @@ class UnencodableRequestError(EngineError):
 
     status = 422
     code = "invalid_request"
+
+
+class EngineCallError(EngineError):
+    """The engine answered a call with a failure (a vLLM EngineCore UTILITY call's
+    message): that call failed, the engine serves on."""
+
+    code = "engine_call_failed"
 
 
 class EngineFailedError(EngineError):

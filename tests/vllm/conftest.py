@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from tests.helpers.enginecore_session import HeadlessEngine, start_headless_engine
 from tests.helpers.processes import free_port
 from tests.helpers.vllm_session import (
     FRONTEND_TIMEOUT,
@@ -40,12 +42,12 @@ from tests.helpers.vllm_session import (
 
 
 @pytest.fixture(scope="session")
-def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vllm]:
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """The vLLM interpreter, and the tiny Llama built for the session."""
     python = vllm_python()
     if python is None:
         pytest.skip(HOW_TO_RUN)
-    where = tmp_path_factory.mktemp("vllm")
-    model_dir = where / "tiny-llama"
+    model_dir = tmp_path_factory.mktemp("model") / "tiny-llama"
     subprocess.run(
         [python, str(ROOT / "tools" / "tiny_llama.py"), str(model_dir)],
         check=True,
@@ -53,6 +55,27 @@ def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vllm]:
         env=vllm_env(),
         timeout=START_GUARD,
     )
+    return python, model_dir
+
+
+@pytest.fixture(scope="session")
+def enginecore(
+    tiny_model: tuple[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[HeadlessEngine]:
+    """vLLM's EngineCore, headless, for clients of trioserve.enginecore
+    (tests/helpers/enginecore_session.py)."""
+    python, model_dir = tiny_model
+    engine = start_headless_engine(python, model_dir, tmp_path_factory.mktemp("enginecore"))
+    try:
+        yield engine
+    finally:
+        engine.process.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm(tiny_model: tuple[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vllm]:
+    python, model_dir = tiny_model
+    where = tmp_path_factory.mktemp("vllm")
     engine_port, metrics_port, reference_port = free_port(), free_port(), free_port()
     address = f"tcp://127.0.0.1:{engine_port}"
     engine = start(

@@ -1,0 +1,116 @@
+"""vLLM's EngineCore as trioserve's child (``trioserve.enginecore.launcher``): usage errors
+in one line with status 2, and the engine killed under load, with a real EngineCore of its
+own (this test ends it).
+
+Killed with SIGKILL, EngineCore says nothing; every request in flight must end at once with
+one error each, the client must say the engine is lost, and the whole process tree must be
+gone afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import trio
+
+from tests.helpers.enginecore_session import ANSWER_GUARD, Collect, request
+from tests.helpers.vllm_session import START_GUARD, VLLM_OPTIONS, vllm_cpus, vllm_env
+from trioserve.enginecore.launcher import open_child_engine
+from trioserve.errors import CommandError, EngineLostError
+
+pytestmark = pytest.mark.integration
+
+PROMPT = [0, 57, 101, 33, 250, 7]
+
+
+def descendants(pid: int) -> list[int]:
+    found: list[int] = []
+    pending = [pid]
+    while pending:
+        parent = pending.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                children = (task / "children").read_text().split()
+            except OSError:
+                continue
+            for child in map(int, children):
+                found.append(child)
+                pending.append(child)
+    return found
+
+
+def title(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize(
+    ("model", "options", "line"),
+    [
+        ("/no/such/model", [], "the model directory /no/such/model does not exist"),
+        (
+            None,
+            ["--max-model-len", "abc"],
+            "vLLM's options: argument --max-model-len: invalid human_readable_int_or_auto "
+            "value: 'abc'",
+        ),
+        (None, ["--no-such-option"], "vLLM's options: unrecognized arguments: --no-such-option"),
+    ],
+)
+async def test_a_usage_error_is_one_line_and_status_2(tiny_model, model, options, line):
+    python, model_dir = tiny_model
+    with pytest.raises(CommandError) as caught:
+        async with open_child_engine(
+            model or str(model_dir), options, python=python, env=vllm_env()
+        ):
+            raise AssertionError("the engine started")
+    assert (str(caught.value), caught.value.exit_status) == (line, 2)
+
+
+async def test_enginecore_killed_under_load_ends_every_request_once(tiny_model):
+    python, model_dir = tiny_model
+    sinks = [Collect() for _ in range(6)]
+    tree: list[int] = []
+    with pytest.raises(EngineLostError) as caught:
+        async with open_child_engine(
+            str(model_dir),
+            VLLM_OPTIONS,
+            python=python,
+            cpus=vllm_cpus(),
+            env=vllm_env(),
+            load_timeout=START_GUARD,
+        ) as engine:
+            client = engine.client
+            for index, sink in enumerate(sinks):
+                client.add(request(f"r{index}", PROMPT, max_tokens=3000, ignore_eos=True), sink)
+            with trio.fail_after(ANSWER_GUARD):
+                for sink in sinks:
+                    await sink.first.wait()
+            tree = descendants(engine.process.pid)
+            cores = [pid for pid in tree if "EngineCore" in title(pid)]
+            assert len(cores) == 1, [(pid, title(pid)) for pid in tree]
+            os.kill(cores[0], signal.SIGKILL)
+            with trio.fail_after(ANSWER_GUARD):
+                await trio.sleep_forever()  # the client's death cancels this
+    reason = str(caught.value)
+    # Every request in flight ended once, lost, with the reason the client gave.
+    assert [sink.ends for sink in sinks] == [1] * len(sinks)
+    assert {sink.lost_reason for sink in sinks} == {reason}
+    assert all(sink.finish_reason is None for sink in sinks)
+    assert client.failure == reason and client.in_flight == 0
+    # ... and the tree is gone: the launcher, EngineCore's worker, all of it.
+    assert not alive(engine.process.pid)
+    assert [pid for pid in tree if alive(pid)] == []
