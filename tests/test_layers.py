@@ -56,7 +56,14 @@ FORBIDDEN = [
     ),
     (
         "trioserve.enginecore",
-        ("trioserve.http", "trioserve.server", "trioserve.engine", "trioserve.text", "hypercorn"),
+        (
+            "trioserve.http",
+            "trioserve.server",
+            "trioserve.engine",
+            "trioserve.links",
+            "trioserve.text",
+            "hypercorn",
+        ),
     ),
     # The application reaches engines through the engine client alone.
     ("trioserve.http", ("trioserve.links",)),

@@ -42,6 +42,9 @@ class HeadlessEngine:
     def client(self, index: int = 0, **options: Any) -> Any:
         """A client of the session's engine (an async context manager)."""
         options.setdefault("load_timeout", START_GUARD)
+        # A hang guard: with every agent's vLLM on one CPU here, an engine step has gone
+        # unanswered for more than the default 30 s.
+        options.setdefault("heartbeat_timeout", ANSWER_GUARD)
         return open_enginecore_client(self.pairs, index, known=self.ready, **options)
 
 

@@ -18,12 +18,12 @@ import pytest
 import trio
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
-from trioserve.text.assets import ModelText
-from trioserve.text.sampling import EngineLimits, lower
 
 from tests.helpers.enginecore_session import Collect, HeadlessEngine, request
 from trioserve.enginecore import codec
 from trioserve.errors import HTTPError
+from trioserve.text.assets import ModelText
+from trioserve.text.sampling import EngineLimits, lower
 
 pytestmark = pytest.mark.integration
 

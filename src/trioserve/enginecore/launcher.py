@@ -157,12 +157,12 @@ async def open_child_engine(
                     heartbeat_timeout=heartbeat_timeout,
                 ) as client:
                     engine = ChildEngine(processes[0], pairs, client)
-                    try:
-                        yield engine
-                    finally:
-                        nursery.cancel_scope.cancel()
+                    yield engine
             except EngineLostError as exc:
                 ended.append(exc)
+            finally:
+                # Only once the client has closed (and said why, if the engine was lost):
+                # cancelling earlier would cut its exit short.
                 nursery.cancel_scope.cancel()
         if ended:
             raise ended[0]
