@@ -32,6 +32,7 @@ import base64
 import http.client
 import json
 import os
+import signal
 import socket
 import statistics
 import struct
@@ -83,6 +84,13 @@ class Frontend:
         )
         self.stderr = b""
         threading.Thread(target=self._read_stderr, daemon=True).start()
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()  # interrupted (SIGTERM) or never ready: nothing left running
+            raise
+
+    def _wait_ready(self) -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
@@ -588,6 +596,8 @@ def main() -> None:
     parser.add_argument("--server", choices=("builtin", "hypercorn"), default=None)
     parser.add_argument("--deflate-sockets", type=int, default=DEFLATE_SOCKETS[0])
     args = parser.parse_args()
+    # A SIGTERM (timeout(1), a CI job's end) unwinds, so every frontend started is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     DEFLATE_SOCKETS[0] = args.deflate_sockets
     server = ["--server", args.server] if args.server else []
     for name in args.scenarios:
