@@ -287,6 +287,7 @@ class Settings:
         [],
         group="access",
         flag="--cors-origin",
+        kind="origin",
         metavar="ORIGIN",
         help="allow browser requests from this origin, e.g. https://app.example "
         "(repeatable; '*' for any origin, without credentials)",
@@ -428,8 +429,9 @@ class Settings:
     debug_endpoints: bool = option(
         False,
         group="observability",
-        help="serve GET /debug/requests, the requests in flight and where each one is "
-        "(behind the API key when keys are set)",
+        help="serve GET /debug/requests, the requests in flight and where each one is: "
+        "client addresses, request ids, models, engines, not prompts (behind the API key "
+        "when keys are set)",
     )
 
     # -- TLS (``server/tls.py``)

@@ -106,6 +106,13 @@ def _number(kind: type[_Number], text: str) -> _Number:
     return value
 
 
+def name(text: str) -> str:
+    """A name that must say something (a model's, say): not empty, no surrounding spaces."""
+    if not text or text != text.strip():
+        raise argparse.ArgumentTypeError(f"expected a name, got {text!r}")
+    return text
+
+
 #: The argument types by the name a field's ``kind`` gives (``Option.kind``; "int" and
 #: "float" for a number field without one), each a function of the field's Python type.
 BASIC_TYPES: dict[str, Callable[[type], Callable[[str], Any]]] = {
@@ -113,6 +120,7 @@ BASIC_TYPES: dict[str, Callable[[type], Callable[[str], Any]]] = {
     "float": number,
     "positive": positive,
     "non_negative": non_negative,
+    "name": lambda _kind: name,
 }
 
 

@@ -126,6 +126,7 @@ async def _websocket(url, body, endpoint, interrupted, out, err, auth) -> int:
     ws_url = f"{scheme}://{parts.netloc}/v1/ws"
     name = "chat.completions" if endpoint == "chat" else "completions"
     request = {"type": "request", "id": "1", "endpoint": name, "body": body}
+    answer = _Answer(out, err)
     async with open_websocket_url(ws_url, extra_headers=auth) as ws:
         await ws.send_message(json.dumps(request))
         result: dict[str, int] = {}
@@ -140,20 +141,19 @@ async def _websocket(url, body, endpoint, interrupted, out, err, auth) -> int:
                 while True:
                     message = json.loads(await ws.get_message())
                     if message["type"] == "chunk":
-                        out.write(_delta(message["data"]))
-                        out.flush()
+                        answer.write(_delta(message["data"]))
                     elif message["type"] == "done":
-                        out.write("\n")
+                        answer.end()
                         return finish(0)
                     elif message["type"] == "error":
                         error = message["error"]
                         if error.get("code") == "request_cancelled":
-                            out.write("\n")
+                            answer.end()
                             return finish(INTERRUPTED)
-                        err.write(f"\nerror: {error.get('message')} ({error.get('code')})\n")
+                        answer.error(f"error: {error.get('message')} ({error.get('code')})")
                         return finish(1)
             except ConnectionClosed as exc:
-                err.write(f"\nconnection closed: {exc.reason}\n")
+                answer.error(f"connection closed: {exc.reason}")
                 finish(1)
 
         async def on_interrupt() -> None:
@@ -169,6 +169,32 @@ async def _websocket(url, body, endpoint, interrupted, out, err, auth) -> int:
             await finished.wait()
             nursery.cancel_scope.cancel()
         return result["status"]
+
+
+class _Answer:
+    """The answer on ``out`` as it streams, and an error on ``err`` on a line of its own:
+    after the answer's line if it had begun, else at once (no empty line before it)."""
+
+    def __init__(self, out: TextIO, err: TextIO) -> None:
+        self.out, self.err = out, err
+        self.line_open = False
+
+    def write(self, text: str) -> None:
+        if text:
+            self.out.write(text)
+            self.out.flush()
+            self.line_open = True
+
+    def end(self) -> None:
+        self.out.write("\n")
+        self.out.flush()
+        self.line_open = False
+
+    def error(self, line: str) -> None:
+        if self.line_open:
+            self.end()
+        self.err.write(line + "\n")
+        self.err.flush()
 
 
 async def _sse(url, body, endpoint, interrupted, out, err, auth) -> int:
@@ -191,6 +217,8 @@ async def _sse(url, body, endpoint, interrupted, out, err, auth) -> int:
         + conn.send(h11.EndOfMessage())
     )
     status = 1
+    failed = False  # an error event came: [DONE] after it is no success
+    answer = _Answer(out, err)
     async with stream, trio.open_nursery() as nursery:
 
         async def on_interrupt() -> None:
@@ -217,17 +245,17 @@ async def _sse(url, body, endpoint, interrupted, out, err, auth) -> int:
                         continue
                     data = raw[6:]
                     if data == b"[DONE]":
-                        out.write("\n")
-                        status = 0
+                        if not failed:
+                            answer.end()
+                            status = 0
                         continue
                     chunk = json.loads(data)
                     if "error" in chunk:
                         error = chunk["error"]
-                        err.write(f"\nerror: {error.get('message')} ({error.get('code')})\n")
-                        status = 1
+                        answer.error(f"error: {error.get('message')} ({error.get('code')})")
+                        status, failed = 1, True
                     else:
-                        out.write(_delta(chunk))
-                        out.flush()
+                        answer.write(_delta(chunk))
             elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
                 if code != 200:
                     try:

@@ -279,6 +279,11 @@ async def test_json_over_the_limit_is_413_declared_or_chunked(setup):
         )
     assert declared.status_code == 413 and declared.json()["code"] == "body_too_large"
     assert chunked.status_code == 413 and chunked.json()["error"]["code"] == "body_too_large"
+    # Said as the operator sets it, so the fix is at hand.
+    assert chunked.json()["error"]["message"] == (
+        "the body exceeds the server's limit of 0.0625 MiB (65536 bytes; trioserve run "
+        "--max-body-mb)"
+    )
 
 
 def test_the_default_upload_root_is_private_to_the_process_and_made_fresh(tmp_path, monkeypatch):

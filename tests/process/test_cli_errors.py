@@ -94,6 +94,47 @@ CASES: dict[str, Case] = {
         "--sse speaks plain http:// only",
     ),
     "client max tokens": (["client", "hi", "--max-tokens", "0"], USAGE, "must be positive"),
+    "cors origin not an origin": (
+        ["run", "--cors-origin", "not an origin"],
+        USAGE,
+        "--cors-origin: expected an origin, SCHEME://HOST[:PORT]",
+    ),
+    "cors origin with a path": (
+        ["run", "--cors-origin", "https://app.example/"],
+        USAGE,
+        "--cors-origin: expected an origin",
+    ),
+    "mock model empty": (["run", "--mock-model", ""], USAGE, "--mock-model: expected a name"),
+    "engine mock model empty": (
+        ["engine", "mock", "--model", ""],
+        USAGE,
+        "--model: expected a name",
+    ),
+    "vllm args without vllm": (
+        ["run", "--vllm-args", "--max-model-len 2048"],
+        USAGE,
+        "--vllm-args are options for the engine --vllm starts: give --vllm MODEL too",
+    ),
+    "vllm and an engine": (
+        ["run", "--vllm", "org/model", "--engine", "tcp://127.0.0.1:9"],
+        USAGE,
+        "--vllm starts an engine of its own, --engine names engines running elsewhere",
+    ),
+    "vllm args unbalanced": (
+        ["run", "--vllm", "org/model", "--vllm-args", "--chat-template 'x"],
+        USAGE,
+        "No closing quotation; give vLLM's options in one string",
+    ),
+    "vllm model directory missing": (
+        lambda tmp, taken, closed: ["run", "--vllm", str(tmp / "no" / "model"), "--port", "0"],
+        USAGE,
+        "no such directory, and not a Hugging Face model name (NAME or ORG/NAME)",
+    ),
+    "engine grace period negative": (
+        ["engine", "mock", "--grace-period", "-1"],
+        USAGE,
+        "--grace-period: must be zero or more",
+    ),
     "engine rate not a number": (
         ["engine", "mock", "--tokens-per-second", "fast"],
         USAGE,

@@ -33,10 +33,13 @@ async def test_prints_the_answer(frontend, transport):
     assert result.stdout.decode() == expected_text("Hello there", 6) + "\n"
 
 
-async def test_reports_errors_with_a_nonzero_status(frontend):
-    result = await run_client("x", "--url", frontend.url, "--model", "nope")
+@pytest.mark.parametrize("transport", [[], ["--sse"]], ids=["websocket", "sse"])
+async def test_reports_errors_in_one_line_with_a_nonzero_status(frontend, transport):
+    result = await run_client("x", "--url", frontend.url, "--model", "nope", *transport)
     assert result.returncode == 1
-    assert b"model_not_found" in result.stderr
+    [line] = result.stderr.decode().splitlines()  # no empty line before it
+    assert line.startswith("error") and "model_not_found" in line, result.stderr
+    assert result.stdout == b""  # no answer began
 
 
 @pytest.mark.parametrize("transport", [[], ["--sse"]], ids=["websocket", "sse"])

@@ -48,6 +48,10 @@ async def test_json_logs_carry_the_access_log_s_fields(nursery):
     }
     assert completion["message"].startswith("127.0.0.1:")
     assert any(line.get("path") == "/debug/requests" for line in lines)
+    # Said once at start: the endpoint shows who asks what, from where.
+    [warning] = [line for line in lines if "--debug-endpoints" in line["message"]]
+    assert warning["level"] == "WARNING" and "client's address" in warning["message"]
+    assert "anyone who can reach this server" in warning["message"]  # no API key here
 
 
 async def test_no_access_log_and_no_debug_endpoint_by_default(nursery):

@@ -72,6 +72,25 @@ def network(text: str) -> str:
     return text
 
 
+def origin(text: str) -> str:
+    """``--cors-origin``: what a browser sends in ``Origin`` (``SCHEME://HOST[:PORT]``), or
+    ``*``; anything else would never match a request, silently."""
+    if text == "*":
+        return text
+    parts = urlsplit(text)
+    try:
+        parts.port  # noqa: B018 - raises on a port that is not a number 0-65535
+        well_formed = bool(parts.scheme and parts.hostname)
+    except ValueError:
+        well_formed = False
+    if not well_formed or parts.path or parts.query or parts.fragment or "@" in parts.netloc:
+        raise argparse.ArgumentTypeError(
+            f"expected an origin, SCHEME://HOST[:PORT] as a browser sends it (e.g. "
+            f"https://app.example, no path), or '*'; got {text!r}"
+        )
+    return text
+
+
 def cpu_set(text: str) -> str:
     """``--vllm-cpus``: checked here, resolved when the engine starts (:func:`vllm_cpus`)."""
     vllm_cpus(text)
@@ -133,4 +152,5 @@ BY_KIND: dict[str, Callable[[type], Callable[[str], Any]]] = {
     "api_key": _fixed(api_key),
     "network": _fixed(network),
     "cpu_set": _fixed(cpu_set),
+    "origin": _fixed(origin),
 }

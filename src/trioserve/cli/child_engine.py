@@ -10,6 +10,8 @@ from functools import partial
 
 import trio
 
+from .parsers import USAGE_ERROR
+
 log = logging.getLogger("trioserve")
 
 #: Seconds `trioserve run` waits for the mock engine it started before listening.
@@ -29,7 +31,9 @@ class ChildEngine:
 
     The server listens once the engine has answered (or after ``wait`` seconds), so that
     "Running on" means ready; an engine that exits while the server runs stops the server
-    with status 1 and a line that says so, rather than leaving it answering 503s.
+    with status 1 and a line that says so, rather than leaving it answering 503s. An engine
+    that refuses its command line before that (status 2, with its one line saying why: a
+    bad value in ``--vllm-args``, say) ends the command with status 2 and no line more.
     """
 
     def __init__(
@@ -48,6 +52,8 @@ class ChildEngine:
         #: The CPUs the engine may run on (None: any).
         self.cpus = cpus
         self.status = 0
+        #: The server listens: the engine was ready (or waited for long enough).
+        self.ready = False
 
     async def serve(self, frontend_serve: Callable[..., Awaitable[None]]) -> None:
         """Start the engine, then ``frontend_serve(engine_wait=..., task_status=...)``
@@ -74,6 +80,7 @@ class ChildEngine:
                 if self.progress:
                     nursery.start_soon(self._say_loading, loading)
                 await nursery.start(frontend)
+                self.ready = True
                 loading.cancel()
         finally:
             with trio.CancelScope(shield=True):
@@ -91,8 +98,12 @@ class ChildEngine:
 
     async def _watch(self, process: trio.Process, scope: trio.CancelScope) -> None:
         code = await process.wait()
-        log.error("%s exited with code %s; stopping", self.what, code)
-        self.status = 1
+        if code == USAGE_ERROR and not self.ready:
+            log.debug("%s refused its command line (its line above says why)", self.what)
+            self.status = USAGE_ERROR
+        else:
+            log.error("%s exited with code %s; stopping", self.what, code)
+            self.status = 1
         scope.cancel()
 
     async def _stop(self, process: trio.Process) -> None:
@@ -104,4 +115,9 @@ class ChildEngine:
                 log.warning("%s did not stop in %g s; killing it", self.what, CHILD_STOP_TIMEOUT)
                 process.kill()
                 await process.wait()
-        log.info("%s stopped (exit code %s)", self.what, process.returncode)
+        log.log(
+            logging.DEBUG if self.status == USAGE_ERROR else logging.INFO,
+            "%s stopped (exit code %s)",
+            self.what,
+            process.returncode,
+        )

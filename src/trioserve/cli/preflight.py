@@ -8,6 +8,7 @@ import argparse
 import errno
 import logging
 import os
+import shlex
 import socket
 import sys
 from pathlib import Path
@@ -149,6 +150,39 @@ def check_engine_curve(settings: Settings) -> None:
         raise CommandError(f"--engine-curve-*: {exc}", USAGE_ERROR) from exc
     assert keys is not None
     log.info("engine link: CURVE to %d engine(s)", len(settings.engines))
+
+
+def check_vllm_options(model: str, vllm_args: str, engines: list[str]) -> None:
+    """``--vllm`` and ``--vllm-args`` together, and with ``--engine``: a mistake is one
+    line and status 2 here, not a traceback of vLLM's once it has started."""
+    if vllm_args and not model:
+        raise CommandError(
+            "--vllm-args are options for the engine --vllm starts: give --vllm MODEL too, "
+            "or leave --vllm-args out",
+            USAGE_ERROR,
+        )
+    if not model:
+        return
+    if engines:
+        raise CommandError(
+            "--vllm starts an engine of its own, --engine names engines running elsewhere: "
+            "give one or the other",
+            USAGE_ERROR,
+        )
+    try:
+        shlex.split(vllm_args)
+    except ValueError as exc:
+        raise CommandError(
+            f"--vllm-args {vllm_args!r}: {exc}; give vLLM's options in one string, e.g. "
+            "'--max-model-len 2048 --dtype bfloat16'",
+            USAGE_ERROR,
+        ) from exc
+    from ..engine_programs.vllm import model_error
+
+    problem = model_error(model)
+    if problem is not None:
+        raise CommandError(f"--vllm {problem}", USAGE_ERROR)
+    check_vllm_installed()
 
 
 def check_vllm_installed() -> None:

@@ -118,7 +118,7 @@ class RunOptions:
         help="the mock's time to first token, in milliseconds",
     )
     mock_model: str = option(
-        "mock", group="mock", metavar="NAME", help="the model name the mock serves"
+        "mock", group="mock", kind="name", metavar="NAME", help="the model name the mock serves"
     )
     enable_auto_tool_choice: bool = option(
         False,
@@ -210,12 +210,20 @@ def run(args: argparse.Namespace) -> int:
     from ..server.frontend import serve_frontend
 
     settings = from_args(Settings, args, api_keys=api_keys)
+    if settings.debug_endpoints:
+        log.warning(
+            "--debug-endpoints: GET /debug/requests shows every request in flight (its "
+            "client's address, request id, model and engine; not its prompt) to %s",
+            "any holder of an API key" if api_keys else "anyone who can reach this server",
+        )
+    # Before --vllm-args are split and read below.
+    preflight.check_vllm_options(options.vllm, options.vllm_args, settings.engines)
     try:
         flags = agent_flags.resolve(
             settings.tool_call_parser,
             settings.reasoning_parser,
             options.enable_auto_tool_choice,
-            shlex.split(options.vllm_args) if options.vllm and not settings.engines else None,
+            shlex.split(options.vllm_args) if options.vllm else None,
         )
     except agent_flags.FlagError as exc:
         raise CommandError(str(exc), USAGE_ERROR) from None
@@ -224,8 +232,6 @@ def run(args: argparse.Namespace) -> int:
     preflight.check_tls_files(settings)
     preflight.check_upload_dir(settings.upload_dir)
     preflight.check_tokenizer(settings.tokenizer)
-    if options.vllm and not settings.engines:
-        preflight.check_vllm_installed()
     preflight.check_can_listen(settings.host, settings.port)
     preflight.check_engine_curve(settings)
     status = 0

@@ -32,7 +32,9 @@ log = logging.getLogger("trioserve")
 class MockOptions:
     """The mock's own options (``ProcessOptions`` has those every engine takes)."""
 
-    model: str = option("mock", group="mock", metavar="NAME", help="model name to serve")
+    model: str = option(
+        "mock", group="mock", kind="name", metavar="NAME", help="model name to serve"
+    )
     tokens_per_second: float = option(
         50.0,
         group="mock",
@@ -173,7 +175,8 @@ def main(args: argparse.Namespace) -> int:
             if bound:
                 raise
             raise bind_error(process.bind, exc) from exc
-    log.info("mock engine stopped")
+    # The child of `trioserve run` (it watches its parent): its parent says it stopped.
+    log.log(logging.DEBUG if parent else logging.INFO, "mock engine stopped")
     return 0
 
 

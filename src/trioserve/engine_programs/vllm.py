@@ -30,11 +30,14 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
+import sys
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import attrs
 
+from ..errors import CommandError
 from ..protocol import ModelCard, Submit, Usage
 from ..sdk.asyncio_shell import AsyncioEngine, serve_engine_asyncio
 from ..sdk.core import EngineLoad, Output, RequestError, Stats
@@ -341,7 +344,14 @@ def build_parser() -> argparse.ArgumentParser:
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    parser = FlexibleArgumentParser(
+    class Parser(FlexibleArgumentParser):
+        """vLLM's parser, with a usage error in one line (vLLM's usage is 300 lines)."""
+
+        def error(self, message: str) -> NoReturn:
+            sys.stderr.write(f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
+            raise SystemExit(2)
+
+    parser = Parser(
         prog="trioserve engine vllm",
         description="Serve a model with vLLM to trioserve frontends over ZeroMQ. Takes "
         "vLLM's engine options as `vllm serve` spells them.",
@@ -363,6 +373,9 @@ def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
     if args.model_tag is not None:  # vLLM's positional MODEL, as `vllm serve` takes it
         args.model = args.model_tag
+    problem = model_error(args.model)
+    if problem is not None:
+        raise CommandError(problem, 2)
     if getattr(args, "tool_call_parser", None) or getattr(args, "enable_auto_tool_choice", False):
         # The frontend parses answers (text/agents); vLLM's engine has no use for these.
         log.warning(
@@ -402,8 +415,19 @@ async def _serve(
 
     figures = SchedulerFigures()
     engine_args = AsyncEngineArgs.from_cli_args(args)
+    try:
+        vllm_config = engine_args.create_engine_config()
+    except Exception as exc:  # vLLM's checks of the model and its options, whatever they raise
+        raise CommandError(
+            f"vLLM refused the model {args.model} or its options: {_one_line(exc)}", 2
+        ) from exc
     log.info("loading %s with vLLM", args.model)
-    engine = AsyncLLM.from_engine_args(engine_args, stat_loggers=[_figures_logger_factory(figures)])
+    engine = AsyncLLM.from_vllm_config(
+        vllm_config,
+        stat_loggers=[_figures_logger_factory(figures)],
+        enable_log_requests=engine_args.enable_log_requests,
+        disable_log_stats=engine_args.disable_log_stats,
+    )
     watcher = None
     died: list[bool] = []
     death_watch = loop.create_task(_exit_when_dead(engine, task, died))
@@ -469,6 +493,35 @@ async def _serve(
         death_watch.cancel()
         engine.shutdown()
     return bool(died)
+
+
+def _one_line(exc: BaseException) -> str:
+    """What vLLM said, in one line: a pydantic error's first message, else the first line."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            return str(errors()[0]["msg"])
+        except (TypeError, LookupError):
+            pass
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def model_error(model: str) -> str | None:
+    """What is wrong with ``--vllm MODEL`` / ``trioserve engine vllm MODEL`` before vLLM
+    is loaded, if anything: a model is a directory here or a Hugging Face name."""
+    if os.path.exists(model):
+        return None
+    if _HF_NAME.fullmatch(model) and "--" not in model and ".." not in model:
+        return None  # vLLM looks it up on the Hub (or in its cache)
+    return (
+        f"{model}: no such directory, and not a Hugging Face model name (NAME or ORG/NAME): "
+        "give the directory of a model, or its name"
+    )
+
+
+#: A Hugging Face repository id, as huggingface_hub's validate_repo_id takes it.
+_HF_NAME = re.compile(r"(?:[\w\-.]+/)?[\w\-.]{1,96}")
 
 
 def _servings(engine: Any, renderer: Any, names: list[str], args: argparse.Namespace) -> Any:

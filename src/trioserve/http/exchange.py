@@ -50,7 +50,13 @@ UNCOUNTED = Holding(None)
 
 
 def body_too_large(limit: int) -> HTTPError:
-    return HTTPError(413, f"the body exceeds {limit} bytes", "body_too_large")
+    """413: a body over ``limit`` bytes, said as the operator sets it (``--max-body-mb``)."""
+    return HTTPError(
+        413,
+        f"the body exceeds the server's limit of {limit / 2**20:g} MiB ({limit} bytes; "
+        "trioserve run --max-body-mb)",
+        "body_too_large",
+    )
 
 
 class Exchange:

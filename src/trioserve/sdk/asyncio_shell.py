@@ -173,7 +173,12 @@ class AsyncioEngine:
             log.warning("%s again: ending the grace period now", name)
             self.end_grace()
             return
-        log.info("%s: draining (grace period %g s)", name, grace_period)
+        log.log(
+            logging.INFO if self.core.running else logging.DEBUG,
+            "%s: draining (grace period %g s)",
+            name,
+            grace_period,
+        )
 
         async def drain_then_stop() -> None:
             await self.drain(grace_period)

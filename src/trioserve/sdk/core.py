@@ -168,7 +168,8 @@ class EngineCore:
         if self.draining:
             return
         self.draining = True
-        log.info(
+        log.log(
+            logging.INFO if self.running else logging.DEBUG,  # idle: its Stats line says it
             "draining: refusing new requests, finishing %d; telling %d frontend(s)",
             len(self.running),
             len(self._last_seen),

@@ -168,8 +168,11 @@ class TrioEngine:
                     self.end_grace()
                     continue
                 draining = True
-                log.info(
-                    "%s: draining (grace period %g s)", signal.Signals(signum).name, grace_period
+                log.log(
+                    logging.INFO if self.core.running else logging.DEBUG,
+                    "%s: draining (grace period %g s)",
+                    signal.Signals(signum).name,
+                    grace_period,
                 )
                 assert self._nursery is not None
 

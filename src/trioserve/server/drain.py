@@ -42,6 +42,8 @@ class DrainController:
         self.deadline_reached = trio.Event()
         self._skip = trio.Event()
         self._started = False
+        #: Ctrl-C found nothing in flight and said so: the stop needs no more lines.
+        self.quiet = False
         metrics.DRAINING.set(0)
 
     def begin(self, *, skip_delay: bool = False) -> None:
@@ -55,10 +57,16 @@ class DrainController:
         self.services.state.draining = True
         metrics.DRAINING.set(1)
         if skip_delay:
+            running = self._in_flight()
+            if not running:  # what a person at a terminal wants to read: one line
+                self.quiet = True
+                log.info("Ctrl-C: nothing in flight; stopping")
+                return
             log.info(
-                "draining on SIGINT: readiness is now 503; skipping the drain delay (it is for "
-                "load balancers; SIGTERM waits it); "
-                "finishing in-flight requests for up to %g s (Ctrl-C again to stop now)",
+                "Ctrl-C: readiness is now 503 and the listener closes (the drain delay is "
+                "for load balancers; SIGTERM waits it); finishing %d request(s) in flight for "
+                "up to %g s (Ctrl-C again to stop now)",
+                running,
                 max(self.graceful_timeout - self.drain_delay, 0.0),
             )
             return
@@ -69,19 +77,31 @@ class DrainController:
             self.graceful_timeout,
         )
 
+    def _in_flight(self) -> int:
+        """Requests running now: those of clients, and the background responses."""
+        return len(self.services.registry) + self.services.responses.running
+
     async def run(self, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> None:
         """Wait for signals and run the sequence. Never returns; cancel it."""
         with trio.open_signal_receiver(*signals) as receiver:
             async with trio.open_nursery() as nursery:
                 async for signum in receiver:
                     if not self._started:
-                        nursery.start_soon(partial(self.drain, skip_delay=signum == signal.SIGINT))
+                        # Begun here, not in the task: a second signal read before the task
+                        # runs is then a second signal, not a second drain.
+                        skip_delay = signum == signal.SIGINT
+                        self.begin(skip_delay=skip_delay)
+                        nursery.start_soon(partial(self._sequence, skip_delay=skip_delay))
                     else:
                         self.begin()
 
     async def drain(self, *, skip_delay: bool = False) -> None:
         """The whole sequence, from the first signal to the end of the grace period."""
         self.begin(skip_delay=skip_delay)
+        await self._sequence(skip_delay=skip_delay)
+
+    async def _sequence(self, *, skip_delay: bool) -> None:
+        """What follows :meth:`begin`: the delay, the listener's closing, the grace period."""
         t0 = trio.current_time()
         if skip_delay:
             t0 -= self.drain_delay  # as if the delay were over
@@ -89,7 +109,13 @@ class DrainController:
             await self._skip.wait()
         self.services.state.closing = True
         self.stop_accepting.set()
-        log.info("draining: listener closed; %d request(s) in flight", len(self.services.registry))
+        running = self._in_flight()
+        # Said when it tells something: with nothing in flight, the stop follows at once.
+        log.log(
+            logging.INFO if running else logging.DEBUG,
+            "draining: listener closed; %d request(s) in flight",
+            running,
+        )
         with trio.move_on_at(t0 + self.graceful_timeout):
             await self._skip.wait()
         ended = self.services.end_all(EndReason.DRAIN)

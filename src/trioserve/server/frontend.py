@@ -151,7 +151,10 @@ async def serve_frontend(
                         responses.running,
                     )
                     await responses.wait_idle()
-                log.info("all connections closed; stopping")
+                log.log(
+                    logging.DEBUG if drain.quiet else logging.INFO,
+                    "all connections closed; stopping",
+                )
                 nursery.cancel_scope.cancel()
 
             if engine_wait > 0:
