@@ -1,4 +1,6 @@
-"""One command serves a real model: ``trioserve run --vllm MODEL``, used with the openai client."""
+"""One command serves a real model: ``trioserve run --vllm MODEL --vllm-path shared`` (the
+adapter, ``trioserve engine vllm``), used with the openai client. The direct path, the
+default: test_direct_vllm.py."""
 
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ async def test_run_vllm_serves_the_model_to_the_openai_client(vllm: Vllm, nurser
         str(vllm.model_dir),
         "--vllm-args",
         shlex.join(VLLM_OPTIONS),
+        "--vllm-path",
+        "shared",
         python=vllm.python,
         env=vllm_env(),
     )
@@ -99,6 +103,8 @@ async def test_run_vllm_stops_with_status_1_when_the_enginecore_dies(vllm: Vllm,
         str(vllm.model_dir),
         "--vllm-args",
         shlex.join(VLLM_OPTIONS),
+        "--vllm-path",
+        "shared",
         python=vllm.python,
         env=vllm_env(),
     )

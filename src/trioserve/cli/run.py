@@ -86,6 +86,15 @@ class RunOptions:
         help="more options for the vLLM engine, as `vllm serve` spells them, in one "
         "string, e.g. '--max-model-len 2048 --dtype bfloat16'",
     )
+    vllm_path: str = option(
+        "direct",
+        group="vllm",
+        choices=("direct", "shared"),
+        help="how this process speaks to vLLM: `direct` (its EngineCore's client, with the "
+        "tokenizer, chat template and detokenizer here: no process in between) or `shared` "
+        "(through `trioserve engine vllm`, vLLM's AsyncLLM; for what the direct path does "
+        "not serve yet: multimodal inputs, LoRA, non-HF tokenizers; docs/engines.md)",
+    )
     vllm_cpus: str = option(
         "auto",
         group="vllm",
@@ -232,6 +241,14 @@ def run(args: argparse.Namespace) -> int:
     preflight.check_tls_files(settings)
     preflight.check_upload_dir(settings.upload_dir)
     preflight.check_tokenizer(settings.tokenizer)
+    direct = bool(options.vllm) and not settings.engines and options.vllm_path == "direct"
+    if direct and options.workers > 1:
+        raise CommandError(
+            "--workers with the direct vLLM path is not served yet (each worker would be "
+            "a client of the one EngineCore, which the supervisor does not set up): use "
+            "--vllm-path shared, or one worker",
+            USAGE_ERROR,
+        )
     preflight.check_can_listen(settings.host, settings.port)
     preflight.check_engine_curve(settings)
     status = 0
@@ -253,15 +270,26 @@ def run(args: argparse.Namespace) -> int:
     )
 
     async def main_task() -> None:
+        nonlocal status
         if settings.engines:
             await serve()
+            return
+        if direct:
+            from .direct_vllm import serve_direct
+
+            status = await serve_direct(
+                options.vllm,
+                flags.engine_args,
+                cpus=vllm_cpus(options.vllm_cpus),
+                load_timeout=options.vllm_load_timeout,
+                serve=serve,
+            )
             return
         with tempfile.TemporaryDirectory(prefix="trioserve-") as tmp:
             address = f"ipc://{Path(tmp) / 'engine.sock'}"
             settings.engines = [address]
             child = _child_engine(args, options, address, flags.engine_args)
             await child.serve(serve)
-            nonlocal status
             status = child.status
 
     tune_gc()

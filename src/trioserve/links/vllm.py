@@ -1,0 +1,456 @@
+"""vLLM's EngineCore as an engine link: the frontend is EngineCore's client, with no process
+in between (``trioserve run --vllm MODEL``, the direct path; docs/engines.md).
+
+- **Prepare** (:class:`VllmText`, in a worker thread: a long prompt must not stall other
+  streams): the chat template rendered and the prompt tokenized by the text layer
+  (:mod:`trioserve.text`), the OpenAI parameters lowered to vLLM's ``SamplingParams`` and
+  validated as vLLM validates them. Whatever the text layer refuses is a 400 naming the
+  parameter, before anything reaches the engine (EngineCore wedges on an invalid ADD).
+- **Submit** (:class:`VllmLink`): one ADD, its request id this frontend's own (unique
+  across the engine's clients).
+- **Outputs**: token ids in, the same :class:`~trioserve.protocol.OutputItem` deltas the
+  writers get from any engine out: text from the incremental detokenizer, usage counted
+  from the ids, ``finish_reason`` as vLLM names it, logprobs in the OpenAI shape of the
+  task. A stop string matched here ends the request successfully
+  (``Subscription.conclude``): one ABORT to the engine, ``finish_reason: "stop"``.
+- **Figures**: the scheduler's running, waiting and KV-cache usage of every step reach
+  routing and the same gauges as a pong's.
+- **Death**: when the client loses the engine (socket monitor, heartbeat,
+  ``ENGINE_CORE_DEAD``) every request in flight ends at once with one ``engine_lost``
+  error and the link is out of service (``/health`` 503).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import trio
+
+from .. import metrics
+from ..ends import EndReason
+from ..engine import Prepared, Subscription
+from ..engine.subscription import DEFAULT_BUFFER
+from ..enginecore import codec
+from ..enginecore.client import EngineCoreClient
+from ..errors import EngineLostError, TextInputError
+from ..protocol import ErrorInfo, ModelCard, OutputItem, Submit, Usage
+from ..text.assets import ModelText
+from ..text.detokenizer import IncrementalDetokenizer
+from ..text.logprob_format import Position, chat_logprobs, completion_logprobs, position
+from ..text.prompts import Prompt, chat_prompt, completion_prompt
+from ..text.sampling import EngineLimits, Sampling, lower
+from ..text.template import ChatOptions
+
+log = logging.getLogger(__name__)
+
+#: The tasks the direct path serves.
+CAPABILITIES = ("chat", "completion")
+#: Request fields the direct path does not serve yet: a 400 naming them, never a silently
+#: different answer.
+UNSERVED = {
+    "lora_request": "LoRA adapters",
+    "lora": "LoRA adapters",
+    "mm_processor_kwargs": "multimodal inputs",
+    "prompt_embeds": "prompt embeddings",
+}
+
+
+class VllmText:
+    """The direct path's :class:`~trioserve.engine.link.Preparer`: a submit into the token
+    ids and sampling parameters of one EngineCore request."""
+
+    def __init__(self, model: ModelText, limits: EngineLimits) -> None:
+        self.model = model
+        self.limits = limits
+
+    async def prepare(self, message: Submit) -> Prepared:
+        # Cancelling abandons the thread's result (a tokenization runs to its end, alone).
+        return await trio.to_thread.run_sync(self.prepare_now, message, abandon_on_cancel=True)
+
+    def prepare_now(self, message: Submit) -> Prepared:
+        """What :meth:`prepare` does, in the calling thread."""
+        params = message.params
+        for name, what in UNSERVED.items():
+            if params.get(name) is not None:
+                raise TextInputError(f"{what} are not served on the direct vLLM path", param=name)
+        limits = self.limits
+        if message.task == "chat":
+            options = ChatOptions(
+                add_generation_prompt=bool(params.get("add_generation_prompt", True)),
+                continue_final_message=bool(params.get("continue_final_message", False)),
+                tools=params.get("tools"),
+                documents=params.get("documents"),
+                chat_template_kwargs=params.get("chat_template_kwargs"),
+                reasoning_effort=params.get("reasoning_effort"),
+            )
+            prompt = chat_prompt(
+                self.model,
+                list(message.inputs.get("messages") or ()),
+                options,
+                add_special_tokens=bool(params.get("add_special_tokens", False)),
+                max_model_len=limits.max_model_len,
+                chat_template=params.get("chat_template"),
+            )
+        else:
+            prompt = completion_prompt(
+                self.model,
+                message.inputs.get("prompt", ""),
+                add_special_tokens=bool(params.get("add_special_tokens", True)),
+                max_model_len=limits.max_model_len,
+            )
+        sampling = lower(
+            params,
+            endpoint=message.task,
+            prompt_len=len(prompt.token_ids),
+            model=self.model,
+            limits=limits,
+            stream=bool(params.get("stream", False)),
+        )
+        return Prepared(message, self, (prompt, sampling))
+
+
+class VllmLink:
+    """vLLM's EngineCore, through this process's :class:`EngineCoreClient`, as an
+    :class:`~trioserve.engine.link.EngineLink`. Made by :class:`VllmLinks`."""
+
+    def __init__(
+        self,
+        client: EngineCoreClient,
+        text: VllmText,
+        models: Sequence[str],
+        address: str,
+        frontend_id: str,
+        on_change: Callable[[], None],
+    ) -> None:
+        self.client = client
+        self.preparer: VllmText = text
+        self.address = address
+        self._on_change = on_change
+        #: Request ids in the engine: this frontend's, the client's index and a counter,
+        #: so no two clients of the engine (workers, frontends) ever share one.
+        self._prefix = f"{frontend_id}-{client.client_index}-{os.urandom(3).hex()}-"
+        self._counter = 0
+        self._models = [ModelCard(name, owned_by="vllm") for name in models]
+        self.draining = False
+        self.retiring = False
+        self.scope = trio.CancelScope()
+        self.kv_cache_usage: float | None = None
+        self.running = self.waiting = 0
+        self._in_flight_at_stats = 0
+        self._streams: dict[str, _Stream] = {}
+        self._gauges = [
+            gauge.labels(engine=address)
+            for gauge in (
+                metrics.ENGINE_RUNNING,
+                metrics.ENGINE_QUEUED,
+                metrics.ENGINE_KV_CACHE_USAGE,
+                metrics.ENGINE_CONNECTED,
+                metrics.ENGINE_DRAINING,
+            )
+        ]
+        self._gauges[3].set(1)
+        self._gauges[4].set(0)
+        client.on_stats = self._on_stats
+
+    # -- state ---------------------------------------------------------------------------
+
+    @property
+    def failure(self) -> str | None:
+        return self.client.failure
+
+    @property
+    def ready(self) -> bool:
+        return self.client.failure is None
+
+    @property
+    def accepting(self) -> bool:
+        return self.ready and not self.retiring
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._streams)
+
+    @property
+    def load(self) -> int:
+        since = self.in_flight - self._in_flight_at_stats
+        return max(self.in_flight, self.running + self.waiting + since)
+
+    @property
+    def models(self) -> Sequence[ModelCard]:
+        return self._models if self.ready else ()
+
+    @property
+    def capabilities(self) -> Sequence[str]:
+        return CAPABILITIES if self.ready else ()
+
+    def serves(self, model: str | None, capability: str) -> bool:
+        if not self.ready or capability not in CAPABILITIES:
+            return False
+        return model is None or self.serves_model(model)
+
+    def serves_model(self, model: str) -> bool:
+        return self.ready and any(card.id == model for card in self._models)
+
+    def retire(self) -> None:
+        self.retiring = True
+        self._on_change()
+        if not self._streams:
+            self.scope.cancel()
+
+    def unretire(self) -> None:
+        if self.retiring and not self.scope.cancel_called:
+            self.retiring = False
+            self._on_change()
+
+    def remove_gauges(self) -> None:
+        for gauge in (
+            metrics.ENGINE_RUNNING,
+            metrics.ENGINE_QUEUED,
+            metrics.ENGINE_KV_CACHE_USAGE,
+            metrics.ENGINE_CONNECTED,
+            metrics.ENGINE_DRAINING,
+        ):
+            try:
+                gauge.remove(self.address)
+            except KeyError:
+                pass
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Watch the client until the engine is lost (its requests have then ended, each
+        with its error: :meth:`_Stream.lost`) or this is cancelled."""
+        task_status.started()
+        with self.scope:
+            await self.client.lost.wait()
+            log.error("vLLM's EngineCore at %s is lost: %s", self.address, self.client.failure)
+            self._gauges[3].set(0)
+            self._forget_figures()
+            self._on_change()
+            await trio.sleep_forever()
+
+    def _on_stats(self, stats: codec.SchedulerStats) -> None:
+        self.running = stats.num_running_reqs
+        self.waiting = stats.num_waiting_reqs + stats.num_skipped_waiting_reqs
+        self.kv_cache_usage = stats.kv_cache_usage
+        self._in_flight_at_stats = self.in_flight
+        self._gauges[0].set(self.running)
+        self._gauges[1].set(self.waiting)
+        self._gauges[2].set(stats.kv_cache_usage)
+
+    def _forget_figures(self) -> None:
+        self.running = self.waiting = self._in_flight_at_stats = 0
+        self.kv_cache_usage = None
+        for gauge in self._gauges[:3]:
+            gauge.set(0)
+
+    # -- requests --------------------------------------------------------------------------
+
+    def submit(
+        self,
+        prepared: Prepared,
+        buffer: int = DEFAULT_BUFFER,
+        on_failure: Callable[[EndReason], None] | None = None,
+    ) -> Subscription:
+        message = prepared.message
+        if message.request_id in self._streams:
+            raise ValueError(f"request id {message.request_id!r} is already in flight")
+        prompt, sampling = prepared.payload
+        sub = Subscription(self, message.request_id, buffer, on_failure)
+        self._counter += 1
+        engine_id = f"{self._prefix}{self._counter}"
+        stream = _Stream(self, sub, engine_id, message.task, prompt, sampling)
+        request = codec.EngineCoreRequest(
+            request_id=engine_id,
+            prompt_token_ids=prompt.token_ids,
+            mm_features=None,
+            sampling_params=codec.sampling_params(sampling.params),
+            pooling_params=None,
+            arrival_time=time.time(),
+            lora_request=None,
+            cache_salt=message.params.get("cache_salt"),
+            data_parallel_rank=None,
+            priority=int(message.params.get("priority") or 0),
+        )
+        self.client.add(request, stream)  # raises EngineLostError / EngineOverloadedError
+        self._streams[message.request_id] = stream
+        return sub
+
+    def adopt(self, sub: Subscription, prepared: Prepared) -> None:
+        raise EngineLostError("the direct vLLM path has one engine: no failover")
+
+    def refusal(self, error: ErrorInfo) -> str | None:
+        return None  # EngineCore refuses nothing before it starts a request
+
+    def forget(self, request_id: str) -> None:
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            stream.sub = None  # deliver nothing more
+            if stream.ended:
+                del self._streams[request_id]
+        if not self._streams and self.retiring:
+            self.scope.cancel()
+
+    def queue_abort(self, request_id: str) -> None:
+        stream = self._streams.pop(request_id, None)
+        if stream is not None and not stream.ended:
+            stream.ended = True
+            self.client.abort([stream.engine_id])
+
+    def hold(self, sub: Subscription) -> None:
+        # The client hands over one request's output at a time: the sink gets it now.
+        sub.release()
+
+
+class _Stream:
+    """One request's outputs: token ids in, :class:`OutputItem` out (an
+    :class:`~trioserve.enginecore.client.OutputSink`)."""
+
+    __slots__ = (
+        "as_ids",
+        "chat",
+        "detokenizer",
+        "ended",
+        "engine_id",
+        "link",
+        "logprobs",
+        "offset",
+        "prompt_tokens",
+        "sampled",
+        "seq",
+        "sub",
+        "top",
+    )
+
+    def __init__(
+        self,
+        link: VllmLink,
+        sub: Subscription,
+        engine_id: str,
+        task: str,
+        prompt: Prompt,
+        sampling: Sampling,
+    ) -> None:
+        self.link = link
+        self.sub: Subscription | None = sub
+        self.engine_id = engine_id
+        self.ended = False
+        self.chat = task == "chat"
+        self.prompt_tokens = len(prompt.token_ids)
+        self.detokenizer: IncrementalDetokenizer = sampling.detokenizer(
+            link.preparer.model, prompt.token_ids
+        )
+        params = sampling.params
+        self.logprobs = params.get("logprobs") is not None
+        self.top = int(params.get("logprobs") or 0)
+        self.sampled: list[int] = []  # token ids so far (logprob strings' context)
+        self.as_ids = sampling.tokens_as_token_ids
+        self.offset = 0  # a completion's text_offset, carried across deltas
+        self.seq = 0
+
+    def output(self, output: codec.EngineCoreOutput) -> None:
+        reason = output.finish_reason
+        if reason is not None:
+            self.ended = True
+            self.link._streams.pop(self.sub.request_id if self.sub else "", None)
+        sub = self.sub
+        if sub is None:
+            return
+        ids = output.new_token_ids
+        detok = self.detokenizer
+        stop_string = detok.update(ids, reason == codec.FinishReason.STOP)
+        logprobs = None
+        if self.logprobs and output.new_logprobs is not None:
+            logprobs = self._logprobs(output.new_logprobs, len(detok.token_ids))
+        self.seq += 1
+        if stop_string is not None and reason is None:
+            # The frontend's own end: one ABORT, a 200 with finish_reason "stop".
+            item = self._final(detok.next_text(True), "stop", logprobs)
+            sub.conclude(item)
+            return
+        if reason is None:
+            text = detok.next_text(False)
+            if text or logprobs:
+                sub.deliver(
+                    OutputItem(sub.request_id, self.seq, data=text or None, logprobs=logprobs)
+                )
+            return
+        if reason == codec.FinishReason.ERROR:
+            sub.deliver(
+                OutputItem(
+                    sub.request_id,
+                    self.seq,
+                    error=ErrorInfo(500, "vLLM's engine failed the request", "engine_error"),
+                )
+            )
+            return
+        name = codec.FINISH_REASON_NAMES[reason] if 0 <= reason < 5 else "error"
+        if stop_string is not None:
+            name = "stop"
+        sub.deliver(self._final(detok.next_text(True), name, logprobs))
+
+    def _final(self, text: str, reason: str, logprobs: Any) -> OutputItem:
+        assert self.sub is not None
+        usage = Usage(self.prompt_tokens, self.detokenizer.num_output_tokens())
+        return OutputItem(
+            self.sub.request_id,
+            self.seq,
+            data=text or None,
+            usage=usage,
+            finish_reason=reason,
+            logprobs=logprobs,
+        )
+
+    def lost(self, reason: str) -> None:
+        self.ended = True
+        sub = self.sub
+        if sub is not None:
+            sub.fail(EngineLostError(f"vLLM's EngineCore is lost: {reason}"), EndReason.ENGINE_LOST)
+
+    def _logprobs(self, lists: codec.Logprobs, kept: int) -> Any:
+        """This step's tokens' logprobs in the OpenAI shape of the task, as vLLM's serving
+        layer lays them out (the tokens a stop string cut are left out)."""
+        model = self.link.preparer.model
+        positions: list[Position] = []
+        sampled: list[int] = []
+        rows = zip(
+            lists.logprob_token_ids.tolist(),
+            lists.logprobs.tolist(),
+            lists.sampled_token_ranks.tolist(),
+            strict=False,
+        )
+        for row_ids, row_values, rank in rows:
+            if len(self.sampled) >= kept:
+                break
+            step = position(
+                model, row_ids, row_values, rank, self.top, self.sampled,
+                as_token_ids=self.as_ids,
+            )  # fmt: skip
+            positions.append(step)
+            self.sampled.append(row_ids[0])
+            sampled.append(row_ids[0])
+        if not positions:
+            return None
+        if self.chat:
+            return chat_logprobs(sampled, positions, self.top)
+        out = completion_logprobs(sampled, positions, self.top, self.offset)
+        self.offset = out["text_offset"][-1] + len(out["tokens"][-1])
+        return out
+
+
+class VllmLinks:
+    """The :data:`~trioserve.engine.link.LinkFactory` of one connected EngineCore client
+    (``open_engine_client(links=[(address, VllmLinks(...))])``)."""
+
+    def __init__(self, client: EngineCoreClient, text: VllmText, models: Sequence[str]) -> None:
+        self.client = client
+        self.text = text
+        self.models = list(models)
+
+    def __call__(self, address: str, frontend_id: str, on_change: Callable[[], None]) -> VllmLink:
+        return VllmLink(self.client, self.text, self.models, address, frontend_id, on_change)
+
+
+__all__ = ["VllmLink", "VllmLinks", "VllmText"]

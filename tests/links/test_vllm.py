@@ -1,0 +1,159 @@
+"""The direct vLLM link's translation, with the engine replaced by a recording client: what
+it sends (one ADD per request, one ABORT per early end or stop string), and what the
+writers get from token ids (text deltas, usage, finish reasons), with the real text layer.
+The real engine's side is tests/vllm/test_direct_vllm.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from tests.helpers.text_models import build_text_model
+from trioserve.engine import open_engine_client
+from trioserve.enginecore import codec
+from trioserve.errors import EngineLostError, TextInputError
+from trioserve.links.vllm import VllmLinks, VllmText
+from trioserve.protocol import Submit
+from trioserve.text.assets import ModelText
+from trioserve.text.sampling import EngineLimits
+
+
+class RecordingCore:
+    """What the link needs of an EngineCore client: requests and aborts recorded."""
+
+    client_index = 0
+
+    def __init__(self) -> None:
+        self.failure: str | None = None
+        self.lost = trio.Event()
+        self.on_stats = None
+        self.added: list[codec.EngineCoreRequest] = []
+        self.sinks: dict[str, object] = {}
+        self.aborted: list[str] = []
+
+    def add(self, request, sink) -> None:
+        if self.failure is not None:
+            raise EngineLostError(self.failure)
+        self.added.append(request)
+        self.sinks[request.request_id] = sink
+
+    def abort(self, ids) -> None:
+        self.aborted.extend(ids)
+
+    def die(self, why: str) -> None:
+        self.failure = why
+        for sink in self.sinks.values():
+            sink.lost(why)  # type: ignore[attr-defined]
+        self.sinks.clear()
+        self.lost.set()
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> ModelText:
+    directory: Path = build_text_model(tmp_path_factory.mktemp("plain"), harder=False)
+    return ModelText.load(directory)
+
+
+async def served(nursery: trio.Nursery, core: RecordingCore, model: ModelText):
+    text = VllmText(model, EngineLimits(max_model_len=512))
+    links = VllmLinks(core, text, ["m"])  # type: ignore[arg-type]
+    client = await nursery.start(_client, links)
+    return client
+
+
+async def _client(links, task_status) -> None:
+    async with open_engine_client([], lambda *a: None, links=[("vllm://m", links)]) as client:  # type: ignore[arg-type,return-value]
+        task_status.started(client)
+        await trio.sleep_forever()
+
+
+def completion(request_id: str, prompt: str, **params) -> Submit:
+    return Submit(request_id, "m", "completion", {"prompt": prompt}, {"temperature": 0, **params})
+
+
+async def run(client, core, model, message, answer: str):
+    prepared = await client.prepare(message, "completion")
+    sub = client.submit(prepared, "completion")
+    [request] = [r for r in core.added if r.request_id not in core.aborted][-1:]
+    ids = model.encode(answer, add_special_tokens=False)
+    sink = core.sinks[request.request_id]
+    for i, token in enumerate(ids):
+        last = i == len(ids) - 1
+        sink.output(
+            codec.EngineCoreOutput(
+                request.request_id,
+                [token],
+                finish_reason=codec.FinishReason.LENGTH if last else None,
+            )
+        )
+        if sub.done:
+            break
+    items = []
+    while batch := await sub.receive_batch():
+        items += batch
+    return request, sub, items
+
+
+async def test_token_ids_become_text_deltas_usage_and_the_finish_reason(nursery, model):
+    core = RecordingCore()
+    client = await served(nursery, core, model)
+    answer = "Grüße aus Köln! 日本語 🙂"
+    request, sub, items = await run(
+        client, core, model, completion("a", "Hi", max_tokens=40), answer
+    )
+    assert "".join(i.data or "" for i in items) == answer
+    assert items[-1].finish_reason == "length" and sub.state == "finished"
+    assert items[-1].usage.prompt_tokens == len(request.prompt_token_ids)
+    assert items[-1].usage.completion_tokens == len(model.encode(answer, add_special_tokens=False))
+    assert core.aborted == []  # the engine finished it: no abort
+    assert request.sampling_params.max_tokens == 40
+
+
+@pytest.mark.parametrize("include", [False, True])
+async def test_a_stop_string_concludes_with_stop_and_one_abort(nursery, model, include):
+    core = RecordingCore()
+    client = await served(nursery, core, model)
+    message = completion(
+        "s", "Hi", max_tokens=100, stop=["Köln"], include_stop_str_in_output=include
+    )
+    request, sub, items = await run(client, core, model, message, "Grüße aus Köln! and more")
+    text = "".join(i.data or "" for i in items)
+    assert text == ("Grüße aus Köln" if include else "Grüße aus ")
+    assert items[-1].finish_reason == "stop" and sub.state == "concluded"
+    assert core.aborted == [request.request_id]
+
+
+async def test_what_the_direct_path_does_not_serve_is_a_400_before_any_add(nursery, model):
+    core = RecordingCore()
+    client = await served(nursery, core, model)
+    for params in ({"lora_request": {"name": "x"}}, {"n": 0}, {"max_tokens": 10_000}):
+        with pytest.raises(TextInputError):
+            await client.prepare(completion("x", "Hi", **params), "completion")
+    assert core.added == []
+
+
+async def test_the_engine_lost_fails_every_request_once_and_the_link_is_out_of_service(
+    nursery, model
+):
+    core = RecordingCore()
+    client = await served(nursery, core, model)
+    ended = []
+    subs = []
+    for i in range(3):
+        prepared = await client.prepare(completion(f"r{i}", "Hi", max_tokens=10), "completion")
+        subs.append(client.submit(prepared, "completion", on_failure=ended.append))
+    core.die("killed")
+    assert [s.state for s in subs] == ["lost"] * 3 and len(ended) == 3
+    assert core.aborted == []  # a dead engine is not written to
+    await trio.testing.wait_all_tasks_blocked()
+    assert not client.ready and client.failures() == {"vllm://m": "killed"}
+
+
+async def test_the_schedulers_figures_reach_routing(nursery, model):
+    core = RecordingCore()
+    client = await served(nursery, core, model)
+    [link] = client.links
+    core.on_stats(codec.SchedulerStats(num_running_reqs=3, num_waiting_reqs=2, kv_cache_usage=0.5))
+    assert link.load == 5 and link.kv_cache_usage == 0.5

@@ -1,0 +1,199 @@
+"""The direct path, ``trioserve run --vllm MODEL`` (this process is vLLM's EngineCore's
+client, the text pipeline in the frontend): the same answers as ``vllm serve`` on the same
+model and options, each early end's abort seen in vLLM's scheduler figures, and the engine's
+death. One run of the CLI for the module (the EngineCore is its child); the death test,
+last, kills it."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from tests.helpers.vllm import client, essentials, post_json, stream_essentials
+from tests.helpers.vllm_session import MODEL, ROOT, START_GUARD, VLLM_OPTIONS, Vllm, vllm_env
+from tests.helpers.waiting import HANG_GUARD
+
+pytestmark = pytest.mark.integration
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+
+def chat(content: str, **params: Any) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": content}], **params}
+
+
+def completion(prompt: str, **params: Any) -> dict[str, Any]:
+    return {"prompt": prompt, **params}
+
+
+CASES = [
+    (CHAT, chat("Hello", max_tokens=24, temperature=0)),
+    (COMPLETIONS, completion("The quick brown fox", max_tokens=32, temperature=0)),
+    (COMPLETIONS, completion("Grüße aus Köln 日本語 🙂", max_tokens=48, temperature=0)),
+    (CHAT, chat("Sample", max_tokens=32, temperature=0.9, top_p=0.8, top_k=40, seed=7)),
+    (CHAT, chat("Ignore the end", max_tokens=64, temperature=0, ignore_eos=True)),
+    (CHAT, chat("Bounded", max_tokens=16, temperature=0, min_tokens=8)),
+]
+
+
+class Direct:
+    """The module's ``trioserve run --vllm`` (direct), and its log."""
+
+    def __init__(self, process: subprocess.Popen[bytes], log: Path) -> None:
+        self.process = process
+        self.log = log
+        self.url = ""
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    async def metric(self, name: str) -> float:
+        async with httpx.AsyncClient(base_url=self.url, timeout=HANG_GUARD) as http:
+            text = (await http.get("/metrics")).text
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith(name) and not line.startswith("#"):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+
+@pytest.fixture(scope="module")
+def direct(vllm: Vllm, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Direct]:
+    log = tmp_path_factory.mktemp("direct") / "run.log"
+    command = [vllm.python, "-m", "trioserve", "run", "--port", "0", "--vllm"]
+    command += [str(vllm.model_dir), "--vllm-args", shlex.join(VLLM_OPTIONS)]
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=vllm_env(), cwd=ROOT,
+            start_new_session=True,
+        )  # fmt: skip
+    run = Direct(process, log)
+    try:
+        deadline = time.monotonic() + START_GUARD
+        while not (match := re.search(r"Running on (http://127\.0\.0\.1:\d+)", run.output())):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"trioserve run --vllm did not start:\n{run.output()[-4000:]}")
+            time.sleep(0.5)
+        run.url = match[1]
+        yield run
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+@pytest.mark.parametrize(("path", "body"), CASES)
+async def test_json_answers_match_vllm_serve(vllm: Vllm, direct: Direct, path, body) -> None:
+    ours = await post_json(direct.url, path, body)
+    theirs = await post_json(vllm.reference_url, path, body)
+    assert theirs.status_code == 200 and ours.status_code == 200, ours.text
+    assert essentials(ours.json()) == essentials(theirs.json())
+
+
+@pytest.mark.parametrize(("path", "body"), CASES[:3])
+async def test_streamed_answers_match_vllm_serve(vllm: Vllm, direct: Direct, path, body) -> None:
+    ours = await stream_essentials(direct.url, path, body)
+    theirs = await stream_essentials(vllm.reference_url, path, body)
+    assert ours == theirs
+
+
+@pytest.mark.parametrize("include", [False, True])
+async def test_a_stop_string_ends_with_stop_and_one_abort(vllm: Vllm, direct: Direct, include):
+    greedy = completion("Stop", max_tokens=60, temperature=0, ignore_eos=True)
+    text = (await post_json(direct.url, COMPLETIONS, greedy)).json()["choices"][0]["text"]
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+    assert stop.strip(), text
+    body = {**greedy, "stop": [stop], "include_stop_str_in_output": include}
+    before = await direct.metric('trioserve_engine_aborts_total{reason="stop_string"}')
+    ours = await post_json(direct.url, COMPLETIONS, body)
+    theirs = await post_json(vllm.reference_url, COMPLETIONS, body)
+    assert essentials(ours.json()) == essentials(theirs.json())
+    assert ours.json()["choices"][0]["finish_reason"] == "stop"
+    assert (stop in ours.json()["choices"][0]["text"]) == include
+    streamed = await stream_essentials(direct.url, COMPLETIONS, body)
+    assert streamed == await stream_essentials(vllm.reference_url, COMPLETIONS, body)
+    after = await direct.metric('trioserve_engine_aborts_total{reason="stop_string"}')
+    assert after == before + 2  # one abort each, JSON and SSE
+    await _idle(direct)
+
+
+async def _idle(direct: Direct) -> None:
+    """Until vLLM's scheduler runs and queues nothing (its own figures, relayed)."""
+    with trio.fail_after(HANG_GUARD * 4):
+        while (
+            await direct.metric("trioserve_engine_requests_running")
+            + await direct.metric("trioserve_engine_requests_queued")
+        ) > 0:
+            await trio.sleep(0.2)
+
+
+@pytest.mark.parametrize(
+    ("param", "value"),
+    [("top_k", -7), ("min_p", 3.0), ("repetition_penalty", -1.0), ("stop_token_ids", "x")],
+)
+async def test_a_parameter_vllm_rejects_is_a_400_naming_it_and_the_engine_serves_on(
+    vllm: Vllm, direct: Direct, param, value
+) -> None:
+    # Refused in the frontend's text layer: EngineCore would wedge on such an ADD.
+    body = completion("Hi", max_tokens=4, **{param: value})
+    ours = await post_json(direct.url, COMPLETIONS, body)
+    theirs = await post_json(vllm.reference_url, COMPLETIONS, body)
+    assert theirs.status_code == 400 and ours.status_code == 400, ours.text
+    assert param in ours.json()["error"]["message"], ours.json()
+    after = await post_json(direct.url, COMPLETIONS, completion("Hi", max_tokens=2))
+    assert after.status_code == 200
+
+
+async def test_a_client_gone_mid_stream_is_aborted_in_vllms_scheduler(direct: Direct) -> None:
+    body = {"model": MODEL, **completion("Once upon a time", max_tokens=3000, ignore_eos=True)}
+    body["stream"] = True
+    before = await direct.metric('trioserve_engine_aborts_total{reason="disconnect"}')
+    async with client(direct.url) as http, http.stream("POST", COMPLETIONS, json=body) as r:
+        async for line in r.aiter_lines():
+            if line.startswith("data: {"):
+                break
+    await _idle(direct)
+    after = await direct.metric('trioserve_engine_aborts_total{reason="disconnect"}')
+    assert after == before + 1
+
+
+async def test_the_enginecore_killed_ends_every_request_with_an_error_and_stops_the_server(
+    direct: Direct,
+) -> None:
+    started = re.search(r"started vLLM's EngineCore for \S+ \(pid (\d+)\)", direct.output())
+    assert started is not None
+    body = {"model": MODEL, **completion("Once upon a time", max_tokens=3000, ignore_eos=True)}
+    body["stream"] = True
+    async with client(direct.url) as http:
+        async with http.stream("POST", COMPLETIONS, json=body) as response:
+            lines = response.aiter_lines()
+            async for line in lines:
+                if line.startswith("data: {"):
+                    # vLLM's launcher and its EngineCore: the whole group.
+                    os.killpg(int(started[1]), signal.SIGKILL)
+                    break
+            rest = [line async for line in lines]
+        assert any("engine_lost" in line for line in rest), rest
+        health = await http.get("/health")
+        assert health.status_code == 503
+    with trio.fail_after(START_GUARD):
+        while direct.process.poll() is None:
+            await trio.sleep(0.2)
+    assert direct.process.returncode == 1, direct.output()[-3000:]
+    assert "engine_lost" in direct.output() or "is lost" in direct.output()
