@@ -130,3 +130,17 @@ async def test_the_floor_relay_relays_tokens_and_loadgen_measures_it(nursery):
     )
     figures = json.loads(result.stdout)
     assert figures["count"] == 3 and figures["frontend_p50_ms"] >= 5
+
+
+def test_the_enginecore_codec_tool_runs_and_reports_both_decoders():
+    result = subprocess.run(
+        [sys.executable, str(TOOLS / "bench_enginecore_codec.py"), "--rounds", "1"]
+        + ["--per-round", "10", "--outputs", "4"],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert set(report) == {"msgspec_structs", "msgpack_lists", "outputs_per_step"}
+    assert report["msgspec_structs"]["min_us"] > 0 and report["msgpack_lists"]["min_us"] > 0

@@ -5,12 +5,11 @@ codec.py`` holds every one to the installed vLLM's own structs and encoder, both
 vLLM release that moves a field fails a test rather than a user.
 
 Why msgspec and not msgpack (which trioserve's own protocol uses): vLLM encodes these
-structs with msgspec, and msgspec decodes an ``EngineCoreOutputs`` frame straight into typed
-structs in C, checking types as it goes, where msgpack would build lists and dicts for
-Python code to pick apart and check. The outputs frame is decoded once per engine step for
-every request in the batch: the per-token hot path (the figures are in docs/benchmarks.md).
-msgspec also reproduces vLLM's encoding exactly (array-like structs, omitted map defaults,
-sets as arrays, extension type 3 for raw array bytes).
+structs with msgspec, and msgspec reproduces its encoding exactly (array-like structs,
+omitted map defaults, sets as arrays, extension type 3 for raw array bytes). The outputs
+frame is decoded once per engine step for every request in the batch, the per-token path:
+msgspec decodes it straight into typed structs in C, checking types as it goes, for what
+msgpack takes to build bare lists (``tools/bench_enginecore_codec.py``; docs/benchmarks.md).
 
 Shapes on the wire (msgpack):
 
