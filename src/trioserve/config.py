@@ -267,6 +267,9 @@ class Settings:
     # -- API keys and browsers
     #: ``http/auth.py``; `trioserve run` adds the keys of --api-key-file and
     #: TRIOSERVE_API_KEY.
+    #: What each of ``api_keys`` is called in the access log and ``/debug/requests``
+    #: (its label in the key file, else ``key-N``; never the key): set by `trioserve run`.
+    api_key_labels: list[str] = attrs.Factory(list)
     api_keys: list[str] = option(
         [],
         group="access",

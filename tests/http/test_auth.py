@@ -146,3 +146,19 @@ def test_unusable_key_sources_are_clear_errors(tmp_path):
 def test_subprotocol_safe_keys():
     assert auth.subprotocol_safe("sk-AbC_123.x~")
     assert not auth.subprotocol_safe("abc/def=")
+
+
+def test_a_key_file_line_may_name_its_key_and_logs_get_the_name_never_the_key(tmp_path):
+    from trioserve.http.auth import key_labels, read_key_file, read_labelled_keys
+
+    path = tmp_path / "keys"
+    path.write_text("# team keys\nalice: team-a-secret\nbare-secret\nbob the builder: b-secret\n")
+    assert read_key_file(str(path)) == ["team-a-secret", "bare-secret", "b-secret"]
+    assert read_labelled_keys(str(path))[2] == ("bob the builder", "b-secret")
+    keys = ["from-flag", "team-a-secret", "bare-secret", "b-secret"]
+    labels = key_labels(keys, str(path))
+    assert labels == ["key-1", "alice", "key-3", "bob the builder"]
+    assert not any(key in label for key in keys for label in labels)
+    path.write_text('evil"label: key\n')
+    with pytest.raises(ValueError, match="line 1"):
+        read_key_file(str(path))

@@ -11,7 +11,7 @@ import pytest
 import trio
 import trio_websocket
 
-from tests.helpers.frontends import LONG, start_frontend
+from tests.helpers.frontends import LONG, start_engine, start_frontend
 from tests.helpers.step_engine import start_step_engine
 from tests.helpers.waiting import HANG_GUARD, wait_until
 from tests.helpers.websocket import collect, receive, request, ws_url
@@ -275,3 +275,28 @@ async def test_a_websocket_handshake_on_another_path_is_logged_and_counted_there
     await wait_until(lambda: len(access_lines()) == 1)
     assert (access_lines()[0]["path"], access_lines()[0]["status"]) == ("/ws", 404)
     assert (counted("unmatched"), counted("/v1/ws")) == (before[0] + 1, before[1])
+
+
+async def test_the_access_log_and_the_live_view_name_the_key_by_its_label(
+    nursery, http_server, access_lines
+):
+    engine = await start_engine(nursery)
+    frontend = await start_frontend(
+        nursery,
+        engine,
+        server=http_server,
+        api_keys=["secret-a", "secret-b"],
+        api_key_labels=["team-a"],
+        debug_endpoints=True,
+    )
+    async with frontend.client() as client:
+        for key in ("secret-a", "secret-b"):
+            headers = {"authorization": f"Bearer {key}"}
+            body = {"prompt": "hi", "max_tokens": 2}
+            assert (
+                await client.post("/v1/completions", json=body, headers=headers)
+            ).status_code == 200
+        assert (await client.get("/live")).status_code == 200
+    await wait_until(lambda: len(access_lines()) == 3, "three access lines")
+    assert [line["key"] for line in access_lines()] == ["team-a", "key-2", None]
+    assert not any("secret" in str(line) for line in access_lines())

@@ -218,7 +218,12 @@ def run(args: argparse.Namespace) -> int:
             ) from None
     from ..server.frontend import serve_frontend
 
-    settings = from_args(Settings, args, api_keys=api_keys)
+    settings = from_args(
+        Settings,
+        args,
+        api_keys=api_keys,
+        api_key_labels=auth.key_labels(api_keys, options.api_key_file or None),
+    )
     if settings.debug_endpoints:
         log.warning(
             "--debug-endpoints: GET /debug/requests shows every request in flight (its "

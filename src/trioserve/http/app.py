@@ -462,6 +462,15 @@ def _templates(method: str, path: str) -> tuple[_Template | None, list[_Template
     return serving, matching
 
 
+def key_labels(settings: Settings) -> list[str]:
+    """What each configured key is called in logs (``key-N`` for one without a label)."""
+    labels = settings.api_key_labels
+    return [
+        labels[index] if index < len(labels) else f"key-{index + 1}"
+        for index in range(len(settings.api_keys))
+    ]
+
+
 class App:
     """trioserve's ASGI application over :class:`Services` (the drain controller flips
     ``services.state``)."""
@@ -473,7 +482,9 @@ class App:
             from .tracing import Tracing  # OpenTelemetry: imported only when tracing
 
             tracing = Tracing(settings.otlp_traces_endpoint)
-        observer = Observer(access_log=settings.access_log, tracing=tracing)
+        observer = Observer(
+            access_log=settings.access_log, tracing=tracing, key_labels=key_labels(settings)
+        )
         self.services = services = Services(engines, settings, observer=observer)
         self.settings = settings
         self.routes = ROUTES | DEBUG_ROUTES if settings.debug_endpoints else ROUTES

@@ -186,27 +186,61 @@ def subprotocol_safe(key: str) -> bool:
 
 
 def read_key_file(path: str) -> list[str]:
-    """The keys in ``path``: one a line; blank lines and ``#`` comments are skipped.
-    Raises ValueError with a message for the command line."""
-    try:
-        with open(path, encoding="utf-8") as file:
-            text = file.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise ValueError(f"cannot read the API key file {path}: {reason}") from None
-    keys = []
+    """The keys in ``path``: one a line (``KEY`` or ``LABEL: KEY``); blank lines and ``#``
+    comments are skipped. Raises ValueError with a message for the command line."""
+    return [key for _, key in read_labelled_keys(path)]
+
+
+def read_labelled_keys(path: str, text: str | None = None) -> list[tuple[str | None, str]]:
+    """The ``(label, key)`` pairs of key file ``path`` (or of its ``text``): a line is
+    ``KEY``, or ``LABEL: KEY``, the label being what the access log
+    and ``/debug/requests`` call the key (never the key itself). Raises ValueError with a
+    message for the command line."""
+    if text is None:
+        try:
+            with open(path, encoding="utf-8") as file:
+                text = file.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise ValueError(f"cannot read the API key file {path}: {reason}") from None
+    pairs: list[tuple[str | None, str]] = []
     for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
+        # "LABEL: KEY": a key has no spaces, so ": " cannot be in one; a line with a
+        # stray space and no ": " is still refused (never read as a shorter key).
+        label, _, key = line.rpartition(": ")
+        label, key = label.strip(), key.strip()
         try:
-            check_key(line)
+            check_key(key)
+            if label and not _printable_label(label):
+                raise ValueError("a key's label must be printable, without quotes")
         except ValueError as exc:
             raise ValueError(f"{path}, line {number}: {exc}") from None
-        keys.append(line)
-    if not keys:
+        pairs.append((label or None, key))
+    if not pairs:
         raise ValueError(f"the API key file {path} holds no key")
-    return keys
+    return pairs
+
+
+#: Longest label kept (a longer one is cut).
+MAX_LABEL = 64
+
+
+def _printable_label(label: str) -> bool:
+    return label.isprintable() and '"' not in label
+
+
+def key_labels(keys: Sequence[str], key_file: str | None) -> list[str]:
+    """What each of ``keys`` is called in logs: its label in ``key_file``, else
+    ``key-N`` (its position, from 1). Never the key."""
+    named: dict[str, str] = {}
+    if key_file is not None:
+        for label, key in read_labelled_keys(key_file):
+            if label:
+                named.setdefault(key, label[:MAX_LABEL])
+    return [named.get(key, f"key-{index + 1}") for index, key in enumerate(keys)]
 
 
 def load_keys(keys: Iterable[str], key_file: str | None, environ: Mapping[str, str]) -> list[str]:

@@ -13,8 +13,9 @@ route (404s too), every request on a WebSocket and the socket itself. In text fo
     127.0.0.1:50312 "POST /v1/chat/completions HTTP/1.1" 200 1834B 0.153s ttft=0.021s
     tokens=5/16 end=completed id=0af3...
 
-(one line; ``-`` where a figure does not apply); with ``--log-format json`` the same
-fields are keys of the JSON line (``logs.py``).
+(one line; ``-`` where a figure does not apply; ``key=LABEL`` at the end when the request
+came with an API key: its label from the key file, or ``key-N``, never the key); with
+``--log-format json`` the same fields are keys of the JSON line (``logs.py``).
 
 Traces (``--otlp-traces-endpoint``) are ``tracing.py``'s, imported only then.
 """
@@ -54,9 +55,24 @@ class Observer:
     ``tracing``: a ``tracing.Tracing`` (OpenTelemetry), or None for no traces.
     """
 
-    def __init__(self, *, access_log: bool = True, tracing: Tracing | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        access_log: bool = True,
+        tracing: Tracing | None = None,
+        key_labels: list[str] | None = None,
+    ) -> None:
         self.access_log = access_log
         self.tracing = tracing
+        #: What each API key (by index) is called: its label, never the key.
+        self.key_labels = key_labels or []
+
+    def key_label(self, key_index: int | None) -> str | None:
+        """The label of key ``key_index`` (None: no key)."""
+        if key_index is None:
+            return None
+        labels = self.key_labels
+        return labels[key_index] if key_index < len(labels) else f"key-{key_index + 1}"
 
     # -- engine requests (lifecycle.Observer) -------------------------------------------
 
@@ -129,6 +145,7 @@ class Observer:
                 duration=perf_counter() - exchange.arrived,
                 figures=figures,
                 request_id=exchange.request_id,
+                key=self.key_label(exchange.key_index),
             )
 
     def ws_request_done(
@@ -161,6 +178,7 @@ class Observer:
                 figures=figures,
                 request_id=request_id,
                 extra={"socket": socket},
+                key=self.key_label(handle.owner if handle is not None else None),
             )
 
     def ws_socket_done(
@@ -208,6 +226,7 @@ class Observer:
         figures: tuple[float | None, int | None, int | None, str | None],
         request_id: str | None,
         extra: Mapping[str, Any] | None = None,
+        key: str | None = None,
     ) -> None:
         ttft, prompt, completion, end = figures
         address = f"{client[0]}:{client[1]}" if client else "-"
@@ -225,6 +244,7 @@ class Observer:
             "completion_tokens": completion,
             "end": end,
             "request_id": request_id,
+            "key": key,
         }
         tokens = "-" if prompt is None and completion is None else f"{_n(prompt)}/{_n(completion)}"
         line = (
@@ -232,6 +252,8 @@ class Observer:
             f"ttft={'-' if ttft is None else f'{ttft:.3f}s'} tokens={tokens} "
             f"end={end or '-'} id={request_id or '-'}"
         )
+        if key is not None:
+            line += f" key={_loggable(key)}"
         if extra:
             fields.update(extra)
             line += "".join(f" {key}={value}" for key, value in extra.items())

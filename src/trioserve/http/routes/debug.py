@@ -53,6 +53,7 @@ def snapshot(services: Services) -> dict[str, Any]:
     requests = []
     for handle in handles:
         entry = describe(handle, now, clock)
+        entry["key"] = services.observer.key_label(handle.owner)
         if handle.socket is None:
             requests.append(entry)
         else:
@@ -112,6 +113,7 @@ _COLUMNS = (
     "model",
     "engine",
     "client",
+    "key",
     "transport",
     "group",
     "phase",
