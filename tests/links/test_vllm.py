@@ -128,7 +128,14 @@ async def test_a_stop_string_concludes_with_stop_and_one_abort(nursery, model, i
 async def test_what_the_direct_path_does_not_serve_is_a_400_before_any_add(nursery, model):
     core = RecordingCore()
     client = await served(nursery, core, model)
-    for params in ({"lora_request": {"name": "x"}}, {"n": 0}, {"max_tokens": 10_000}):
+    for params in (
+        {"lora_request": {"name": "x"}},
+        {"n": 0},
+        {"max_tokens": 10_000},
+        {"echo": True},
+        {"prompt_logprobs": 1},
+        {"return_token_ids": True},
+    ):
         with pytest.raises(TextInputError):
             await client.prepare(completion("x", "Hi", **params), "completion")
     assert core.added == []

@@ -59,6 +59,11 @@ UNSERVED = {
 }
 
 
+#: What vLLM computes for these but the writers have no field for yet: a 400, not an
+#: answer without them.
+NOT_RELAYED = ("echo", "prompt_logprobs", "return_token_ids")
+
+
 class VllmText:
     """The direct path's :class:`~trioserve.engine.link.Preparer`: a submit into the token
     ids and sampling parameters of one EngineCore request."""
@@ -77,6 +82,13 @@ class VllmText:
         for name, what in UNSERVED.items():
             if params.get(name) is not None:
                 raise TextInputError(f"{what} are not served on the direct vLLM path", param=name)
+        for name in NOT_RELAYED:
+            if params.get(name):
+                raise TextInputError(
+                    f"{name} is not served on the direct vLLM path yet (--vllm-path shared "
+                    "refuses it too)",
+                    param=name,
+                )
         limits = self.limits
         if message.task == "chat":
             options = ChatOptions(
