@@ -269,7 +269,15 @@ class Settings:
     #: TRIOSERVE_API_KEY.
     #: What each of ``api_keys`` is called in the access log and ``/debug/requests``
     #: (its label in the key file, else ``key-N``; never the key): set by `trioserve run`.
-    api_key_labels: list[str] = attrs.Factory(list)
+    api_key_labels: list[str] = option(
+        [],
+        group="access",
+        flag="--api-key-label",
+        metavar="LABEL",
+        help="what the access log and /debug/requests call the API keys, in the order "
+        "they are configured (--api-key values first; a key file names its own with "
+        "'LABEL: KEY' lines; default key-N), never the key (repeatable)",
+    )
     api_keys: list[str] = option(
         [],
         group="access",

@@ -222,7 +222,10 @@ def run(args: argparse.Namespace) -> int:
         Settings,
         args,
         api_keys=api_keys,
-        api_key_labels=auth.key_labels(api_keys, options.api_key_file or None),
+        api_key_labels=[
+            *args.api_key_label,
+            *auth.key_labels(api_keys, options.api_key_file or None)[len(args.api_key_label) :],
+        ],
     )
     if settings.debug_endpoints:
         log.warning(
