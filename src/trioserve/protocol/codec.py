@@ -179,7 +179,7 @@ def _fast_usage(raw: Any) -> Usage | Literal[False] | None:
     return Usage(prompt, completion)
 
 
-def _fast_outputs(body: dict) -> Outputs | None:
+def _fast_outputs(body: dict[str, object]) -> Outputs | None:
     """The per-token hot path: an outputs frame of plain items, checked by hand.
 
     Applies exactly the converter's rules (strict types, nil = absent, unknown keys
