@@ -328,7 +328,9 @@ def _monitor_event(frames: list[bytes]) -> int:
     return cast(int, struct.unpack("=hi", frames[0][:6])[0])
 
 
-def _bind(ctx: zmq.Context, kind: int, address: str) -> tuple[zmq.Socket, str]:
+def _bind(
+    ctx: zmq.Context[zmq.Socket[bytes]], kind: int, address: str
+) -> tuple[zmq.Socket[bytes], str]:
     """A socket of ``kind`` bound to ``address`` (``tcp://HOST:*`` takes a free port), and
     the address it is bound to."""
     sock = ctx.socket(kind)
@@ -374,7 +376,7 @@ class _Opening:
 
 
 async def _handshake(
-    ctx: zmq.Context,
+    ctx: zmq.Context[zmq.Socket[bytes]],
     address: str,
     pairs: Sequence[ClientAddresses],
     opening: _Opening,
@@ -452,7 +454,7 @@ async def open_enginecore_client(
     """
     own = pairs[client_index]
     ctx = zmq.Context()
-    sockets: list[zmq.Socket] = []
+    sockets: list[zmq.Socket[bytes]] = []
     try:
         input_sock, input_at = _bind(ctx, zmq.ROUTER, own.input)
         sockets.append(input_sock)
