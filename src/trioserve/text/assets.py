@@ -74,13 +74,15 @@ def _read_json(path: Path) -> dict[str, Any]:
     return value
 
 
-def _token_content(value: Any) -> str | None:
+def _token_content(value: object) -> str | None:
     """A special token as tokenizer_config.json spells it: a string, or an AddedToken
     object (``{"content": ..., "__type": "AddedToken"}``)."""
     if isinstance(value, str):
         return value
-    if isinstance(value, dict) and isinstance(value.get("content"), str):
-        return value["content"]
+    if isinstance(value, dict):
+        content = value.get("content")
+        if isinstance(content, str):
+            return content
     return None
 
 

@@ -50,7 +50,9 @@ def _check_text_length(model: ModelText, text: str, max_model_len: int | None) -
         )
 
 
-def _encode(model: ModelText, text: str, add_special_tokens: bool, max_model_len: int | None):
+def _encode(
+    model: ModelText, text: str, add_special_tokens: bool, max_model_len: int | None
+) -> list[int]:
     _check_text_length(model, text, max_model_len)
     ids = model.encode(text, add_special_tokens=add_special_tokens)
     check_prompt_tokens(len(ids), max_model_len)

@@ -113,7 +113,7 @@ class Qwen3ReasoningParser(ThinkingParser):
     drop_start_anywhere = True
 
 
-def thinking_enabled(template_kwargs: Mapping[str, Any] | None, effort: Any) -> bool:
+def thinking_enabled(template_kwargs: Mapping[str, Any] | None, effort: object) -> bool:
     """Whether the template was asked to think: ``enable_thinking`` (or ``thinking``) in
     ``chat_template_kwargs``, else ``reasoning_effort`` other than ``"none"``, else yes
     (as vLLM's ``ChatCompletionRequest`` builds the template's arguments)."""
