@@ -53,7 +53,7 @@ class ZmqPump(SocketOwner[list[bytes]]):
 
     def __init__(
         self,
-        sock: zmq.Socket,
+        sock: zmq.Socket[bytes],
         on_message: Callable[[list[bytes]], None],
         before_flush: Callable[[], None] | None = None,
         outbox_limit: int = OUTBOX_LIMIT,
@@ -133,7 +133,7 @@ class ZmqPump(SocketOwner[list[bytes]]):
         return count
 
 
-def _send(sock: zmq.Socket, frames: list[bytes]) -> None:
+def _send(sock: zmq.Socket[bytes], frames: list[bytes]) -> None:
     """One non-blocking multipart send (a single part, the usual case, without pyzmq's
     per-part loop)."""
     if len(frames) == 1:
@@ -147,8 +147,8 @@ SNDHWM = 100_000
 
 
 def bind_router(
-    ctx: zmq.Context, address: str, *, curve: CurveServerKeys | None = None
-) -> zmq.Socket:
+    ctx: zmq.Context[zmq.Socket[bytes]], address: str, *, curve: CurveServerKeys | None = None
+) -> zmq.Socket[bytes]:
     """An engine's ROUTER bound to ``address``. With ``curve``, a CURVE server with that
     secret key, which asks the ZAP handler of ``ctx`` about every frontend and refuses
     all of them while none runs (``ZMQ_ZAP_ENFORCE_DOMAIN``): use :func:`bound_router`,
@@ -211,8 +211,11 @@ class _AuthorizedKeys:
 
 @contextlib.contextmanager
 def bound_router(
-    context: zmq.Context | None, address: str, *, curve: CurveServerKeys | None = None
-) -> Iterator[zmq.Socket]:
+    context: zmq.Context[zmq.Socket[bytes]] | None,
+    address: str,
+    *,
+    curve: CurveServerKeys | None = None,
+) -> Iterator[zmq.Socket[bytes]]:
     """An engine's ROUTER (:func:`bind_router`), closed on exit. With ``curve``, on a
     context of its own (unless one is given) with a ZAP handler that accepts the keys in
     ``curve.authorized`` only (pyzmq's ``ThreadAuthenticator``: a thread of its own, so

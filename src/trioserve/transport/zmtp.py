@@ -46,7 +46,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -464,7 +464,7 @@ async def _readable_or_writable(sock: socket.socket) -> None:
     """Return when ``sock`` is readable or writable (trio waits on one direction per task)."""
     async with trio.open_nursery() as nursery:
 
-        async def wait(until: Callable) -> None:
+        async def wait(until: Callable[[socket.socket], Awaitable[None]]) -> None:
             await until(sock)
             nursery.cancel_scope.cancel()
 
