@@ -120,7 +120,15 @@ def _refused(exc: ConnectionRejected, err: TextIO) -> int:
     return 1
 
 
-async def _websocket(url, body, endpoint, interrupted, out, err, auth) -> int:
+async def _websocket(
+    url: str,
+    body: dict[str, Any],
+    endpoint: str,
+    interrupted: trio.Event,
+    out: TextIO,
+    err: TextIO,
+    auth: list[tuple[bytes, bytes]],
+) -> int:
     parts = urlsplit(url)
     scheme = "wss" if parts.scheme == "https" else "ws"
     ws_url = f"{scheme}://{parts.netloc}/v1/ws"
@@ -197,7 +205,15 @@ class _Answer:
         self.err.flush()
 
 
-async def _sse(url, body, endpoint, interrupted, out, err, auth) -> int:
+async def _sse(
+    url: str,
+    body: dict[str, Any],
+    endpoint: str,
+    interrupted: trio.Event,
+    out: TextIO,
+    err: TextIO,
+    auth: list[tuple[bytes, bytes]],
+) -> int:
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
@@ -205,10 +221,10 @@ async def _sse(url, body, endpoint, interrupted, out, err, auth) -> int:
     stream = await trio.open_tcp_stream(host, port)
     conn = h11.Connection(h11.CLIENT)
     headers = [
-        ("host", parts.netloc),
-        ("content-type", "application/json"),
-        ("accept", "text/event-stream"),
-        ("content-length", str(len(payload))),
+        (b"host", parts.netloc.encode()),
+        (b"content-type", b"application/json"),
+        (b"accept", b"text/event-stream"),
+        (b"content-length", str(len(payload)).encode()),
         *auth,
     ]
     await stream.send_all(

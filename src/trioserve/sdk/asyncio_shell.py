@@ -19,7 +19,7 @@ from typing import cast
 
 import zmq
 
-from ..protocol import Limits
+from ..protocol import Limits, Submit
 from ..transport.keys import CurveServerKeys
 from ..transport.zmq_pump import bound_router
 from .core import (
@@ -32,6 +32,7 @@ from .core import (
     Key,
     RequestError,
     Start,
+    Stats,
 )
 
 log = logging.getLogger("trioserve.engine")
@@ -59,7 +60,7 @@ class AsyncioEngine:
         self._linger_ms = 0
 
     @property
-    def stats(self):
+    def stats(self) -> Stats:
         return self.core.stats
 
     def wake(self) -> None:
@@ -106,7 +107,7 @@ class AsyncioEngine:
                 if running is not None:
                     running.cancel()
 
-    async def _generate(self, key: Key, request) -> None:
+    async def _generate(self, key: Key, request: Submit) -> None:
         core = self.core
         try:
             try:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import trio
 import zmq
 
-from ..protocol import Limits
+from ..protocol import Limits, Submit
 from ..transport.keys import CurveServerKeys
 from ..transport.zmq_pump import ZmqPump, bound_router
 from .core import (
@@ -22,6 +22,7 @@ from .core import (
     Key,
     RequestError,
     Start,
+    Stats,
 )
 
 log = logging.getLogger("trioserve.engine")
@@ -64,7 +65,7 @@ class TrioEngine:
         self._pump.wake()
 
     @property
-    def stats(self):
+    def stats(self) -> Stats:
         return self.core.stats
 
     def _on_message(self, frames: list[bytes]) -> None:
@@ -90,7 +91,7 @@ class TrioEngine:
                 if running is not None:
                     running.cancel()
 
-    async def _generate(self, key: Key, request, scope: trio.CancelScope) -> None:
+    async def _generate(self, key: Key, request: Submit, scope: trio.CancelScope) -> None:
         core = self.core
         wake = self._pump.wake
         try:
