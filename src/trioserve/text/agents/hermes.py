@@ -13,6 +13,7 @@ from typing import Any
 
 from .calls import ObjectCall, held_marker
 from .events import Event, TextDelta
+from .stepping import SteppedParser
 
 START = "<tool_call>"
 END = "</tool_call>"
@@ -24,7 +25,7 @@ _CALL = 2  # in the object
 _CLOSE = 3  # after the object (or a broken call), until </tool_call>
 
 
-class HermesToolParser:
+class HermesToolParser(SteppedParser):
     """Fed the answer's text (after any reasoning) chunk by chunk; answers events."""
 
     def __init__(
@@ -36,16 +37,6 @@ class HermesToolParser:
         self.held = ""  # the text of the call being read, until it is known to be one
         self.calls = 0
         self.call: ObjectCall | None = None
-
-    def feed(self, text: str) -> list[Event]:
-        out: list[Event] = []
-        self.buffer += text
-        while self.buffer:
-            before = (self.state, len(self.buffer))
-            self._step(out)
-            if (self.state, len(self.buffer)) == before:
-                break  # waiting for more text
-        return out
 
     def finish(self) -> list[Event]:
         out: list[Event] = []

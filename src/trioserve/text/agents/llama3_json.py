@@ -13,6 +13,7 @@ from typing import Any
 
 from .calls import ObjectCall
 from .events import Event, TextDelta
+from .stepping import SteppedParser
 
 PYTHON_TAG = "<|python_tag|>"
 
@@ -24,7 +25,7 @@ _NEXT = 4  # after ";": the next call's "{"
 _OVER = 5  # after the calls: nothing more is the answer's
 
 
-class Llama3JsonToolParser:
+class Llama3JsonToolParser(SteppedParser):
     def __init__(
         self, make_id: Callable[[], str], tools: list[dict[str, Any]] | None = None
     ) -> None:
@@ -33,16 +34,6 @@ class Llama3JsonToolParser:
         self.buffer = ""
         self.calls = 0
         self.call: ObjectCall | None = None
-
-    def feed(self, text: str) -> list[Event]:
-        out: list[Event] = []
-        self.buffer += text
-        while self.buffer:
-            before = (self.state, len(self.buffer))
-            self._step(out)
-            if (self.state, len(self.buffer)) == before:
-                break
-        return out
 
     def finish(self) -> list[Event]:
         out: list[Event] = []

@@ -21,6 +21,7 @@ from .calls import MAX_HELD, held_marker
 from .events import Event, TextDelta, ToolCallArguments, ToolCallEnd, ToolCallStart
 from .forced import RequiredToolParser
 from .jsonscan import ObjectScanner
+from .stepping import SteppedParser
 
 TOOL_CALLS = "[TOOL_CALLS]"
 ARGS = "[ARGS]"
@@ -35,7 +36,7 @@ def mistral_call_id() -> str:
     return "".join(random.choices(_ALPHANUMERIC, k=9))
 
 
-class MistralToolParser:
+class MistralToolParser(SteppedParser):
     def __init__(
         self, make_id: Callable[[], str], tools: list[dict[str, Any]] | None = None
     ) -> None:
@@ -48,16 +49,6 @@ class MistralToolParser:
         self.scanner: ObjectScanner | None = None
         self.sent = 0
         self.array: RequiredToolParser | None = None
-
-    def feed(self, text: str) -> list[Event]:
-        out: list[Event] = []
-        self.buffer += text
-        while self.buffer:
-            before = (self.state, len(self.buffer))
-            self._step(out)
-            if (self.state, len(self.buffer)) == before:
-                break
-        return out
 
     def finish(self) -> list[Event]:
         out: list[Event] = []

@@ -24,6 +24,7 @@ from typing import Any
 
 from .calls import held_marker
 from .events import Event, TextDelta, ToolCallArguments, ToolCallEnd, ToolCallStart
+from .stepping import SteppedParser
 
 TOOL_START = "<tool_call>"
 TOOL_END = "</tool_call>"
@@ -103,7 +104,7 @@ def coerce(value: str, types: set[str]) -> Any:
         return value
 
 
-class Qwen3CoderToolParser:
+class Qwen3CoderToolParser(SteppedParser):
     def __init__(self, make_id: Callable[[], str], tools: list[dict[str, Any]] | None = None):
         self.make_id = make_id
         self.properties: dict[str, dict[str, Any]] = {}
@@ -123,16 +124,6 @@ class Qwen3CoderToolParser:
         self.value = ""  # a value not yet sent (any but a string's), or a held newline
         self.value_started = False
         self.opened = False  # a string value's opening quote was sent
-
-    def feed(self, text: str) -> list[Event]:
-        out: list[Event] = []
-        self.buffer += text
-        while self.buffer:
-            before = (self.state, len(self.buffer))
-            self._step(out)
-            if (self.state, len(self.buffer)) == before:
-                break
-        return out
 
     def finish(self) -> list[Event]:
         out: list[Event] = []
