@@ -391,6 +391,15 @@ _ENGINE_GAUGES = (
 )
 
 
+def forget_engine(address: str) -> None:
+    """Drop the series of the engine at ``address`` (let go of for good) from /metrics."""
+    for gauge in _ENGINE_GAUGES:
+        try:
+            gauge.remove(address)
+        except KeyError:
+            pass
+
+
 class _WorkersCollector(Collector):
     """Every worker's figures, from the files of multiprocess mode.
 

@@ -275,7 +275,7 @@ class EngineClient:
                 if link in self.links:
                     self.links.remove(link)
                 if not any(other.address == link.address for other in self.links):
-                    link.remove_gauges()
+                    metrics.forget_engine(link.address)
                 log.debug("engine %s: link closed", link.address)
                 self._notify()
 

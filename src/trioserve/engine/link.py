@@ -112,10 +112,6 @@ class EngineLink(Protocol):
 
     def unretire(self) -> None: ...
 
-    def remove_gauges(self) -> None:
-        """Drop its labelled series from /metrics (let go of for good)."""
-        ...
-
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Own the link's sockets and tasks until cancelled (or :attr:`scope` is)."""
         ...

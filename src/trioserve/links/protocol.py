@@ -208,21 +208,6 @@ class ProtocolLink:
             log.info("engine %s: wanted again", self.address)
             self._changed()
 
-    def remove_gauges(self) -> None:
-        """Drop this engine's labelled series from /metrics (an engine let go of: the
-        series of addresses DNS no longer lists must not pile up)."""
-        for gauge in (
-            metrics.ENGINE_RUNNING,
-            metrics.ENGINE_QUEUED,
-            metrics.ENGINE_KV_CACHE_USAGE,
-            metrics.ENGINE_CONNECTED,
-            metrics.ENGINE_DRAINING,
-        ):
-            try:
-                gauge.remove(self.address)
-            except KeyError:
-                pass
-
     @property
     def in_flight(self) -> int:
         return len(self._subs)

@@ -218,19 +218,6 @@ class VllmLink:
             self.retiring = False
             self._on_change()
 
-    def remove_gauges(self) -> None:
-        for gauge in (
-            metrics.ENGINE_RUNNING,
-            metrics.ENGINE_QUEUED,
-            metrics.ENGINE_KV_CACHE_USAGE,
-            metrics.ENGINE_CONNECTED,
-            metrics.ENGINE_DRAINING,
-        ):
-            try:
-                gauge.remove(self.address)
-            except KeyError:
-                pass
-
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Watch the client until the engine is lost (its requests have then ended, each
         with its error: :meth:`_Stream.lost`) or this is cancelled."""
