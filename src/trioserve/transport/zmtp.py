@@ -67,6 +67,8 @@ from .zmtp_protocol import (
 log = logging.getLogger(__name__)
 
 #: Seconds between connection attempts (libzmq's default ``ZMQ_RECONNECT_IVL``).
+#: Seconds an engine may stay unreachable before it is said at WARNING.
+UNREACHABLE_GRACE = 5.0
 RECONNECT_INTERVAL = 0.1
 #: Seconds a connection may take from ``connect(2)`` to the peer's READY.
 HANDSHAKE_TIMEOUT = 5.0
@@ -231,11 +233,14 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
     async def run(self) -> None:
         """Own the socket until cancelled: connect, serve, reconnect. Never returns.
 
-        An engine that cannot be reached is said once at WARNING, with why and what to
-        check; again only when the reason changes (every attempt is at DEBUG), and once
-        more when it connects."""
+        An engine that cannot be reached for :data:`UNREACHABLE_GRACE` seconds is said
+        once at WARNING, with why and what to check; again only when the reason changes
+        (every attempt is at DEBUG), and once more when it connects. (The grace: a child
+        engine binds a moment after the frontend first tries it, at every ``trioserve
+        run``; that is no news.)"""
         refused = None  # the last refusal logged as a warning: each is logged once
         unreachable = None  # why the last attempts failed, as warned
+        failing_since: float | None = None  # the first failed attempt since a connection
         while True:
             delay = RECONNECT_INTERVAL
             try:
@@ -243,6 +248,7 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
                     await self._connect()
                 self.connections += 1
                 refused = None
+                failing_since = None
                 if unreachable is not None:
                     log.warning("engine %s: connected (it was unreachable)", self.address)
                     unreachable = None
@@ -259,7 +265,10 @@ class ZmtpDealer(SocketOwner["bytes | memoryview"]):
                     log.info("engine %s: connection lost (%r); reconnecting", self.address, exc)
                 why = unreachable_reason(exc)
                 log.debug("engine %s: cannot connect: %r", self.address, exc)
-                if why != unreachable:
+                now = trio.current_time()
+                if failing_since is None:
+                    failing_since = now
+                if why != unreachable and now - failing_since >= UNREACHABLE_GRACE:
                     unreachable = why
                     log.warning(
                         "engine %s is unreachable: %s; check that an engine runs and listens "
