@@ -147,8 +147,11 @@ async def test_every_answer_matches_the_openapi_description(nursery, tmp_path):
 
 @pytest.mark.integration
 async def test_with_api_keys_the_description_and_the_answers_agree(nursery, tmp_path):
+    model = build_text_model(tmp_path / "model", harder=True)  # as above: the text routes
     _, url = await start_frontend_process(
         nursery,
+        "--tokenizer",
+        str(model),
         "--api-key",
         "sekret-1",
         "--request-timeout",

@@ -323,7 +323,9 @@ async def test_sigint_reaches_every_worker_as_sigint_and_skips_the_drain_delay(n
     frontend.signal(signal.SIGINT)
     assert await frontend.wait() == 0
     for index in range(2):
-        assert f"[worker {index}]: draining on SIGINT".encode() in frontend.output
+        # (As a single process says a Ctrl-C with nothing in flight; a SIGTERM would have
+        # begun the drain delay.)
+        assert f"[worker {index}]: Ctrl-C: nothing in flight; stopping".encode() in frontend.output
     for index, pid in enumerate(pids):
         assert f"worker {index} (pid {pid}) stopped".encode() in frontend.output
 
@@ -356,7 +358,7 @@ async def test_a_killed_worker_is_restarted_and_the_port_keeps_serving(nursery):
         assert (await connection.request("POST", "/v1/completions", SMALL))[0] == 200
         await connection.aclose()
     await frontend.wait_for_output(
-        rf"worker 0 \(pid {pids[0]}\) was killed by SIGKILL; restarting it \(restart 1 of"
+        rf"worker 0 \(pid {pids[0]}\) was killed by SIGKILL; restarting it in [\d.]+ s \(exit 1 "
     )
     started = await frontend.wait_for_output(rf"started worker 0 \(pid (?!{pids[0]}\))(\d+)\)")
     replacement = int(started.group(1))
