@@ -11,26 +11,16 @@ from __future__ import annotations
 import re
 import subprocess
 
-import pytest
 import trio
 
 from tests.helpers.processes import start_frontend_process
-from tests.helpers.vllm_session import HOW_TO_RUN, ROOT, START_GUARD, vllm_env, vllm_python
+from tests.helpers.vllm_session import ROOT, START_GUARD, vllm_env
 
 PROMPTS = 6
 
 
-async def test_vllm_bench_serve_measures_trioserve(nursery, tmp_path):
-    python = vllm_python()
-    if python is None:
-        pytest.skip(HOW_TO_RUN)
-    model_dir = tmp_path / "tiny-llama"
-    await trio.run_process(
-        [python, str(ROOT / "tools" / "tiny_llama.py"), str(model_dir)],
-        capture_stdout=True,
-        capture_stderr=True,
-        env=vllm_env(),
-    )
+async def test_vllm_bench_serve_measures_trioserve(nursery, tmp_path, tiny_model):
+    python, model_dir = tiny_model
     _, url = await start_frontend_process(
         nursery, "--mock-model", "tiny", "--tokenizer", str(model_dir)
     )
