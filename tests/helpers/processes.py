@@ -67,8 +67,11 @@ class Proc:
     async def wait_for_output(self, pattern: str, guard: float = HANG_GUARD) -> re.Match[bytes]:
         with trio.fail_after(guard):
             while (match := re.search(pattern.encode(), self.output)) is None:
-                if self.process.returncode is not None:
+                if self._eof.is_set():
                     raise AssertionError(f"process exited: {self.output.decode()[-2000:]}")
+                if self.process.returncode is not None:
+                    await self._eof.wait()  # what it wrote last may not be read yet
+                    continue
                 await self._lines.wait()
         return match
 

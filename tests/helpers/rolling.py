@@ -107,8 +107,15 @@ async def roll_under_load(
             for port in (port_a, port_b):
                 old = instances[port]
                 old.signal(signal.SIGTERM)
-                # Every worker's: the port is free once the last one has closed.
-                await old.wait_for_output("(?s)" + ".*".join(["listener closed"] * workers))
+                # Every worker's listener closed: the port is free once the last one has.
+                # (A worker with nothing in flight does not say so; it says it stops.)
+                closed = "(listener closed|all connections closed)"
+                await old.wait_for_output(
+                    "(?s)"
+                    + "".join(rf"(?=.*\[worker {i}\][^\n]*{closed})" for i in range(workers))
+                    if workers > 1
+                    else closed
+                )
                 instances[port] = await start_instance(nursery, engine, port, workers)
                 await wait_health(f"http://127.0.0.1:{port}")
                 with trio.fail_after(40):

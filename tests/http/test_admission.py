@@ -68,6 +68,7 @@ async def test_past_the_limit_is_an_immediate_503_and_operations_bypass_it(one_s
     await wait_until(lambda: frontend.app.services.admission.in_use == 0, "the slot to be released")
     async with frontend.client() as client:
         assert (await client.post("/v1/completions", json={"prompt": "x"})).status_code == 200
+    await wait_until(lambda: frontend.ends("holder"), "the engine to see the holder end")
     assert frontend.ends("holder") == ["aborted"]
 
 
@@ -227,4 +228,5 @@ async def test_a_key_at_its_share_is_429_and_another_key_is_still_served(nursery
         b"".join([chunk async for chunk in chunks])
     await wait_until(lambda: frontend.app.services.admission.in_use == 0, "the slots released")
     assert frontend.app.services.admission.by_key == {}
+    await wait_until(lambda: frontend.ends("holder"), "the engine to see the holder end")
     assert frontend.ends("holder") == ["aborted"]
