@@ -111,8 +111,7 @@ async def roll_under_load(
                 # (A worker with nothing in flight does not say so; it says it stops.)
                 closed = "(listener closed|all connections closed)"
                 await old.wait_for_output(
-                    "(?s)"
-                    + "".join(rf"(?=.*\[worker {i}\][^\n]*{closed})" for i in range(workers))
+                    "(?s)" + "".join(rf"(?=.*\[worker {i}\][^\n]*{closed})" for i in range(workers))
                     if workers > 1
                     else closed
                 )
