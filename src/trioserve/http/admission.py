@@ -15,9 +15,6 @@ Request bodies held in memory draw on one budget for the whole server
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 from .. import metrics
 from ..errors import HTTPError
 from .memory import RETRY_AFTER
@@ -52,9 +49,11 @@ class Admission:
             headers=[(b"retry-after", str(RETRY_AFTER).encode())],
         )
 
-    def try_acquire(self, key: int | None = None) -> None:
-        """Take a slot for a request of ``key``, or raise the 503 (the server is full) or
-        the 429 (this key has its share) :class:`HTTPError`. Pair with :meth:`release`."""
+    def take(self, key: int | None = None) -> Slot:
+        """A slot for a request of ``key`` (the 503 :class:`HTTPError` if the server is
+        full, the 429 if this key has its share), held until the end of a ``with`` block
+        over it or its :meth:`Slot.release`: the one way every generation request,
+        whatever its route or transport, is admitted."""
         if key is not None and self.by_key.get(key, 0) >= self.per_key:
             metrics.ADMISSION_REFUSED.inc()
             raise self.key_overloaded()
@@ -64,8 +63,9 @@ class Admission:
         self.in_use += 1
         if key is not None:
             self.by_key[key] = self.by_key.get(key, 0) + 1
+        return Slot(self, key)
 
-    def release(self, key: int | None = None) -> None:
+    def _release(self, key: int | None) -> None:
         self.in_use -= 1
         if key is not None:
             left = self.by_key[key] - 1
@@ -74,11 +74,24 @@ class Admission:
             else:
                 del self.by_key[key]
 
-    @contextmanager
-    def slot(self, key: int | None = None) -> Iterator[None]:
-        """A slot of ``key``'s for the block (the 503 or 429 if there is none)."""
-        self.try_acquire(key)
-        try:
-            yield
-        finally:
-            self.release(key)
+
+class Slot:
+    """One admitted request's slot (:meth:`Admission.take`). A WebSocket message takes it
+    in the connection's reader, so a refusal is answered before anything starts, and
+    hands it to the request's task, which releases it when the request has ended."""
+
+    def __init__(self, admission: Admission, key: int | None) -> None:
+        self._admission: Admission | None = admission
+        self._key = key
+
+    def release(self) -> None:
+        """Give the slot back; idempotent."""
+        if self._admission is not None:
+            admission, self._admission = self._admission, None
+            admission._release(self._key)
+
+    def __enter__(self) -> Slot:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()

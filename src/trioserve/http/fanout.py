@@ -23,7 +23,7 @@ from ..ends import EndReason
 from ..errors import HTTPError
 from ..protocol import OutputItem, Submit, Usage
 from .exchange import Exchange
-from .lifecycle import RequestHandle, connection_watches, run_generation
+from .lifecycle import RequestHandle
 from .services import Services
 from .writers.openai import StreamFormat
 from .writers.stream import (
@@ -96,7 +96,7 @@ async def run_group(
     failure, if the response has begun, is its last event."""
     # One admission slot for the client's request, taken now that its body is complete
     # and held until its last byte.
-    with services.admission.slot(exchange.key_index):
+    with services.admission.take(exchange.key_index):
         owner = exchange.key_index
         group = GroupHandle(exchange.request_id, owner=owner)
         transport = "json" if stream is None else "sse"
@@ -157,18 +157,7 @@ async def _member(
     writer: Writer,
 ) -> None:
     try:
-        await run_generation(
-            engines=services.engines,
-            registry=services.registry,
-            submit=submit,
-            capability=capability,
-            writer=writer,
-            timeout=timeout,
-            buffer=services.settings.stream_buffer,
-            watch_disconnect=connection_watches,
-            observer=services.observer,
-            handle=group.members[index],
-        )
+        await services.generations.run(group.members[index], submit, capability, writer, timeout)
     except HTTPError as error:  # refused before submission (e.g. a duplicate id)
         if result.error is None:
             result.error = error

@@ -229,6 +229,49 @@ def connection_watches(on_gone: Callable[[], None]) -> AbstractAsyncContextManag
     return contextlib.nullcontext()
 
 
+@attrs.frozen
+class Generations:
+    """What every generation request of one server runs with, bound once
+    (``Services.generations``), so that each route passes only what differs."""
+
+    engines: EngineClient
+    registry: Registry
+    observer: Observer
+    #: Outputs a request may have queued (``--stream-buffer``), unless it needs more.
+    buffer: int
+
+    async def run(
+        self,
+        handle: RequestHandle,
+        submit: Submit,
+        capability: str,
+        writer: Writer,
+        timeout: float,
+        *,
+        watch_disconnect: DisconnectWatch = connection_watches,
+        keepalive: float = 0,
+        buffer: int = 0,
+    ) -> None:
+        """:func:`run_generation` for ``handle``. ``watch_disconnect``: the exchange's,
+        for a request that has a client of its own to watch; by default none (the
+        connection or group ends it through its handle). ``buffer``: when the request
+        needs more than ``--stream-buffer`` (an answer of a known number of items all
+        made in one step)."""
+        await run_generation(
+            engines=self.engines,
+            registry=self.registry,
+            submit=submit,
+            capability=capability,
+            writer=writer,
+            timeout=timeout,
+            buffer=max(buffer, self.buffer),
+            watch_disconnect=watch_disconnect,
+            observer=self.observer,
+            handle=handle,
+            keepalive=keepalive,
+        )
+
+
 async def run_generation(
     *,
     engines: EngineClient,

@@ -26,7 +26,7 @@ from .bodies.media import IPNetwork, MediaFetcher, parse_networks
 from .bodies.uploads import Uploads
 from .bodies.validation import invalid, parse_json
 from .exchange import Exchange, ServerState
-from .lifecycle import Registry, RequestHandle, run_generation
+from .lifecycle import Generations, Registry, RequestHandle
 from .memory import MemoryBudget, body_budget
 from .observe import Observer
 from .responses_store import ResponseStore
@@ -90,6 +90,9 @@ class Services:
 
     #: ``--remote-media-allow``, parsed once.
     media_allowed: list[IPNetwork] = attrs.field(init=False)
+    #: The request lifecycle bound to these engines, registry, observer and stream
+    #: buffer: every generation request runs through its ``run``.
+    generations: Generations = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         settings = self.settings
@@ -105,6 +108,9 @@ class Services:
             per_key=settings.max_requests_per_key,
         )
         self.body_budget = body_budget(settings.max_body_memory_bytes)
+        self.generations = Generations(
+            self.engines, self.registry, self.observer, settings.stream_buffer
+        )
         self.responses = ResponseStore(
             ttl=settings.responses_ttl,
             max_events=settings.responses_max_events,
@@ -242,19 +248,16 @@ class Services:
             arrived=exchange.arrived,
         )
         exchange.handle = handle
-        with self.admission.slot(exchange.key_index):
-            await run_generation(
-                engines=self.engines,
-                registry=self.registry,
-                submit=submit,
-                capability=capability,
-                writer=writer,
-                timeout=timeout,
-                buffer=max(buffer, self.settings.stream_buffer),
+        with self.admission.take(exchange.key_index):
+            await self.generations.run(
+                handle,
+                submit,
+                capability,
+                writer,
+                timeout,
                 watch_disconnect=exchange.watch_disconnect,
-                observer=self.observer,
-                handle=handle,
                 keepalive=keepalive,
+                buffer=buffer,
             )
 
     def end_all(self, reason: EndReason) -> int:

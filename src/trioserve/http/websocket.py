@@ -24,12 +24,13 @@ import trio
 
 from ..ends import EndReason
 from ..errors import HTTPError
+from .admission import Slot
 from .bodies.multimodal import resolve_chat_media
 from .bodies.openai import ENDPOINTS, parse_generation
 from .bodies.responses import ResponseGeneration, parse_response
 from .channel import Receive, Send
 from .exchange import new_request_id
-from .lifecycle import RequestHandle, connection_watches, run_generation
+from .lifecycle import RequestHandle
 from .routes.responses import prepared
 from .services import Services
 from .writers.responses import ResponsesWebSocketWriter, new_response_id
@@ -253,7 +254,7 @@ class WebSocketConnection:
         arrived = perf_counter()
         try:
             generation, timeout = self._prepare(client_id, message)
-            self.services.admission.try_acquire(self.key_index)  # released when it ends
+            slot = self.services.admission.take(self.key_index)  # released when it ends
         except HTTPError as error:
             await self.send_error(client_id, error)
             self._log_request(message, error.status, 0, arrived, None, client_id)
@@ -274,7 +275,7 @@ class WebSocketConnection:
         )
         self.requests[client_id] = handle
         self.running += 1
-        nursery.start_soon(self._run, client_id, handle, generation, timeout, message)
+        nursery.start_soon(self._run, client_id, handle, slot, generation, timeout, message)
 
     def _prepare(self, client_id: str, message: dict[str, Any]) -> Any:
         services = self.services
@@ -325,6 +326,7 @@ class WebSocketConnection:
         self,
         client_id: str,
         handle: RequestHandle,
+        slot: Slot,
         generation: Any,
         timeout: float,
         message: dict[str, Any],
@@ -345,18 +347,10 @@ class WebSocketConnection:
                 generation = await prepared(services, generation, events, self.key_index)
             else:
                 generation = await resolve_chat_media(generation, services.media_fetcher())
-            await run_generation(
-                engines=self.services.engines,
-                registry=self.services.registry,
-                submit=generation.submit,
-                capability=generation.capability,
-                writer=writer,
-                timeout=timeout,
-                buffer=self.services.settings.stream_buffer,
-                # The connection's reader ends its requests when the socket closes.
-                watch_disconnect=connection_watches,
-                observer=self.services.observer,
-                handle=handle,
+            # No watch of its own: the connection's reader ends its requests when the
+            # socket closes.
+            await services.generations.run(
+                handle, generation.submit, generation.capability, writer, timeout
             )
         except HTTPError as error:  # refused before it started (duplicate id, bad media)
             status = error.status
@@ -365,7 +359,7 @@ class WebSocketConnection:
             self.running -= 1
             if not self.running:
                 self.idle_since = trio.current_time()
-            self.services.admission.release(self.key_index)
+            slot.release()
             if self.requests.get(client_id) is handle:
                 del self.requests[client_id]
             if status is None:

@@ -32,7 +32,7 @@ from ...errors import HTTPError
 from ..bodies.responses import ResponseGeneration, parse_response, resolve_media
 from ..bodies.validation import INT_MAX, parse_bool
 from ..exchange import JSON_HEADERS, Exchange
-from ..lifecycle import ERROR_WRITE_TIMEOUT, RequestHandle, connection_watches, run_generation
+from ..lifecycle import ERROR_WRITE_TIMEOUT, RequestHandle
 from ..responses_store import RecordWriter, StoredResponse
 from ..services import Services, with_session
 from ..writers.responses import (
@@ -131,18 +131,9 @@ async def _create_background(
     record = StoredResponse(events, owner, handle)
 
     async def run() -> None:
-        await run_generation(
-            engines=services.engines,
-            registry=services.registry,
-            submit=submit,
-            capability=generation.capability,
-            writer=RecordWriter(store, record),
-            timeout=timeout,
-            buffer=services.settings.stream_buffer,
-            # No client to watch: it goes on when the one that created it leaves.
-            watch_disconnect=connection_watches,
-            observer=services.observer,
-            handle=handle,
+        # No client to watch: it goes on when the one that created it leaves.
+        await services.generations.run(
+            handle, submit, generation.capability, RecordWriter(store, record), timeout
         )
 
     store.start_background(record, run)
