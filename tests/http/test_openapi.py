@@ -11,7 +11,7 @@ from trioserve.http.app import ROUTES, TEMPLATED
 from trioserve.http.bodies.embeddings import EmbeddingRequest
 from trioserve.http.bodies.openai import MAX_N, MAX_TOKENS, ChatCompletionRequest
 from trioserve.http.bodies.responses import ResponsesRequest, parse_response
-from trioserve.http.openapi import ANSWERS
+from trioserve.http.openapi.answers import ANSWERS
 
 
 async def fetch_spec(frontend) -> dict:

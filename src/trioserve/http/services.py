@@ -2,7 +2,8 @@
 drain's state, admission, and the checks every generation route makes.
 
 Routes take a :class:`Services` and an :class:`~trioserve.http.exchange.Exchange`; the
-application (``app.py``) only dispatches to them, so no route reaches into it.
+application (``app.py``) only dispatches to them (the table of each is at the end of its
+module, gathered in ``routes/table.py``), so no route reaches into it.
 """
 
 from __future__ import annotations

@@ -116,7 +116,7 @@ def _any(value: Any, _: Any) -> Any:
 @attrs.frozen
 class Bounds:
     """The range a numeric field must be in, declared on the field (:func:`bounded`): the
-    check below and the OpenAPI schema (``http/openapi.py``) both read it from there."""
+    check below and the OpenAPI schema (``http/openapi/schemas.py``) both read it from there."""
 
     minimum: float | None = None
     maximum: float | None = None

@@ -18,9 +18,15 @@ import orjson
 import trio
 
 from ...text.requests import chat_request_prompt
-from ..bodies.anthropic import parse_count_tokens, parse_messages
+from ..bodies.anthropic import (
+    CountTokensRequest,
+    MessagesRequest,
+    parse_count_tokens,
+    parse_messages,
+)
 from ..bodies.multimodal import resolve_parts
 from ..exchange import JSON_HEADERS, Exchange
+from ..openapi.content import Doc, json_body, sse_events
 from ..services import Services
 from ..writers.anthropic import (
     MessageEvents,
@@ -29,6 +35,7 @@ from ..writers.anthropic import (
     tool_use_id,
 )
 from ..writers.stream import Writer
+from .route import Route, Routes, generation_doc
 
 #: Characters counted as one token by ``count_tokens`` when no tokenizer of the model is
 #: known here: the usual rule of thumb for English text and code (docs/api.md).
@@ -95,3 +102,36 @@ def estimate(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None)
         if message.get("reasoning"):
             text.append(message["reasoning"])
     return math.ceil(sum(len(piece) for piece in text) / CHARS_PER_TOKEN)
+
+
+# -- the routes ----------------------------------------------------------------------
+
+ROUTES: Routes = {
+    ("POST", "/v1/messages"): Route(
+        messages,
+        generation_doc(
+            "createMessage",
+            "A message (Anthropic's Messages API): JSON, or its events (SSE)",
+            MessagesRequest,
+            {**json_body("Message"), "text/event-stream": sse_events("MessageEvent")},
+            description="Errors are in Anthropic's shape (AnthropicError), with 400 where "
+            "the other routes say 422; the key may come as X-Api-Key.",
+            example={"max_tokens": 16, "messages": [{"role": "user", "content": "Hello!"}]},
+        ),
+        "chat",
+        error_shape="anthropic",
+    ),
+    ("POST", "/v1/messages/count_tokens"): Route(
+        count_tokens,
+        Doc(
+            "countMessageTokens",
+            "The input tokens of a message (Anthropic's Messages API)",
+            "generation",
+            CountTokensRequest,
+            ok=json_body("MessageTokensCount"),
+            example={"messages": [{"role": "user", "content": "Hello!"}]},
+        ),
+        "chat",
+        error_shape="anthropic",
+    ),
+}

@@ -19,7 +19,9 @@ import trio
 from ...errors import HTTPError
 from ..exchange import Exchange
 from ..lifecycle import RequestHandle
+from ..openapi.content import Doc
 from ..services import Services
+from .route import Route, Routes
 
 #: Seconds between two refreshes of the HTML page.
 REFRESH_SECONDS = 2
@@ -165,3 +167,14 @@ def render_html(view: dict[str, Any]) -> str:
         parts.append(table(socket["requests"]))
     parts.append("</body></html>")
     return "".join(parts)
+
+
+# -- the routes ----------------------------------------------------------------------
+
+#: Served only with ``--debug-endpoints`` (``table.py``).
+DEBUG_ROUTES: Routes = {
+    ("GET", "/debug/requests"): Route(
+        requests_in_flight,
+        Doc("debugRequests", "The requests in flight (--debug-endpoints)", "operations"),
+    ),
+}

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
-from ..bodies.embeddings import parse_embeddings
+from ..bodies.embeddings import EmbeddingRequest, parse_embeddings
 from ..exchange import Exchange
+from ..openapi.content import json_body
 from ..services import Services
 from ..writers.embeddings import EmbeddingsWriter
+from .route import Route, Routes, generation_doc
 
 
 async def handle(services: Services, exchange: Exchange) -> None:
@@ -20,3 +22,20 @@ async def handle(services: Services, exchange: Exchange) -> None:
     # Every embedding may come in one engine step, and the writer takes them as they
     # come: room for all of them (bounded by MAX_INPUTS) and the final item.
     await services.run(exchange, submit, "embedding", writer, timeout, buffer=request.count + 1)
+
+
+# -- the routes ----------------------------------------------------------------------
+
+ROUTES: Routes = {
+    ("POST", "/v1/embeddings"): Route(
+        handle,
+        generation_doc(
+            "createEmbedding",
+            "Embeddings of one input or a batch",
+            EmbeddingRequest,
+            json_body("EmbeddingList"),
+            example={"input": ["first text", "second text"], "dimensions": 8},
+        ),
+        "embedding",
+    ),
+}

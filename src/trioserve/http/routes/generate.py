@@ -18,10 +18,12 @@ from ..bodies.forms import Body, extra_params, invalid_fields, structure_fields
 from ..bodies.openai import STOP_SCHEMA
 from ..bodies.validation import bounded, check_bounds, documented
 from ..exchange import JSON_HEADERS, Exchange
+from ..openapi.content import JSON, MULTIPART, STREAM, URLENCODED, json_body
 from ..services import Services
 from ..writers.ndjson import NDJSONWriter, media_json
 from ..writers.openai import usage_dict
 from ..writers.stream import Collected, CollectingWriter
+from .route import Route, Routes, generation_doc
 
 
 @attrs.define
@@ -99,3 +101,22 @@ def _answer(exchange: Exchange, submit: Submit) -> Any:
         await exchange.respond(200, json.dumps(body, separators=(",", ":")).encode(), JSON_HEADERS)
 
     return complete
+
+
+# -- the routes ----------------------------------------------------------------------
+
+ROUTES: Routes = {
+    ("POST", "/generate"): Route(
+        handle,
+        generation_doc(
+            "generate",
+            "Native generation: JSON, form or multipart with uploads; JSON or NDJSON",
+            GenerateRequest,
+            {**json_body("Generation"), "application/x-ndjson": {"schema": STREAM}},
+            content=(JSON, URLENCODED, MULTIPART),
+            example={"prompt": "Hello", "max_tokens": 8},
+        ),
+        "generate",
+        error_shape="detail",
+    ),
+}

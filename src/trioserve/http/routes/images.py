@@ -23,8 +23,10 @@ from ..bodies.forms import JSON, MULTIPART, Body, extra_params, invalid_fields, 
 from ..bodies.validation import bounded, check_bounds, documented
 from ..exchange import JSON_HEADERS, Exchange
 from ..fanout import run_group
+from ..openapi.content import json_body
 from ..services import Services
 from ..writers.stream import Collected
+from .route import Route, Routes, generation_doc
 
 RESPONSE_FORMATS = ("b64_json",)
 MAX_N = 10
@@ -139,3 +141,33 @@ async def edits(services: Services, exchange: Exchange) -> None:
         group = submits(exchange.request_id, model, "image_edit", req, inputs, body)
         # The uploads stay on disk until every member has ended.
         await _serve(services, exchange, group, "image_edit", timeout)
+
+
+# -- the routes ----------------------------------------------------------------------
+
+ROUTES: Routes = {
+    ("POST", "/v1/images/generations"): Route(
+        generations,
+        generation_doc(
+            "createImage",
+            "n images",
+            ImageRequest,
+            json_body("Images"),
+            example={"prompt": "a red square", "n": 2, "size": "32x32"},
+        ),
+        "image_generation",
+    ),
+    ("POST", "/v1/images/edits"): Route(
+        edits,
+        generation_doc(
+            "createImageEdit",
+            "n edits of an uploaded image",
+            ImageRequest,
+            json_body("Images"),
+            content=(MULTIPART,),
+            files=("image", "mask"),
+            required_files=("image",),
+        ),
+        "image_edit",
+    ),
+}

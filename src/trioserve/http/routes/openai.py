@@ -10,11 +10,13 @@ from __future__ import annotations
 import attrs
 
 from ..bodies.multimodal import resolve_chat_media
-from ..bodies.openai import parse_generation
+from ..bodies.openai import ChatCompletionRequest, CompletionRequest, parse_generation
 from ..exchange import JSON_HEADERS, Exchange
 from ..fanout import StreamingGroup, run_group
+from ..openapi.content import json_body, sse
 from ..services import Services, with_session
 from ..writers.stream import Collected, JSONWriter, SSEWriter, Writer
+from .route import Route, Routes, generation_doc
 
 
 async def chat_completions(services: Services, exchange: Exchange) -> None:
@@ -60,3 +62,31 @@ async def _generate(services: Services, exchange: Exchange, capability: str) -> 
     await services.run(
         exchange, generation.submit, capability, writer, timeout, keepalive=keepalive
     )
+
+
+# -- the routes ----------------------------------------------------------------------
+
+ROUTES: Routes = {
+    ("POST", "/v1/chat/completions"): Route(
+        chat_completions,
+        generation_doc(
+            "createChatCompletion",
+            "Chat completion, JSON or streamed (SSE)",
+            ChatCompletionRequest,
+            {**json_body("ChatCompletion"), "text/event-stream": sse("ChatCompletionChunk")},
+            example={"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 16},
+        ),
+        "chat",
+    ),
+    ("POST", "/v1/completions"): Route(
+        completions,
+        generation_doc(
+            "createCompletion",
+            "Text completion, JSON or streamed (SSE)",
+            CompletionRequest,
+            {**json_body("Completion"), "text/event-stream": sse("CompletionChunk")},
+            example={"prompt": "Once upon a time", "max_tokens": 16},
+        ),
+        "completion",
+    ),
+}

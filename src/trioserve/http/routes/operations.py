@@ -9,7 +9,9 @@ from ...ends import EndReason
 from ...errors import HTTPError
 from ...protocol import ModelCard
 from ..exchange import Exchange
+from ..openapi.content import Doc, json_body
 from ..services import Services
+from .route import Route, Routes
 
 #: ``GET /v1/models/{id}``: the id is the rest of the path ("/" included: "org/name").
 MODEL_PREFIX = "/v1/models/"
@@ -75,3 +77,61 @@ async def cancel_request(services: Services, exchange: Exchange) -> None:
         raise HTTPError(404, f"no request {request_id!r} is in flight", "request_not_found")
     handle.end(EndReason.CANCEL)
     await exchange.respond_json(200, {"id": request_id, "object": "request", "cancelled": True})
+
+
+# -- the routes ----------------------------------------------------------------------
+
+ROUTES: Routes = {
+    ("GET", "/v1/models"): Route(
+        list_models,
+        Doc("listModels", "Models of the connected engines", "models", ok=json_body("ModelList")),
+    ),
+    ("GET", "/health"): Route(
+        health,
+        Doc(
+            "health",
+            "Readiness: an engine is connected and the server is not draining",
+            "operations",
+            ok=json_body("Status"),
+            others={503: ("draining, or no engine connected", json_body("Status"))},
+        ),
+    ),
+    ("GET", "/live"): Route(live, Doc("live", "Liveness", "operations", ok=json_body("Status"))),
+    ("GET", "/metrics"): Route(
+        render_metrics,
+        Doc(
+            "metrics",
+            "Prometheus metrics (docs/metrics.md)",
+            "operations",
+            ok={"text/plain": {"schema": {"type": "string"}}},
+        ),
+    ),
+}
+
+#: Routes whose path holds a parameter, ``{id}`` (``table.py`` matches them).
+TEMPLATED: Routes = {
+    ("GET", "/v1/models/{id}"): Route(
+        retrieve_model,
+        Doc(
+            "retrieveModel",
+            "One model of the connected engines",
+            "models",
+            ok=json_body("Model"),
+            parameter="the model's id (it may hold '/')",
+            others={404: ("no connected engine serves it (model_not_found)", json_body("Error"))},
+        ),
+    ),
+    ("DELETE", "/v1/requests/{id}"): Route(
+        cancel_request,
+        Doc(
+            "cancelRequest",
+            "Cancel a generation request in flight (its engine request gets one abort)",
+            "operations",
+            ok=json_body("Cancelled"),
+            parameter="the request's X-Request-Id",
+            others={
+                404: ("no request of this id is in flight (request_not_found)", json_body("Error"))
+            },
+        ),
+    ),
+}

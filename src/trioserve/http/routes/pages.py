@@ -19,7 +19,9 @@ from importlib import resources
 
 from ...errors import HTTPError
 from ..exchange import JSON_HEADERS, Exchange
+from ..openapi.content import JSON, Doc
 from ..services import Services
+from .route import Route, Routes
 
 HTML = {"text/html": {"schema": {"type": "string"}}}
 ICON = {"image/svg+xml": {"schema": {"type": "string"}}}
@@ -87,3 +89,35 @@ async def favicon(services: Services, exchange: Exchange) -> None:
             (b"cache-control", b"max-age=86400"),
         ],
     )
+
+
+# -- the routes ----------------------------------------------------------------------
+
+ROUTES: Routes = {
+    ("GET", "/openapi.json"): Route(
+        openapi_json,
+        Doc(
+            "openapi",
+            "This description of the API",
+            "pages",
+            ok={JSON: {"schema": {"type": "object"}}},
+        ),
+    ),
+    ("GET", "/docs"): Route(
+        docs,
+        Doc("docs", "The API's documentation, to read and try", "pages", ok=HTML),
+    ),
+    ("GET", "/favicon.ico"): Route(
+        favicon,
+        Doc("favicon", "The pages' icon (SVG)", "pages", ok=ICON),
+    ),
+    ("GET", "/"): Route(
+        playground,
+        Doc(
+            "playground",
+            "A page to chat with a model (a 404 with --no-playground)",
+            "pages",
+            ok=HTML,
+        ),
+    ),
+}

@@ -29,10 +29,11 @@ import trio
 
 from ...ends import EndReason
 from ...errors import HTTPError
-from ..bodies.responses import ResponseGeneration, parse_response, resolve_media
+from ..bodies.responses import ResponseGeneration, ResponsesRequest, parse_response, resolve_media
 from ..bodies.validation import INT_MAX, parse_bool
 from ..exchange import JSON_HEADERS, Exchange
 from ..lifecycle import ERROR_WRITE_TIMEOUT, RequestHandle
+from ..openapi.content import Doc, json_body, sse_events
 from ..responses_store import RecordWriter, StoredResponse
 from ..services import Services, with_session
 from ..writers.responses import (
@@ -43,6 +44,7 @@ from ..writers.responses import (
     sse,
 )
 from ..writers.stream import SSE_HEADERS, SSE_KEEPALIVE, Writer
+from .route import Route, Routes, generation_doc
 
 PREFIX = "/v1/responses/"
 #: Retained events sent in one write when a stream is replayed.
@@ -292,3 +294,96 @@ def _query_int(query: dict[str, str], name: str) -> int | None:
             param=name,
         )
     return int(value)
+
+
+# -- the routes ----------------------------------------------------------------------
+
+ROUTES: Routes = {
+    ("POST", "/v1/responses"): Route(
+        create,
+        generation_doc(
+            "createResponse",
+            "A response (the Responses API): JSON, or typed events (SSE)",
+            ResponsesRequest,
+            {**json_body("Response"), "text/event-stream": sse_events("ResponseEvent")},
+            description="With background: true it runs in the server, not in this "
+            "connection: the answer is the queued Response (or, streamed, its events), "
+            "and GET /v1/responses/{id} follows it. More 503 codes here: "
+            "too_many_background_responses, response_store_full.",
+            example={"input": "Hello!", "max_output_tokens": 16},
+            links={
+                name: (operation, "$response.body#/id")
+                for name, operation in (
+                    ("retrieve", "retrieveResponse"),
+                    ("cancel", "cancelResponse"),
+                    ("delete", "deleteResponse"),
+                )
+            },
+        ),
+        "chat",
+    ),
+}
+
+RESPONSE_ID = "the response's id (resp_...)"
+RESPONSE_NOT_FOUND = (
+    "no such response for this key on this frontend, or it expired (response_not_found)",
+    json_body("Error"),
+)
+
+#: Routes whose path holds a parameter, ``{id}`` (``table.py`` matches them).
+TEMPLATED: Routes = {
+    ("GET", "/v1/responses/{id}"): Route(
+        retrieve,
+        Doc(
+            "retrieveResponse",
+            "A stored response as of now; with stream=true, a background response's events",
+            "responses",
+            ok={**json_body("Response"), "text/event-stream": sse_events("ResponseEvent")},
+            parameter=RESPONSE_ID,
+            query={
+                "stream": (
+                    {"type": "boolean"},
+                    "replay the retained events, then follow the live ones (SSE)",
+                ),
+                "starting_after": (
+                    {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
+                    "with stream: only the events after this sequence_number",
+                ),
+            },
+            others={
+                400: (
+                    "the query does not read (invalid_query_parameter), or stream of a "
+                    "response not made in the background (response_not_streamable)",
+                    json_body("Error"),
+                ),
+                404: RESPONSE_NOT_FOUND,
+            },
+        ),
+    ),
+    ("POST", "/v1/responses/{id}/cancel"): Route(
+        cancel,
+        Doc(
+            "cancelResponse",
+            "Cancel a background response (its engine request gets one abort)",
+            "responses",
+            ok=json_body("Response"),
+            parameter=RESPONSE_ID,
+            others={
+                400: ("not a background response (response_not_background)", json_body("Error")),
+                404: RESPONSE_NOT_FOUND,
+                409: ("it ended otherwise (response_already_finished)", json_body("Error")),
+            },
+        ),
+    ),
+    ("DELETE", "/v1/responses/{id}"): Route(
+        delete,
+        Doc(
+            "deleteResponse",
+            "Forget a stored response (a background one still running is cancelled first)",
+            "responses",
+            ok=json_body("ResponseDeleted"),
+            parameter=RESPONSE_ID,
+            others={404: RESPONSE_NOT_FOUND},
+        ),
+    ),
+}

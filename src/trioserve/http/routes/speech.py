@@ -17,9 +17,11 @@ from ...protocol import Submit
 from ..bodies.forms import JSON, extra_params, structure_fields
 from ..bodies.validation import bounded, check_bounds, documented, invalid
 from ..exchange import Exchange
+from ..openapi.content import BINARY
 from ..services import Services
 from ..writers.audio import AudioStreamWriter, content_type, pcm_format, wav_header
 from ..writers.stream import Collected, CollectingWriter, EngineItemError
+from .route import Route, Routes, generation_doc
 
 FORMATS = ("wav", "pcm")
 
@@ -86,3 +88,20 @@ def _answer(exchange: Exchange, fmt: str) -> Any:
         await exchange.respond(200, body, [(b"content-type", content_type(fmt, rate, channels))])
 
     return complete
+
+
+# -- the routes ----------------------------------------------------------------------
+
+ROUTES: Routes = {
+    ("POST", "/v1/audio/speech"): Route(
+        handle,
+        generation_doc(
+            "createSpeech",
+            "Text to speech: WAV or raw PCM, whole or streamed",
+            SpeechRequest,
+            {"audio/wav": {"schema": BINARY}, "audio/pcm": {"schema": BINARY}},
+            example={"input": "Hello there", "response_format": "wav"},
+        ),
+        "speech",
+    ),
+}

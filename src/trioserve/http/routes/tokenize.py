@@ -26,11 +26,13 @@ from ...text.requests import (
     completion_request_prompt,
     prepare,
 )
-from ..bodies.openai import parse_chat, parse_completion
+from ..bodies.openai import ChatCompletionRequest, CompletionRequest, parse_chat, parse_completion
 from ..bodies.tokenize import DetokenizeRequest, TokenizeRequest
 from ..bodies.validation import invalid, structure
 from ..exchange import Exchange
+from ..openapi.content import JSON, Doc, json_body, ref
 from ..services import Services
+from .route import NEEDS_TOKENIZER, Route, Routes
 
 T = TypeVar("T")
 
@@ -151,3 +153,58 @@ async def render_completion(services: Services, exchange: Exchange) -> None:
         raise TextInputError("No token_ids rendered", param="prompt")
     answer = _generate_request(f"cmpl-{exchange.request_id}", model, ready, stream)
     await exchange.respond_json(200, [answer])
+
+
+# -- the routes ----------------------------------------------------------------------
+
+ROUTES: Routes = {
+    ("POST", "/tokenize"): Route(
+        tokenize,
+        Doc(
+            "tokenize",
+            "Token ids of a prompt, or of messages rendered by the model's chat template",
+            "text",
+            TokenizeRequest,
+            ok=json_body("Tokenized"),
+            description=NEEDS_TOKENIZER,
+            example={"prompt": "Hello, world"},
+        ),
+    ),
+    ("POST", "/detokenize"): Route(
+        detokenize,
+        Doc(
+            "detokenize",
+            "The text of token ids",
+            "text",
+            DetokenizeRequest,
+            ok=json_body("Detokenized"),
+            description=NEEDS_TOKENIZER,
+            example={"tokens": [1, 2, 3]},
+        ),
+    ),
+    ("POST", "/v1/chat/completions/render"): Route(
+        render_chat,
+        Doc(
+            "renderChatCompletion",
+            "The token ids and sampling parameters a chat request would be submitted with",
+            "text",
+            ChatCompletionRequest,
+            ok=json_body("RenderedRequest"),
+            description=NEEDS_TOKENIZER,
+            example={"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 16},
+        ),
+    ),
+    ("POST", "/v1/completions/render"): Route(
+        render_completion,
+        Doc(
+            "renderCompletion",
+            "The token ids and sampling parameters a completion request would be "
+            "submitted with (a list: one per prompt)",
+            "text",
+            CompletionRequest,
+            ok={JSON: {"schema": {"type": "array", "items": ref("RenderedRequest")}}},
+            description=NEEDS_TOKENIZER,
+            example={"prompt": "Once upon a time", "max_tokens": 16},
+        ),
+    ),
+}

@@ -23,8 +23,10 @@ from ..bodies.forms import JSON, MULTIPART, Body, extra_params, invalid_fields, 
 from ..bodies.media import Media
 from ..bodies.validation import bounded, check_bounds, documented
 from ..exchange import JSON_HEADERS, Exchange
+from ..openapi.content import json_body
 from ..services import Services
 from ..writers.stream import Collected, CollectingWriter, EngineItemError
+from .route import Route, Routes, generation_doc
 
 #: Conditioning fields, and the modality each carries.
 CONDITIONING = {"image": "image", "video": "video"}
@@ -118,3 +120,22 @@ def _answer(exchange: Exchange) -> Any:
         await exchange.respond(200, body, JSON_HEADERS)
 
     return complete
+
+
+# -- the routes ----------------------------------------------------------------------
+
+ROUTES: Routes = {
+    ("POST", "/v1/videos/generations"): Route(
+        handle,
+        generation_doc(
+            "createVideo",
+            "Text to video, or video conditioned on an image or a video",
+            VideoRequest,
+            json_body("Videos"),
+            content=(JSON, MULTIPART),
+            files=("image", "video"),
+            example={"prompt": "waves", "num_frames": 4},
+        ),
+        "video_generation",
+    ),
+}

@@ -1,5 +1,5 @@
 """The answers of Anthropic's Messages API routes (``/v1/messages``), for ``/openapi.json``
-(``openapi.py`` merges them into its components): the ``Message`` object, its stream's
+(``spec.py`` merges them into its components): the ``Message`` object, its stream's
 events, the token count, and Anthropic's error shape. Written to what
 ``writers/anthropic.py`` renders; CI's schemathesis run holds every answer to them."""
 
