@@ -16,7 +16,7 @@ import trustme
 from trio_websocket import open_websocket_url
 
 from tests.helpers.frontends import SERVERS, start_engine, start_frontend
-from tests.helpers.http import wait_health
+from tests.helpers.http import read_to_end, wait_health
 from tests.helpers.http1 import EchoApp, get, serve
 from tests.helpers.waiting import HANG_GUARD, wait_until
 from trioserve.cli import main
@@ -256,7 +256,7 @@ async def test_mtls_optional_serves_clients_without_a_certificate(
     assert await refused(frontend, certs.client_context(trustme.CA().issue_cert("c.example")))
 
 
-async def test_tls_client_is_turned_away_past_max_connections_without_a_plain_answer(
+async def test_past_max_connections_a_tls_client_gets_its_503_and_a_probe_its_answer(
     nursery, certs
 ):
     engine = await start_engine(nursery)
@@ -266,9 +266,14 @@ async def test_tls_client_is_turned_away_past_max_connections_without_a_plain_an
     context = certs.client_context()
     holder = await tls_stream(frontend, context)  # takes the one connection
     await holder.do_handshake()
-    with pytest.raises(trio.BrokenResourceError):
-        second = await tls_stream(frontend, context)
-        await second.do_handshake()
+    for path, status in (("/v1/models", b"503"), ("/live", b"200"), ("/health", b"200")):
+        extra = await tls_stream(frontend, context)  # at the door: it shakes hands there
+        await extra.send_all(get(path))
+        with trio.fail_after(HANG_GUARD):
+            data = await read_to_end(extra)
+        assert data.startswith(b"HTTP/1.1 " + status), data
+        if status == b"503":
+            assert b'"too_many_connections"' in data
     await holder.aclose()
     async with client(frontend, context, limits=httpx.Limits(max_connections=1)) as http:
         await wait_health(http)  # the held connection's slot frees when the server sees it close

@@ -19,6 +19,11 @@ from .. import metrics
 from ..errors import HTTPError
 from .memory import RETRY_AFTER
 
+#: The liveness and readiness probes: answered outside every limit a client can exhaust
+#: (no admission slot, no body budget; the built-in server answers them even past
+#: ``--max-connections``), since a probe that fails gets the pod restarted or drained.
+PROBE_PATHS = frozenset({"/live", "/health"})
+
 
 class Admission:
     """The slots, and each API key's share of them: ``per_key`` (default: ``limit``

@@ -12,6 +12,7 @@ import trio
 from ..config import Settings
 from ..engine import LinkFactory, make_policy, make_resolver, open_engine_client
 from ..http import App
+from ..http.admission import PROBE_PATHS
 from ..http.lifecycle import ERROR_WRITE_TIMEOUT
 from ..links.protocol import HeartbeatConfig, ProtocolLinks
 from ..transport import keys
@@ -57,6 +58,7 @@ def http1_config(settings: Settings) -> Http1Config:
         ws_ping_interval=settings.ws_ping_interval,
         body_deadline=settings.body_deadline,
         max_connections=settings.max_connections,
+        probe_paths=PROBE_PATHS,
     )
 
 

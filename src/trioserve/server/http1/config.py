@@ -13,10 +13,13 @@ RECEIVE_SIZE = 65536
 #: Bytes of a pipelined next request buffered while a response is in progress; past it the
 #: server stops reading that connection until the response is done.
 PIPELINE_BUFFER = 65536
-#: Connections turned away at once (past ``max_connections``) that are given a moment to
-#: read their 503 before the socket closes; past it, further ones are closed at once.
+#: Connections past ``max_connections`` held at the door at once: each is given a moment
+#: to send its request head, so that a probe (``probe_paths``) is still answered and
+#: anything else reads its 503 rather than a reset; past it, further ones get the 503
+#: and are closed at once.
 TURN_AWAY_LINGERING = 64
-#: Seconds a turned-away connection is given to read its 503 and close.
+#: Seconds a connection at the door is given to send its request head (and, over TLS,
+#: to shake hands first).
 TURN_AWAY_LINGER = 1.0
 #: Seconds between two log lines about connections refused or accept(2) failing.
 LOG_INTERVAL = 10.0
@@ -46,6 +49,9 @@ class Http1Config:
     #: Connections open at once; past it, a new one is answered 503 and closed (0: three
     #: quarters of the process's descriptor limit, see :func:`default_max_connections`).
     max_connections: int = 0
+    #: Paths answered (GET or HEAD) even past ``max_connections``: the liveness and
+    #: readiness probes, which must not fail because clients hold every slot.
+    probe_paths: frozenset[str] = frozenset()
 
 
 def default_max_connections() -> int:

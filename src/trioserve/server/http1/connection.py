@@ -63,7 +63,7 @@ class Shared:
         #: Hang-ups of clients with a request in flight (Linux; None elsewhere).
         self.hangups = hangups.HangupWatcher() if hangups.available() else None
         self.max_connections = config.max_connections or default_max_connections()
-        #: Connections being served, and being turned away (see _turn_away).
+        #: Connections being served, and past the limit at the door (see serve_at_the_door).
         self.active = 0
         self.lingering = 0
         self.log_refused = Throttled("refusing connections: %d open (max_connections)")
@@ -86,6 +86,10 @@ class Connection:
         self.config = shared.config
         self.parser = http1.RequestParser(self.config.max_header_bytes)
         self.closed = False
+        #: The connection closes after the current response (its head says so).
+        self.last_request = False
+        #: Past ``max_connections``: only probes are answered (``serve_at_the_door``).
+        self.at_the_door = False
         #: Bytes of an answer to the current request have been written (a failure then
         #: closes the connection instead of answering 500).
         self.answering = False

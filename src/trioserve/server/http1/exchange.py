@@ -231,6 +231,7 @@ class HttpExchange:
             # A body not read to its end (an early answer: 404, 413, 408) ends the
             # connection after this response: see _next_cycle.
             closing=connection.shared.terminating
+            or connection.last_request
             or not (self.body_done or connection.parser.body_complete),
         )
 

@@ -38,8 +38,9 @@ What it does, per connection:
   around every connection (a fault: one traceback, a 500 or a close, the server goes
   on); a total deadline for a request body, no body read before the app has checked
   the head (what came with it is one contiguous buffer of at most one read); an early
-  answer closes the connection; at most ``max_connections`` at once (503 past it), and
-  a quiet accept loop when descriptors run out.
+  answer closes the connection; at most ``max_connections`` at once (503 past it, but
+  the probes of ``probe_paths`` still answered: ``serve_at_the_door``), and a quiet
+  accept loop when descriptors run out.
 """
 
 from __future__ import annotations
@@ -56,10 +57,10 @@ import trio
 
 from ...errors import ClientGone, HttpProtocolError
 from ...http.channel import HttpHandler
-from .config import ACCEPT_BACKOFF, RECEIVE_SIZE, TURN_AWAY_LINGER, TURN_AWAY_LINGERING, Http1Config
+from .config import ACCEPT_BACKOFF, TURN_AWAY_LINGER, TURN_AWAY_LINGERING, Http1Config
 from .connection import Connection, Shared, error_response
 from .exchange import HttpExchange
-from .protocol import END
+from .protocol import END, Request
 from .websocket import WebSocketSession
 
 log = logging.getLogger("trioserve.http1")
@@ -70,6 +71,9 @@ async def serve_connection(self: Connection) -> None:
     goes wrong here ends this connection only (one traceback in the log; a 500 if no
     answer began, else the connection closes), never the server."""
     try:
+        if self.at_the_door:
+            await serve_at_the_door(self)
+            return
         if self.tls is not None and not await self.handshake():
             return
         while not self.closed:
@@ -116,41 +120,54 @@ async def _next_cycle(self: Connection, exchange: HttpExchange) -> bool:
     return not self.closed
 
 
-async def _turn_away(stream: trio.SocketStream, shared: Shared) -> None:
-    """Refuse a connection past ``max_connections``: a 503 written if the socket takes it
-    at once, then close. Up to :data:`TURN_AWAY_LINGERING` of them wait (a bounded
-    moment) for the client to read it and close first, so it gets the 503 rather than a
-    reset; past that they are closed at once."""
+TOO_MANY_CONNECTIONS = "too_many_connections"
+
+
+def _turned_away(shared: Shared) -> tuple[int, str, str, tuple[tuple[bytes, bytes], ...]]:
+    """The 503 of a connection past ``max_connections``: status, reason, code, headers."""
+    reason = f"the server has its limit of {shared.max_connections} connections open; retry later"
+    return 503, reason, TOO_MANY_CONNECTIONS, ((b"retry-after", b"1"),)
+
+
+async def serve_at_the_door(self: Connection) -> None:
+    """A connection past ``max_connections``: given :data:`TURN_AWAY_LINGER` to send its
+    request head (over TLS, to shake hands first). A probe (GET or HEAD of one of
+    ``probe_paths``: liveness, readiness) is answered by the app as on any connection,
+    then the connection closes: clients holding every slot must not make the pod's
+    probes fail. Anything else, or nothing in time, gets the 503 and is closed."""
+    request = None
+    shaken = self.tls is None
+    with trio.move_on_after(TURN_AWAY_LINGER):
+        if not shaken:
+            if not await self.handshake():
+                return
+            shaken = True
+        request = await self._wait_for_request()
+    if self.closed or not shaken:  # refused already (400, 408), or no TLS to answer in
+        return
+    if request is None or not _is_probe(request, self.config.probe_paths):
+        await self.refuse(*_turned_away(self.shared), linger=True)
+        return
+    self.last_request = True
+    await HttpExchange(self, request).run()
+
+
+def _is_probe(request: Request, probe_paths: frozenset[str]) -> bool:
+    path = request.target.partition(b"?")[0].decode("latin-1")
+    return request.method in (b"GET", b"HEAD") and not request.websocket and path in probe_paths
+
+
+def _turn_away_now(stream: trio.SocketStream, shared: Shared) -> None:
+    """Past ``max_connections`` with the door full too: the 503 written if the socket
+    takes it at once (a new socket's buffer has room for it), then closed. Over TLS,
+    closed at once: a plain 503 would mean nothing to a TLS client."""
     sock = stream.socket
-    shared.log_refused(shared.active)
-    if shared.ssl_context is not None:
-        sock.close()  # a plain 503 would mean nothing to a TLS client; no handshake to spend
-        return
-    response = error_response(
-        503,
-        f"the server has its limit of {shared.max_connections} connections open; retry later",
-        "too_many_connections",
-        ((b"retry-after", b"1"),),
-    )
-    try:
-        os.write(sock.fileno(), response)  # a new socket's buffer has room for it
-    except OSError:
-        sock.close()
-        return
-    if shared.lingering >= TURN_AWAY_LINGERING:
-        sock.close()
-        return
-    shared.lingering += 1
-    try:
-        sock.shutdown(trio.socket.SHUT_WR)
-        with trio.move_on_after(TURN_AWAY_LINGER):
-            while await sock.recv(RECEIVE_SIZE):
-                pass
-    except OSError:
-        pass
-    finally:
-        shared.lingering -= 1
-        sock.close()
+    if shared.ssl_context is None:
+        try:
+            os.write(sock.fileno(), error_response(*_turned_away(shared)))
+        except OSError:
+            pass
+    sock.close()
 
 
 #: accept(2) errors that mean "out of resources for now", not "the listener is broken".
@@ -237,10 +254,15 @@ async def serve_http1(
             log.info("Running on %s://%s (CTRL + C to quit)", scheme, host_port(name))
 
     async def handle(stream: trio.SocketStream) -> None:
-        if shared.active >= shared.max_connections:
-            await _turn_away(stream, shared)
-            return
-        shared.active += 1
+        at_the_door = shared.active >= shared.max_connections
+        if at_the_door:
+            shared.log_refused(shared.active)
+            if shared.lingering >= TURN_AWAY_LINGERING:
+                _turn_away_now(stream, shared)
+                return
+            shared.lingering += 1
+        else:
+            shared.active += 1
         try:
             try:
                 connection = Connection(stream, app, shared)
@@ -249,13 +271,17 @@ async def serve_http1(
                 # connection's trouble must never reach the nursery that serves them all.
                 stream.socket.close()
                 return
+            connection.at_the_door = at_the_door
             await serve_connection(connection)
         except Exception:
             # run() is the barrier; this is the barrier's own guard.
             log.exception("unexpected error on a connection; closing it")
             stream.socket.close()
         finally:
-            shared.active -= 1
+            if at_the_door:
+                shared.lingering -= 1
+            else:
+                shared.active -= 1
 
     async with trio.open_nursery() as service:
         if shared.hangups is not None:
