@@ -18,6 +18,30 @@ from .text.agents import REASONING_PARSERS, TOOL_CALL_PARSERS
 GRACE_RULE = "terminationGracePeriodSeconds > preStop + max(--drain-delay, --graceful-timeout) + 6"
 
 
+def default_max_connections() -> int:
+    """``--max-connections 0``: three quarters of ``RLIMIT_NOFILE``. The rest is for
+    engine sockets, uploads, logs and the connections being turned away, so accept(2)
+    never meets EMFILE."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return 1024
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        return 65536
+    return max(soft * 3 // 4, 16)
+
+
+def per_key_bound(explicit: int, limit: int, keys: int) -> int:
+    """A per-API-key bound: ``explicit`` if set, else an equal share of ``limit`` (at
+    least 1) when there are two keys or more, so that every key can have its share
+    however busy the others are; else 0, no bound per key."""
+    if explicit:
+        return explicit
+    return max(limit // keys, 1) if keys > 1 else 0
+
+
 @attrs.define
 class Settings:
     # -- listening and serving
@@ -42,6 +66,16 @@ class Settings:
         metavar="N",
         help="connections open at once; past it a new one gets 503 and is closed (built-in "
         "server; 0: three quarters of the open-file limit)",
+    )
+    max_connections_per_key: int = option(
+        0,
+        group="serving",
+        kind="non_negative",
+        metavar="N",
+        help="connections one API key may hold open (a connection counts against the key of "
+        "its first request that carries one, until it closes; WebSockets included); past "
+        "it, 429 and the connection closes (built-in server; 0: --max-connections divided "
+        "by the number of keys)",
     )
     write_timeout: float = option(
         30.0,
@@ -348,6 +382,14 @@ class Settings:
     )
     #: ``http/websocket.py``: what a WebSocket that carries nothing holds (a connection
     #: slot, its buffers) is given back, as nginx's ``proxy_read_timeout`` does.
+    max_websockets_per_key: int = option(
+        0,
+        group="websocket",
+        kind="non_negative",
+        metavar="N",
+        help="WebSockets one API key may hold open; past it, the handshake gets 429 (both "
+        "servers; 0: --max-connections divided by the number of keys)",
+    )
     ws_idle_timeout: float = option(
         300.0,
         group="websocket",

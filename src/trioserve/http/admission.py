@@ -100,3 +100,68 @@ class Slot:
 
     def __exit__(self, *exc_info: object) -> None:
         self.release()
+
+
+class KeyShares:
+    """Each API key's share of something it holds open (connections, WebSockets): at most
+    ``per_key`` each, 0 for no bound. Past it, :meth:`take` raises the 429 ``code``,
+    whose message names the ``flag`` that sets it. Holders without a key count nowhere."""
+
+    def __init__(self, per_key: int, what: str, flag: str, code: str, *, closes: bool) -> None:
+        self.per_key = per_key
+        self.what = what
+        self.flag = flag
+        self.code = code
+        #: The 429 closes the connection it is sent on (a connection's own share).
+        self.closes = closes
+        self.by_key: dict[int, int] = {}
+
+    def refused(self) -> HTTPError:
+        headers = [(b"retry-after", str(RETRY_AFTER).encode())]
+        if self.closes:
+            headers.append((b"connection", b"close"))
+        return HTTPError(
+            429,
+            f"this API key has its limit of {self.per_key} {self.what} open ({self.flag}); "
+            "close one or retry later",
+            self.code,
+            headers=headers,
+        )
+
+    def take(self, key: int | None) -> KeyShare:
+        """One of ``key``'s share, held until :meth:`KeyShare.release` (or the end of a
+        ``with`` block over it); the 429 :class:`HTTPError` past the share."""
+        if key is not None:
+            held = self.by_key.get(key, 0)
+            if self.per_key and held >= self.per_key:
+                metrics.ADMISSION_REFUSED.inc()
+                raise self.refused()
+            self.by_key[key] = held + 1
+        return KeyShare(self, key)
+
+    def _release(self, key: int) -> None:
+        left = self.by_key[key] - 1
+        if left:
+            self.by_key[key] = left
+        else:
+            del self.by_key[key]
+
+
+class KeyShare:
+    """What one holder holds of its key's share (:meth:`KeyShares.take`)."""
+
+    def __init__(self, shares: KeyShares, key: int | None) -> None:
+        self._shares: KeyShares | None = shares if key is not None else None
+        self._key = key
+
+    def release(self) -> None:
+        """Give it back; idempotent."""
+        if self._shares is not None and self._key is not None:
+            shares, self._shares = self._shares, None
+            shares._release(self._key)
+
+    def __enter__(self) -> KeyShare:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()

@@ -17,7 +17,7 @@ from ..config import Settings
 from ..engine import EngineClient
 from ..errors import HTTPError
 from .auth import ApiKeys, header_values, select_subprotocol
-from .channel import AsgiChannel, Receive, RequestHead, ResponseChannel, Send, head_of
+from .channel import HOLD_FOR_KEY, AsgiChannel, Receive, RequestHead, ResponseChannel, Send, head_of
 from .cors import CorsPolicy
 from .exchange import JSON_HEADERS, ClientGone, Exchange
 from .memory import Holding
@@ -140,19 +140,24 @@ class App:
             key_index = self.api_keys.authenticate_websocket(
                 header_values(headers, b"authorization"), protocols
             )
+            hold_for_key = (scope.get("extensions") or {}).get(HOLD_FOR_KEY)
+            if key_index is not None and hold_for_key is not None:
+                hold_for_key(key_index)  # the socket's connection, in its key's share
+            share = self.services.websocket_shares.take(key_index)
         except HTTPError as error:
             await self._refuse_websocket(scope, receive, send, error, arrived)
             return
-        connection = WebSocketConnection(
-            self.services,
-            receive,
-            send,
-            key_index=key_index,
-            subprotocol=select_subprotocol(protocols),
-            client=scope.get("client"),
-            headers={name.lower(): value for name, value in headers},
-        )
-        await connection.serve()
+        with share:  # until the socket has closed
+            connection = WebSocketConnection(
+                self.services,
+                receive,
+                send,
+                key_index=key_index,
+                subprotocol=select_subprotocol(protocols),
+                client=scope.get("client"),
+                headers={name.lower(): value for name, value in headers},
+            )
+            await connection.serve()
 
     async def _refuse_websocket(
         self,
@@ -246,6 +251,9 @@ class App:
                 exchange.key_index = self.api_keys.authenticate(
                     header_values(headers, b"authorization"), header_values(headers, b"x-api-key")
                 )
+                if exchange.key_index is not None:
+                    # The connection now counts against this key's share (the 429 past it).
+                    exchange.channel.hold_for_key(exchange.key_index)
             route = self.routes.get((exchange.method, exchange.path)) or fallback(exchange)
             if route.capability is not None:
                 exchange.error_shape = route.error_shape

@@ -24,6 +24,10 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[dict[str, Any], Receive, Send], Awaitable[None]]
 
+#: A WebSocket scope's extension where the server bounds connections per API key: its
+#: :meth:`ResponseChannel.hold_for_key`, for the socket's connection.
+HOLD_FOR_KEY = "trioserve.hold_for_key"
+
 
 @attrs.frozen(slots=True)
 class RequestHead:
@@ -77,6 +81,11 @@ class ResponseChannel(Protocol):
     def watch_disconnect(self, on_gone: Callable[[], None]) -> AbstractAsyncContextManager[None]:
         """While the context is open, call ``on_gone`` once if the client goes away. Only
         once the body has been read."""
+
+    def hold_for_key(self, key: int) -> None:
+        """Count the connection against API key ``key`` until it closes, or raise the 429
+        :class:`~trioserve.errors.HTTPError` (which closes it) if the key holds its share
+        of connections. A no-op where the server bounds no connections."""
 
 
 class HttpHandler(Protocol):
@@ -142,6 +151,9 @@ class AsgiChannel:
 
     def try_send(self, body: bytes) -> bool:
         return False
+
+    def hold_for_key(self, key: int) -> None:
+        pass  # hypercorn bounds no connections, and ASGI names no connection
 
     def watch_disconnect(self, on_gone: Callable[[], None]) -> AbstractAsyncContextManager[None]:
         # hypercorn's trio worker never raises from send() after a disconnect: reading

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from ..config import Settings
+from ..config import Settings, default_max_connections, per_key_bound
 from ..ends import EndReason
 from ..engine import EngineClient
 from ..errors import HTTPError
@@ -21,7 +21,7 @@ from ..protocol import Submit
 from ..text.agents import ParserNames
 from ..text.assets import ModelText
 from ..text.registry import TextRegistry
-from .admission import Admission
+from .admission import Admission, KeyShares
 from .bodies.forms import JSON, MULTIPART, URLENCODED, Body, read_body
 from .bodies.media import IPNetwork, MediaFetcher, parse_networks
 from .bodies.uploads import Uploads
@@ -72,6 +72,8 @@ class Services:
     #: Metrics, traces and the access log (``observe.py``).
     observer: Observer = attrs.Factory(Observer)
     admission: Admission = attrs.field(init=False)
+    #: Each API key's share of open WebSockets (``--max-websockets-per-key``).
+    websocket_shares: KeyShares = attrs.field(init=False)
     #: Request bodies held in memory across requests (``--max-body-memory-mb``).
     body_budget: MemoryBudget = attrs.field(init=False)
     #: The description of the API as JSON (``/openapi.json``): the application's, which
@@ -109,6 +111,17 @@ class Services:
             per_key=settings.max_requests_per_key,
         )
         self.body_budget = body_budget(settings.max_body_memory_bytes)
+        self.websocket_shares = KeyShares(
+            per_key_bound(
+                settings.max_websockets_per_key,
+                settings.max_connections or default_max_connections(),
+                len(settings.api_keys),
+            ),
+            "WebSockets",
+            "--max-websockets-per-key",
+            "too_many_websockets_for_key",
+            closes=False,
+        )
         self.generations = Generations(
             self.engines, self.registry, self.observer, settings.stream_buffer
         )

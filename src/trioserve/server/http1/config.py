@@ -6,6 +6,10 @@ import logging
 
 import attrs
 
+from ...config import default_max_connections
+
+__all__ = ["Http1Config", "default_max_connections"]
+
 log = logging.getLogger("trioserve.http1")
 
 
@@ -52,17 +56,6 @@ class Http1Config:
     #: Paths answered (GET or HEAD) even past ``max_connections``: the liveness and
     #: readiness probes, which must not fail because clients hold every slot.
     probe_paths: frozenset[str] = frozenset()
-
-
-def default_max_connections() -> int:
-    """Three quarters of ``RLIMIT_NOFILE``: the rest is for engine sockets, uploads,
-    logs and the connections being turned away, so accept(2) never meets EMFILE."""
-    try:
-        import resource
-
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    except (ImportError, OSError, ValueError):
-        return 1024
-    if soft == resource.RLIM_INFINITY or soft <= 0:
-        return 65536
-    return max(soft * 3 // 4, 16)
+    #: Connections one API key may hold (0: no bound per key). The application names a
+    #: connection's key (``hold_for_key``) once it has authenticated a request on it.
+    max_connections_per_key: int = 0

@@ -17,6 +17,7 @@ from urllib.parse import unquote
 import trio
 
 from ...errors import ClientGone, HttpProtocolError
+from ...http.admission import KeyShare, KeyShares
 from ...http.channel import HttpHandler
 from . import hangups
 from . import protocol as http1
@@ -67,6 +68,14 @@ class Shared:
         self.active = 0
         self.lingering = 0
         self.log_refused = Throttled("refusing connections: %d open (max_connections)")
+        #: Each API key's share of the connections (``hold_for_key``).
+        self.key_connections = KeyShares(
+            config.max_connections_per_key,
+            "connections",
+            "--max-connections-per-key",
+            "too_many_connections_for_key",
+            closes=True,
+        )
         #: Where connections run; also the flushes of partial synchronous writes.
         self.connections: trio.Nursery | None = None
         self.log_accept = Throttled("accept: %s; trying again shortly")
@@ -90,6 +99,9 @@ class Connection:
         self.last_request = False
         #: Past ``max_connections``: only probes are answered (``serve_at_the_door``).
         self.at_the_door = False
+        #: The API key this connection counts against, and its share of that key's.
+        self.key: int | None = None
+        self._key_share: KeyShare | None = None
         #: Bytes of an answer to the current request have been written (a failure then
         #: closes the connection instead of answering 500).
         self.answering = False
@@ -208,12 +220,28 @@ class Connection:
         log.info("TLS handshake with %s not done within the header timeout", self.client)
         return False
 
+    def hold_for_key(self, key: int) -> None:
+        """Count this connection against API key ``key`` from now until it closes (the
+        application calls it once it has authenticated a request of ``key`` here); the
+        429 :class:`~trioserve.errors.HTTPError` (closing the connection) if ``key`` has
+        its share. A connection that has carried no keyed request counts against no key
+        (only ``max_connections``); a request of another key moves it to that key."""
+        if key == self.key:
+            return
+        share = self.shared.key_connections.take(key)
+        if self._key_share is not None:
+            self._key_share.release()
+        self.key, self._key_share = key, share
+
     def close(self) -> None:
         """Close the socket now (synchronously: nothing to flush, nothing to cancel).
 
         trio's socket close wakes any task parked on it with ClosedResourceError, which
         read() and write() turn into EOF / a lost peer.
         """
+        if self._key_share is not None:
+            self._key_share.release()
+            self._key_share = None
         if not self.closed:
             on_hangup = self._on_hangup
             self.unwatch_hangup()  # first: a closed descriptor's number is reused

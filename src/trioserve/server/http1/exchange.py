@@ -74,6 +74,9 @@ class HttpExchange:
             server=self.connection.server,
         )
 
+    def hold_for_key(self, key: int) -> None:
+        self.connection.hold_for_key(key)
+
     def watch_disconnect(self, on_gone: Callable[[], None]) -> AbstractAsyncContextManager[None]:
         """While the context is open, call ``on_gone`` once if the client goes away:
         without a task, from the server's one hang-up watcher (Linux); elsewhere a task

@@ -12,6 +12,7 @@ from wsproto.utilities import LocalProtocolError as WSLocalProtocolError
 from wsproto.utilities import RemoteProtocolError as WSRemoteProtocolError
 
 from ...errors import ClientGone
+from ...http.channel import HOLD_FOR_KEY
 from . import protocol as http1
 from .connection import Connection, asgi_scope, only_gone
 from .protocol import Request
@@ -58,7 +59,11 @@ class WebSocketSession:
             **asgi_scope("websocket", self.request, self.connection),
             "subprotocols": subprotocols,
             # The app may answer the handshake with an HTTP response of its own (a 401).
-            "extensions": {"websocket.http.response": {}},
+            "extensions": {
+                "websocket.http.response": {},
+                # The socket counts against its key's connections (App._websocket).
+                HOLD_FOR_KEY: self.connection.hold_for_key,
+            },
         }
 
     async def run(self) -> None:
