@@ -2,40 +2,43 @@
 
 ::
 
-    TrioserveError
+    TrioserveError            neutral: no HTTP status of its own
       HTTPError               an answer to the client: status, message, machine-readable code
+        TextInputError        what the text layer refuses (400): a sampling parameter vLLM
+                              would reject, a prompt too long, a template's raise_exception
+          ChatTemplateError, PromptTooLongError, UnsupportedContentError
+      EngineError             about an engine: the request did not complete (503 family)
+        NoEngineError, EngineLostError, EngineOverloadedError, UnencodableRequestError,
+        EngineCallError,
+        EngineFailedError > ProtocolVersionError
+      SlowClientError         the client fell behind its buffer bound (503)
+      WriterFailedError       a bug in one response's writer (500)
+      EngineItemError         the engine ended the request with an error item (its HTTPError)
+      WriterRefused           the response cannot take what the engine sends (its HTTPError)
       ClientGone              the client went away (its request ends quietly)
       HttpProtocolError       the client broke HTTP/1.1 (the built-in server answers 4xx, closes)
       PeerProtocolError       an engine-link message the protocol does not allow (the peer's)
       ZmtpProtocolError       the engine link broke ZeroMQ's wire protocol (the peer's)
         ZmtpRefusedError      the engine refused this frontend (ZMTP ERROR; a CURVE key)
-      EngineError             about an engine: the request did not complete (503 family)
-        NoEngineError, EngineLostError, EngineOverloadedError, UnencodableRequestError,
-        EngineCallError,
-        EngineFailedError > ProtocolVersionError
-        TextInputError        what the text layer refuses (400): a sampling parameter vLLM
-                              would reject, a prompt too long, a template's raise_exception
-          ChatTemplateError, PromptTooLongError, UnsupportedContentError
-      EngineItemError         the engine ended the request with an error item
-      WriterRefused           the response cannot take what the engine sends
-      SlowClientError         the client fell behind its buffer bound
-      WriterFailedError       a bug in one response's writer
       RequestError            raised by an engine backend (SDK) to end a request with a status
       CommandError            a command's usage or environment error (the CLI's exit status)
+
+Only what reaches a client carries a status and a code: :class:`HTTPError`, and the
+errors the request lifecycle answers with one (:class:`EngineError`,
+:class:`SlowClientError`, :class:`WriterFailedError`). The transport's, the protocols',
+the SDK's and the CLI's carry none. The bodies a client reads are the HTTP layer's
+(``http/error_bodies.py``); this module imports nothing of trioserve.
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 
 class TrioserveError(Exception):
-    """Base of every error trioserve raises on purpose."""
-
-    #: The HTTP status and machine-readable code a client is answered with.
-    status = 500
-    code = "internal_error"
+    """Base of every error trioserve raises on purpose. Neutral: only the errors that
+    reach a client (:class:`HTTPError`, and what the request lifecycle turns into one:
+    :class:`EngineError`, :class:`SlowClientError`, :class:`WriterFailedError`) carry an
+    HTTP status and a machine-readable code; how a client reads them is the HTTP
+    layer's (``http/error_bodies.py``)."""
 
 
 class EngineError(TrioserveError):
@@ -143,26 +146,10 @@ class RequestError(TrioserveError):
         self.type = type
 
 
-_TYPES = {
-    400: "invalid_request_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    408: "timeout_error",
-    409: "invalid_request_error",
-    413: "invalid_request_error",
-    415: "invalid_request_error",
-    422: "invalid_request_error",
-    499: "cancelled",
-    503: "overloaded_error",
-    504: "timeout_error",
-}
-
-
 class HTTPError(TrioserveError):
     """An error answer. ``details`` (optional) lists ``{"loc", "msg"}`` per bad field."""
 
-    def __init__(  # (an instance's status and code shadow the class defaults)
+    def __init__(
         self,
         status: int,
         message: str,
@@ -177,73 +164,11 @@ class HTTPError(TrioserveError):
         self.status = status
         self.message = message
         self.code = code
-        self.type = type or _TYPES.get(status) or ("server_error" if status >= 500 else "error")
+        #: Its own OpenAI ``type``; None: its status's (``http/error_bodies.py``).
+        self.type = type
         self.param = param
         self.details = details
         self.headers = headers or []
-
-    def payload(self) -> dict[str, Any]:
-        error: dict[str, Any] = {
-            "message": self.message,
-            "type": self.type,
-            "code": self.code,
-            "param": self.param,
-        }
-        if self.details is not None:
-            error["details"] = self.details
-        return {"error": error}
-
-    def body(self) -> bytes:
-        return json.dumps(self.payload(), separators=(",", ":")).encode()
-
-    def detail_payload(self) -> dict[str, Any]:
-        """The ``{"detail": ...}`` shape of the native routes (FastAPI's): the message, or
-        for 422 the list of ``{"loc", "msg"}``; plus the machine-readable ``code``."""
-        detail: Any = self.details if self.details is not None else self.message
-        return {"detail": detail, "code": self.code}
-
-    def detail_body(self) -> bytes:
-        return json.dumps(self.detail_payload(), separators=(",", ":")).encode()
-
-    @property
-    def anthropic_status(self) -> int:
-        """The status of this error on Anthropic's routes (``/v1/messages``), which answer
-        a body that does not validate with 400, not 422."""
-        return 400 if self.status == 422 else self.status
-
-    def anthropic_payload(self, request_id: str | None = None) -> dict[str, Any]:
-        """Anthropic's error shape (``{"type": "error", "error": {"type", "message"}}``,
-        and the request's id), with trioserve's machine-readable ``code`` and the field
-        ``details`` kept inside ``error``: more than Anthropic sends, which its clients
-        ignore."""
-        error: dict[str, Any] = {
-            "type": ANTHROPIC_TYPES.get(self.status)
-            or ("api_error" if self.status >= 500 else "invalid_request_error"),
-            "message": self.message,
-            "code": self.code,
-        }
-        if self.details is not None:
-            error["details"] = self.details
-        payload: dict[str, Any] = {"type": "error", "error": error}
-        if request_id is not None:
-            payload["request_id"] = request_id
-        return payload
-
-    def anthropic_body(self, request_id: str | None = None) -> bytes:
-        return json.dumps(self.anthropic_payload(request_id), separators=(",", ":")).encode()
-
-
-#: Anthropic's error types by status (anything else: ``invalid_request_error`` below 500,
-#: ``api_error`` from 500 on).
-ANTHROPIC_TYPES = {
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    503: "overloaded_error",
-    504: "timeout_error",
-}
 
 
 class TextInputError(HTTPError):
@@ -275,13 +200,6 @@ class UnsupportedContentError(TextInputError):
     is not served on the token-id path)."""
 
     default_code = "unsupported_content"
-
-
-def from_engine(status: int, message: str, type: str) -> HTTPError:
-    """An engine error item as the client will see it: the engine's own status."""
-    if not 400 <= status <= 599:
-        status = 500
-    return HTTPError(status, message, code=type, type=_TYPES.get(status) or type)
 
 
 class EngineItemError(TrioserveError):

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from trioserve.errors import HTTPError
-from trioserve.http import auth
+from trioserve.http import auth, error_bodies
 from trioserve.http.auth import ApiKeys
 
 KEYS = ApiKeys(["sk-first", "sk-second"])
@@ -18,7 +18,7 @@ def refused(call, *args) -> HTTPError:
         call(*args)
     error = caught.value
     assert error.status == 401
-    assert error.payload() == {
+    assert error_bodies.payload(error) == {
         "error": {
             "message": error.message,
             "type": "invalid_request_error",
@@ -72,7 +72,7 @@ def test_a_malformed_header_is_refused(value):
 def test_a_wrong_key_is_refused_and_the_message_does_not_echo_it(key):
     error = refused(KEYS.authenticate, [b"Bearer " + key])
     assert error.message == auth.WRONG
-    assert key.decode() not in json.dumps(error.payload())
+    assert key.decode() not in json.dumps(error_bodies.payload(error))
 
 
 def test_two_authorization_headers_are_refused_even_if_one_is_right():

@@ -16,6 +16,7 @@ import trio
 from ..config import Settings
 from ..engine import EngineClient
 from ..errors import HTTPError
+from . import error_bodies
 from .auth import ApiKeys, header_values, select_subprotocol
 from .channel import HOLD_FOR_KEY, AsgiChannel, Receive, RequestHead, ResponseChannel, Send, head_of
 from .cors import CorsPolicy
@@ -290,7 +291,7 @@ async def _refuse_websocket(
         if "websocket.http.response" not in (scope.get("extensions") or {}):
             await send({"type": "websocket.close", "code": POLICY_VIOLATION})
             return
-        body = error.body()
+        body = error_bodies.body(error)
         headers = [*JSON_HEADERS, *error.headers, (b"content-length", b"%d" % len(body))]
         await send(
             {"type": "websocket.http.response.start", "status": error.status, "headers": headers}

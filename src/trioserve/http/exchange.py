@@ -16,6 +16,7 @@ import attrs
 import trio
 
 from ..errors import ClientGone, HTTPError
+from . import error_bodies
 from .channel import Headers, RequestHead, ResponseChannel
 from .memory import Holding
 
@@ -263,12 +264,12 @@ class Exchange:
         shape = self.error_shape
         status = error.status
         if shape == "detail":
-            body = error.detail_body()
+            body = error_bodies.detail_body(error)
         elif shape == "anthropic":
-            body = error.anthropic_body(self.request_id)
-            status = error.anthropic_status
+            body = error_bodies.anthropic_body(error, self.request_id)
+            status = error_bodies.anthropic_status(error)
         else:
-            body = error.body()
+            body = error_bodies.body(error)
         headers = [*JSON_HEADERS, *error.headers]
         if not self.body_ended and self._declares_body():
             # Refused before its body was read (401, 404, 413, ...): the connection ends

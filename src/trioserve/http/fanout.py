@@ -22,6 +22,7 @@ import trio
 from ..ends import EndReason
 from ..errors import HTTPError
 from ..protocol import OutputItem, Submit, Usage
+from . import error_bodies
 from .exchange import Exchange
 from .lifecycle import RequestHandle
 from .services import Services
@@ -195,7 +196,7 @@ class StreamingGroup:
             if not self.exchange.started:
                 await self.exchange.respond_error(error)
             else:
-                await self.exchange.body(b"data: " + error.body() + b"\n\n", more=False)
+                await self.exchange.body(b"data: " + error_bodies.body(error) + b"\n\n", more=False)
 
 
 class _StreamingMember(WriterBase):

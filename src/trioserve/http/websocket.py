@@ -24,6 +24,7 @@ import trio
 
 from ..ends import EndReason
 from ..errors import HTTPError
+from . import error_bodies
 from .admission import Slot
 from .bodies.multimodal import resolve_chat_media
 from .bodies.openai import ENDPOINTS, parse_generation
@@ -108,7 +109,7 @@ class WebSocketConnection:
                 await self._send({"type": "websocket.send", "text": text})
 
     async def send_error(self, client_id: str | None, error: HTTPError) -> None:
-        payload = error.payload()["error"]
+        payload = error_bodies.payload(error)["error"]
         await self.send_text(_dumps({"type": "error", "id": client_id, "error": payload}))
 
     def end(self, reason: EndReason) -> None:

@@ -39,6 +39,7 @@ from ...text.agents import (
     ToolCallArguments,
     ToolCallStart,
 )
+from .. import error_bodies
 from ..exchange import JSON_HEADERS, Exchange
 from .openai import parsed_message
 from .stream import SSE_HEADERS, WriterBase, end_batch, engine_error, stream_body, text_of
@@ -265,7 +266,7 @@ class MessageEvents:
 
     def fail(self, error: HTTPError) -> bytes:
         """The ``error`` event of a stream that ends with ``error``."""
-        return event("error", {"error": error.anthropic_payload()["error"]})
+        return event("error", {"error": error_bodies.anthropic_payload(error)["error"]})
 
     def _feed(self, text: str) -> list[bytes]:
         """The model's ``text``: through the parser, if any."""

@@ -8,6 +8,7 @@ from typing import Any
 
 from ...errors import HTTPError
 from ...protocol import OutputItem
+from .. import error_bodies
 from ..exchange import Exchange
 from .openai import usage_dict
 from .stream import EngineItemError, WriterBase, end_batch, engine_error
@@ -72,4 +73,4 @@ class NDJSONWriter(WriterBase):
         if not exchange.started:
             await exchange.respond_error(error)
         else:
-            await exchange.body(error.detail_body() + b"\n", more=False)
+            await exchange.body(error_bodies.detail_body(error) + b"\n", more=False)

@@ -32,6 +32,7 @@ import orjson
 from ...errors import EngineItemError, HTTPError
 from ...protocol import OutputItem, Usage
 from ...text.agents import OutputParser, ReasoningDelta, TextDelta, ToolCallArguments, ToolCallStart
+from ..error_bodies import openai_type
 from ..exchange import new_request_id
 from .openai import parsed_message
 from .stream import engine_error, text_of
@@ -576,7 +577,7 @@ class ResponseEvents:
         self.error = {
             "code": error.code,
             "message": error.message,
-            "type": error.type,
+            "type": openai_type(error),
             "param": error.param,
         }
         self.usage = None

@@ -14,8 +14,9 @@ from typing import Any, Protocol
 import attrs
 
 from ...ends import EndReason
-from ...errors import EngineItemError, HTTPError, WriterRefused, from_engine
+from ...errors import EngineItemError, HTTPError, WriterRefused
 from ...protocol import OutputItem, Usage
+from .. import error_bodies
 from ..exchange import JSON_HEADERS, Exchange
 from .openai import StreamFormat, merge_logprobs
 
@@ -40,7 +41,8 @@ def text_of(data: str | bytes) -> str:
 
 def engine_error(item: OutputItem) -> EngineItemError:
     assert item.error is not None
-    return EngineItemError(from_engine(item.error.status, item.error.message, item.error.type))
+    error = item.error
+    return EngineItemError(error_bodies.from_engine(error.status, error.message, error.type))
 
 
 Sink = Callable[[list[OutputItem]], list[OutputItem]]
@@ -267,7 +269,7 @@ class SSEWriter(WriterBase):
         else:
             # A plain data event (as other OpenAI-compatible servers send it) with an
             # "error" object, and no [DONE]: the official client raises APIError on it.
-            await exchange.body(b"data: " + error.body() + b"\n\n", more=False)
+            await exchange.body(b"data: " + error_bodies.body(error) + b"\n\n", more=False)
 
 
 @attrs.define
