@@ -29,7 +29,7 @@ import trio
 
 from trioserve.ends import EndReason
 from trioserve.engine import EngineClient
-from trioserve.links.protocol import open_protocol_client
+from trioserve.links.protocol_client import open_protocol_client
 from trioserve.protocol import Submit
 from trioserve.server.http1.protocol import LAST_CHUNK, chunk
 

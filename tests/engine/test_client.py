@@ -23,7 +23,8 @@ from trioserve.engine.subscription import DEFAULT_BUFFER, Subscription
 from trioserve.engine_programs.mock import expected_text
 from trioserve.errors import EngineFailedError, EngineLostError, SlowClientError
 from trioserve.links import protocol as connection
-from trioserve.links.protocol import HeartbeatConfig, open_protocol_client
+from trioserve.links.protocol import HeartbeatConfig
+from trioserve.links.protocol_client import open_protocol_client
 from trioserve.protocol import (
     PROTOCOL_VERSION,
     Abort,

@@ -25,7 +25,7 @@ from trioserve.engine.discovery import (
     parse_server,
 )
 from trioserve.engine_programs.mock import MockBackend, expected_text
-from trioserve.links.protocol import open_protocol_client
+from trioserve.links.protocol_client import open_protocol_client
 from trioserve.protocol import Submit
 from trioserve.sdk import serve_engine
 

@@ -12,7 +12,8 @@ from tests.helpers.waiting import HANG_GUARD, wait_until
 from trioserve import metrics
 from trioserve.ends import EndReason
 from trioserve.engine_programs.mock import MockBackend, expected_text
-from trioserve.links.protocol import HeartbeatConfig, open_protocol_client
+from trioserve.links.protocol import HeartbeatConfig
+from trioserve.links.protocol_client import open_protocol_client
 from trioserve.protocol import Submit
 from trioserve.sdk import serve_engine
 

@@ -15,7 +15,8 @@ from trioserve import metrics
 from trioserve.ends import EndReason
 from trioserve.engine_programs.mock import expected_text
 from trioserve.errors import EngineLostError
-from trioserve.links.protocol import HeartbeatConfig, open_protocol_client
+from trioserve.links.protocol import HeartbeatConfig
+from trioserve.links.protocol_client import open_protocol_client
 from trioserve.protocol import Limits, Submit
 
 #: Loss is noticed within a fraction of a second (a frozen engine answers nothing).

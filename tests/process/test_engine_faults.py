@@ -157,7 +157,8 @@ async def test_asyncio_engine_shell_serves_the_same_protocol(nursery):
 async def test_a_busy_frontend_loop_does_not_declare_a_healthy_engine_lost(nursery):
     import time
 
-    from trioserve.links.protocol import HeartbeatConfig, open_protocol_client
+    from trioserve.links.protocol import HeartbeatConfig
+    from trioserve.links.protocol_client import open_protocol_client
     from trioserve.protocol import Submit
 
     port = free_port()

@@ -11,7 +11,7 @@ from tests.helpers.frontends import start_engine
 from tests.helpers.waiting import HANG_GUARD, wait_until
 from trioserve.engine_programs.mock import expected_text
 from trioserve.errors import NoEngineError
-from trioserve.links.protocol import open_protocol_client
+from trioserve.links.protocol_client import open_protocol_client
 from trioserve.protocol import Submit
 
 

@@ -2,8 +2,9 @@
 
 :class:`ProtocolLink` implements :class:`~trioserve.engine.link.EngineLink` for engines
 that speak trioserve's protocol (the SDK's: the mock, ``trioserve engine vllm``, a user's
-runner); :class:`ProtocolLinks` makes one per address, and :func:`open_protocol_client`
-is the engine client over them alone.
+runner); :class:`~trioserve.links.protocol_client.ProtocolLinks` makes one per address, and
+:func:`~trioserve.links.protocol_client.open_protocol_client` is the engine client over
+them alone (``protocol_client.py``).
 
 One :class:`~trioserve.transport.zmtp.ZmtpDealer` task owns the connection to the engine; it calls
 :meth:`ProtocolLink._on_message` for every frame and routes output items to their
@@ -27,19 +28,16 @@ longer wants (an address gone from DNS) the same way: :meth:`ProtocolLink.retire
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 import trio
 
 from .. import metrics
 from ..ends import EndReason
-from ..engine import EngineClient, Prepared, Preparer, Subscription, open_engine_client
-from ..engine.discovery import DEFAULT_REFRESH, Resolver
-from ..engine.routing import Policy
+from ..engine import Prepared, Preparer, Subscription
 from ..engine.subscription import DEFAULT_BUFFER
 from ..errors import (
     EngineFailedError,
@@ -94,8 +92,8 @@ _REFUSALS = {"engine_draining": "draining"}
 
 class ProtocolLink:
     """One engine that speaks trioserve's protocol, seen from the frontend: an
-    :class:`~trioserve.engine.link.EngineLink`. Made by :class:`ProtocolLinks`, served by
-    the engine client."""
+    :class:`~trioserve.engine.link.EngineLink`. Made by ``ProtocolLinks``
+    (``protocol_client.py``), served by the engine client."""
 
     #: Its submits go as they are: no preparation.
     preparer: Preparer | None = None
@@ -552,57 +550,3 @@ class ProtocolLink:
             self._flush_aborts()
             self._pump.close()
             self._gauge_connected.set(0)
-
-
-@attrs.frozen
-class ProtocolLinks:
-    """The :data:`~trioserve.engine.link.LinkFactory` of trioserve's protocol.
-
-    ``heartbeat``: how often engines are pinged and how long a silent one lasts.
-    ``max_message``: the largest frame accepted from an engine (bytes; default
-    :data:`trioserve.transport.zmtp_protocol.MAX_MESSAGE`); a larger one fails that
-    engine. ``curve``: speak CURVE to every engine with these keys (None: NULL, clear
-    text)."""
-
-    heartbeat: HeartbeatConfig = attrs.Factory(HeartbeatConfig)
-    max_message: int | None = None
-    curve: CurveClientKeys | None = None
-
-    def __call__(
-        self, address: str, frontend_id: str, on_change: Callable[[], None]
-    ) -> ProtocolLink:
-        return ProtocolLink(
-            address,
-            frontend_id,
-            self.heartbeat,
-            on_change,
-            max_message=self.max_message,
-            curve=self.curve,
-        )
-
-
-@contextlib.asynccontextmanager
-async def open_protocol_client(
-    addresses: Sequence[str],
-    *,
-    heartbeat: HeartbeatConfig | None = None,
-    frontend_id: str | None = None,
-    max_message: int | None = None,
-    curve: CurveClientKeys | None = None,
-    policy: Policy | None = None,
-    resolver: Resolver | None = None,
-    refresh: float = DEFAULT_REFRESH,
-) -> AsyncIterator[EngineClient]:
-    """The engine client over trioserve's protocol to every engine in ``addresses``
-    (:func:`~trioserve.engine.open_engine_client` with :class:`ProtocolLinks`): one DEALER
-    socket per engine, connected and kept alive until the context exits."""
-    links = ProtocolLinks(heartbeat or HeartbeatConfig(), max_message, curve)
-    async with open_engine_client(
-        addresses,
-        links,
-        frontend_id=frontend_id,
-        policy=policy,
-        resolver=resolver,
-        refresh=refresh,
-    ) as client:
-        yield client

@@ -14,7 +14,8 @@ from ..engine import LinkFactory, make_policy, make_resolver, open_engine_client
 from ..http import App
 from ..http.admission import PROBE_PATHS
 from ..http.lifecycle import ERROR_WRITE_TIMEOUT
-from ..links.protocol import HeartbeatConfig, ProtocolLinks
+from ..links.protocol import HeartbeatConfig
+from ..links.protocol_client import ProtocolLinks
 from ..transport import keys
 from ..transport.curve import CurveClientKeys
 from . import tls

@@ -35,48 +35,19 @@ from ...text.agents import OutputParser, ReasoningDelta, TextDelta, ToolCallArgu
 from ..error_bodies import openai_type
 from ..exchange import new_request_id
 from .openai import parsed_message
+from .response_items import (
+    CANCELLED_CODE,
+    FINAL_STATUSES,
+    INCOMPLETE_REASONS,
+    MESSAGE,
+    REASONING,
+    Event,
+    FunctionCall,
+    usage_object,
+)
 from .stream import engine_error, text_of
 
-#: One typed event: its ``type`` and the event object as JSON.
-Event = tuple[str, bytes]
-
-#: Statuses a response never leaves.
-FINAL_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled"})
-#: Engine finish reasons that make a response ``incomplete``, and the reason it reports.
-INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
-#: The error code of a cancelled request (``lifecycle._END_ERRORS``): its response is
-#: ``cancelled``, not ``failed``.
-CANCELLED_CODE = "request_cancelled"
-
 _json_string = json.encoder.encode_basestring_ascii
-
-
-def new_response_id() -> str:
-    """A response id: ``resp_`` and 32 random hex digits. It encodes nothing (not the
-    frontend, not the engine): see docs/api.md on routing ``GET /v1/responses/{id}``."""
-    return f"resp_{new_request_id()}"
-
-
-def usage_object(usage: Usage | None) -> dict[str, Any] | None:
-    """``usage`` in the Responses API's shape."""
-    if usage is None:
-        return None
-    return {
-        "input_tokens": usage.prompt_tokens,
-        # (0 where the engine does not say: the field is not optional in this API.)
-        "input_tokens_details": {
-            "cached_tokens": usage.cached_tokens or 0,
-            "cache_write_tokens": 0,
-        },
-        "output_tokens": usage.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": usage.total_tokens,
-    }
-
-
-def sse(events: list[Event]) -> bytes:
-    """``events`` as Server-Sent Events, each named by its type."""
-    return b"".join(b"event: %s\ndata: %s\n\n" % (name.encode(), data) for name, data in events)
 
 
 @attrs.define
@@ -92,33 +63,6 @@ class _Mark:
     completed_at: int | None
     #: The state of the reasoning and call items (see :meth:`ResponseEvents.mark`).
     items: Any = None
-
-
-class _Call:
-    """A ``function_call`` output item: the call's ids, name and arguments so far."""
-
-    __slots__ = ("call_id", "done", "id", "name", "parts")
-
-    def __init__(self, call_id: str, name: str) -> None:
-        self.id = f"fc_{new_request_id()}"
-        self.call_id = call_id
-        self.name = name
-        self.parts: list[str] = []
-        self.done = False
-
-    def item(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "type": "function_call",
-            "call_id": self.call_id,
-            "name": self.name,
-            "arguments": "".join(self.parts),
-            "status": "completed" if self.done else "in_progress",
-        }
-
-
-#: The output items of a response, in order: its reasoning, its message, each call.
-REASONING, MESSAGE = "reasoning", "message"
 
 
 class ResponseEvents:
@@ -169,7 +113,7 @@ class ResponseEvents:
         self.thought: list[str] = []
         self.reasoning_open = False
         self.reasoning_closed = False
-        self.calls: list[_Call] = []
+        self.calls: list[FunctionCall] = []
         #: The output items in the order they were announced.
         self.order: list[Any] = []
         #: The model's text as it came (a whole answer with a parser: read at the end).
@@ -315,7 +259,7 @@ class ResponseEvents:
             self.message_open = True
             self.order.append(MESSAGE)
         for call in message.get("tool_calls") or ():
-            entry = _Call(call["id"], call["function"]["name"])
+            entry = FunctionCall(call["id"], call["function"]["name"])
             entry.parts.append(call["function"]["arguments"])
             self.calls.append(entry)
             self.order.append(entry)
@@ -402,7 +346,7 @@ class ResponseEvents:
         elif current == MESSAGE and not self.message_closed:
             self.message_closed = True
             self._message_done(out)
-        elif isinstance(current, _Call) and not current.done:
+        elif isinstance(current, FunctionCall) and not current.done:
             self._call_done(current, out)
 
     def _open(self, out: list[Event]) -> None:
@@ -497,7 +441,7 @@ class ResponseEvents:
         self._start(out)
         self._close_current(out)
         self.blank = []
-        call = _Call(call_id, name)
+        call = FunctionCall(call_id, name)
         self.calls.append(call)
         self.order.append(call)
         out.append(
@@ -517,7 +461,7 @@ class ResponseEvents:
         where = {"item_id": call.id, "output_index": self.order.index(call)}
         return [self._event("response.function_call_arguments.delta", {**where, "delta": text})]
 
-    def _call_done(self, call: _Call, out: list[Event]) -> None:
+    def _call_done(self, call: FunctionCall, out: list[Event]) -> None:
         call.done = True
         index = self.order.index(call)
         arguments = "".join(call.parts)
@@ -562,7 +506,7 @@ class ResponseEvents:
         elif current == REASONING:
             self.reasoning_closed = False
             self._close_reasoning(out)
-        elif isinstance(current, _Call):
+        elif isinstance(current, FunctionCall):
             current.done = False
             self._call_done(current, out)
         kind = "response.completed" if self.status == "completed" else "response.incomplete"

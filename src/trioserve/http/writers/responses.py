@@ -1,7 +1,8 @@
 """The writers of the Responses API (``POST /v1/responses``): what frames its typed events.
 
 :class:`~.response_events.ResponseEvents` is one response as it is being generated (its
-state, its ``Response`` object, its typed events: ``writers/response_events.py``). Every
+state, its ``Response`` object, its typed events: ``writers/response_events.py``, from the
+parts in ``writers/response_items.py``). Every
 transport frames the same events:
 
 - :class:`ResponsesSSEWriter`: ``event: <type>`` / ``data: <event>`` (a streamed request);
@@ -34,11 +35,11 @@ import orjson
 from ...errors import HTTPError
 from ...protocol import OutputItem
 from ..exchange import JSON_HEADERS, Exchange
-from .response_events import (  # noqa: F401 (what the routes and the store import from here)
+from .response_events import ResponseEvents
+from .response_items import (  # noqa: F401 (what the routes and the store import from here)
     CANCELLED_CODE,
     FINAL_STATUSES,
     Event,
-    ResponseEvents,
     new_response_id,
     sse,
     usage_object,
