@@ -36,6 +36,26 @@ async def test_max_tokens_cuts_a_scripted_answer_with_length():
     assert (texts, reason) == (["abcd"], "length")
 
 
+async def test_a_stop_string_cuts_a_scripted_answer_and_is_its_stop_reason():
+    backend = MockBackend(allow_fault_injection=True, ttft_ms=0, tokens_per_second=0)
+    request = Submit(
+        "r", "mock", "chat", {"messages": []},
+        {"mock_answer": "one. two! three.", "stop": ["!", "."]},
+    )  # fmt: skip
+    outputs = [output async for output in backend.generate(request)]
+    assert "".join(o.data or "" for o in outputs) == "one"  # the earliest match wins
+    assert (outputs[-1].finish_reason, outputs[-1].stop_reason) == ("stop", ".")
+    included = {"mock_answer": "one. two!", "stop": "two", "include_stop_str_in_output": True}
+    request = Submit("r", "mock", "chat", {"messages": []}, included)
+    outputs = [output async for output in backend.generate(request)]
+    assert "".join(o.data or "" for o in outputs) == "one. two"
+    assert outputs[-1].stop_reason == "two"
+    texts, _ = await steps(backend, mock_answer="no match", stop=["?"])
+    assert "".join(texts) == "no match"
+    with pytest.raises(RequestError, match="stop must be"):
+        await steps(backend, mock_answer="x", stop=[""])
+
+
 async def test_a_scripted_answer_needs_fault_injection_and_a_string():
     with pytest.raises(RequestError, match="fault-injection"):
         await steps(MockBackend(), mock_answer="x")

@@ -80,11 +80,13 @@ def text_of(answer: dict[str, Any]) -> str:
 
 
 def essentials(answer: dict[str, Any]) -> dict[str, Any]:
-    """What a client of either server reads from a JSON answer."""
+    """What a client of either server reads from a JSON answer (``stop_reason``: vLLM's
+    own field, the stop string or stop token id that ended it, null otherwise)."""
     usage = answer["usage"]
     return {
         "text": text_of(answer),
         "finish_reason": answer["choices"][0]["finish_reason"],
+        "stop_reason": answer["choices"][0]["stop_reason"],
         "usage": [usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]],
     }
 
@@ -92,7 +94,7 @@ def essentials(answer: dict[str, Any]) -> dict[str, Any]:
 async def stream_essentials(url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
     """The same, read from an SSE stream (with the usage chunk asked for)."""
     body = {"model": MODEL, **body, "stream": True, "stream_options": {"include_usage": True}}
-    text, finish, usage = [], None, None
+    text, finish, stop_reason, usage = [], None, None, None
     async with client(url) as http, http.stream("POST", path, json=body) as response:
         assert response.status_code == 200, await response.aread()
         async for line in response.aiter_lines():
@@ -105,8 +107,14 @@ async def stream_essentials(url: str, path: str, body: dict[str, Any]) -> dict[s
             for choice in chunk["choices"]:
                 delta = choice.get("delta", {}).get("content") or choice.get("text") or ""
                 text.append(delta)
-                finish = choice.get("finish_reason") or finish
-    return {"text": "".join(text), "finish_reason": finish, "usage": usage}
+                if choice.get("finish_reason"):
+                    finish, stop_reason = choice["finish_reason"], choice["stop_reason"]
+    return {
+        "text": "".join(text),
+        "finish_reason": finish,
+        "stop_reason": stop_reason,
+        "usage": usage,
+    }
 
 
 async def stream_logprobs(url: str, path: str, body: dict[str, Any]) -> Any:

@@ -122,7 +122,30 @@ async def test_a_stop_string_concludes_with_stop_and_one_abort(nursery, model, i
     text = "".join(i.data or "" for i in items)
     assert text == ("Grüße aus Köln" if include else "Grüße aus ")
     assert items[-1].finish_reason == "stop" and sub.state == "concluded"
+    assert items[-1].stop_reason == "Köln"  # vLLM's stop_reason: the string matched
     assert core.aborted == [request.request_id]
+
+
+async def test_a_stop_token_ends_with_stop_and_its_id_as_the_stop_reason(nursery, model):
+    core = RecordingCore()
+    client = await served(nursery, core, model)
+    stop_id = model.encode(" more", add_special_tokens=False)[-1]
+    message = completion("t", "Hi", max_tokens=100, stop_token_ids=[stop_id])
+    sub = client.submit(await client.prepare(message, "completion"), "completion")
+    [request] = core.added
+    sink = core.sinks[request.request_id]
+    sink.output(codec.EngineCoreOutput(request.request_id, [5, 6]))
+    sink.output(
+        codec.EngineCoreOutput(
+            request.request_id, [stop_id], finish_reason=codec.FinishReason.STOP,
+            stop_reason=stop_id,
+        )
+    )  # fmt: skip
+    items = []
+    while batch := await sub.receive_batch():
+        items += batch
+    assert (items[-1].finish_reason, items[-1].stop_reason) == ("stop", stop_id)
+    assert core.aborted == []  # the engine ended it
 
 
 async def test_what_the_direct_path_does_not_serve_is_a_400_before_any_add(nursery, model):

@@ -274,3 +274,29 @@ def test_an_item_s_queue_time_that_is_not_a_number_is_malformed():
     item = {"request_id": "r", "seq": 0, "finish_reason": "stop", "queue_time": "soon"}
     with pytest.raises(PeerProtocolError, match="queue_time"):
         decode(msgpack.packb(["outputs", {"items": [item]}]))
+
+
+@pytest.mark.parametrize("stop_reason", ["</answer>", 128009])
+def test_an_item_s_stop_reason_decodes_on_the_fast_path_and_the_converters(stop_reason):
+    final = OutputItem("r", 1, data="x", usage=Usage(1, 2), finish_reason="stop")
+    final.stop_reason = stop_reason
+    frame = encode(Outputs([final]))
+    assert decode(frame).items[0].stop_reason == stop_reason
+    raw = msgpack.unpackb(frame)
+    raw[1]["items"][0]["something_new"] = 1
+    assert decode(msgpack.packb(raw)).items[0].stop_reason == stop_reason
+
+
+def test_an_item_without_a_stop_reason_is_the_bytes_an_older_frontend_always_read():
+    # An engine that predates the field sends none; a frontend that predates it reads
+    # every item as before (unknown fields are ignored; this one is left out at nil).
+    final = OutputItem("r", 1, data="x", usage=Usage(1, 2), finish_reason="stop")
+    assert b"stop_reason" not in encode(Outputs([final]))
+    assert decode(encode(Outputs([final]))).items[0].stop_reason is None
+
+
+@pytest.mark.parametrize("value", [True, 1.5, b"</s>", ["</s>"]])
+def test_an_item_s_stop_reason_that_is_not_a_string_or_an_integer_is_malformed(value):
+    item = {"request_id": "r", "seq": 0, "finish_reason": "stop", "stop_reason": value}
+    with pytest.raises(PeerProtocolError, match="stop_reason"):
+        decode(msgpack.packb(["outputs", {"items": [item]}], use_bin_type=True))

@@ -126,11 +126,29 @@ async def test_a_stop_string_ends_with_stop_and_one_abort(vllm: Vllm, direct: Di
     assert essentials(ours.json()) == essentials(theirs.json())
     assert ours.json()["choices"][0]["finish_reason"] == "stop"
     assert (stop in ours.json()["choices"][0]["text"]) == include
+    assert ours.json()["choices"][0]["stop_reason"] == stop  # and vLLM's, by essentials
     streamed = await stream_essentials(direct.url, COMPLETIONS, body)
     assert streamed == await stream_essentials(vllm.reference_url, COMPLETIONS, body)
     after = await direct.metric('trioserve_engine_aborts_total{reason="stop_string"}')
     assert after == before + 2  # one abort each, JSON and SSE
     await _idle(direct)
+
+
+async def test_a_stop_token_ends_with_stop_and_its_id_as_the_stop_reason(
+    vllm: Vllm, direct: Direct
+):
+    # A token of the greedy answer (as test_parity.py takes it), so that it occurs.
+    greedy = completion("Stop", max_tokens=40, temperature=0)
+    text = (await post_json(direct.url, COMPLETIONS, greedy)).json()["choices"][0]["text"]
+    tokens = (await post_json(vllm.reference_url, "/tokenize", {"prompt": text[5:]})).json()
+    stop_id = tokens["tokens"][0]
+    body = {**greedy, "stop_token_ids": [stop_id]}
+    ours = await post_json(direct.url, COMPLETIONS, body)
+    theirs = await post_json(vllm.reference_url, COMPLETIONS, body)
+    assert essentials(ours.json()) == essentials(theirs.json())
+    assert ours.json()["choices"][0]["stop_reason"] == stop_id
+    streamed = await stream_essentials(direct.url, COMPLETIONS, body)
+    assert streamed == await stream_essentials(vllm.reference_url, COMPLETIONS, body)
 
 
 async def _idle(direct: Direct) -> None:

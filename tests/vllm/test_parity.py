@@ -115,6 +115,7 @@ async def test_stop_strings_and_stop_token_ids_end_with_stop(vllm: Vllm, nursery
         ours, theirs = await _both(vllm, nursery, COMPLETIONS, body)
         assert essentials(ours.json()) == essentials(theirs.json())
         assert ours.json()["choices"][0]["finish_reason"] == "stop", body
+        assert ours.json()["choices"][0]["stop_reason"] is not None, body  # vLLM's, compared
     ours, _ = await _both(vllm, nursery, COMPLETIONS, {**greedy, "stop": [stop]})
     assert stop not in ours.json()["choices"][0]["text"]
 

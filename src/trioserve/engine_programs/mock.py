@@ -23,7 +23,9 @@ that names one ends with a 400 error item (:data:`FAULT_INJECTION_OFF`):
 - ``mock_answer``: the answer's text, as the model would write it (tool calls and
   reasoning included: the frontend parses them), ``mock_chars_per_token`` characters per
   token (default :data:`ANSWER_CHARS_PER_TOKEN`); it ends ``stop``, or ``length`` where
-  ``max_tokens`` cuts it. So a test or a client can script any model output.
+  ``max_tokens`` cuts it. So a test or a client can script any model output. The
+  request's ``stop`` strings cut it as vLLM cuts an answer (``include_stop_str_in_output``
+  too), and the string it stopped at is the final item's ``stop_reason``.
 
 Without ``mock_answer``, an answer runs to ``max_tokens`` (default
 :data:`DEFAULT_MAX_TOKENS`) and ends ``length``; an engine made with ``answer_tokens=N``
@@ -384,10 +386,33 @@ def _scripted(params: dict[str, Any], max_tokens: Any) -> tuple[list[Output], st
     size = params.get("mock_chars_per_token", ANSWER_CHARS_PER_TOKEN)
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise RequestError(400, "mock_chars_per_token must be a positive integer")
+    answer, stop_string = _cut_at_stop(answer, params)
     tokens = [answer[i : i + size] for i in range(0, len(answer), size)]
     if max_tokens is not None and max_tokens < len(tokens):
         return [Output(data=t) for t in tokens[:max_tokens]], "length"
-    return [Output(data=t) for t in tokens], "stop"
+    steps = [Output(data=t) for t in tokens] or [Output()]
+    if stop_string is not None:
+        steps[-1] = Output(data=steps[-1].data, stop_reason=stop_string)
+    return steps, "stop"
+
+
+def _cut_at_stop(answer: str, params: dict[str, Any]) -> tuple[str, str | None]:
+    """``answer`` cut at the first of the request's ``stop`` strings it holds, as vLLM
+    cuts (the match that ends earliest wins; the string itself is left out, unless
+    ``include_stop_str_in_output``), and that string; the whole answer and None if it
+    holds none."""
+    stop = params.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    if not stop:
+        return answer, None
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise RequestError(400, "stop must be a string or a list of non-empty strings")
+    ends = [(i + len(s), i, s) for s in stop if (i := answer.find(s)) != -1]
+    if not ends:
+        return answer, None
+    end, start, string = min(ends, key=lambda match: match[0])
+    return answer[: end if params.get("include_stop_str_in_output") else start], string
 
 
 class PrefixCache:

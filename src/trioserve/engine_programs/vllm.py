@@ -15,8 +15,9 @@ What is vLLM's and what is ours:
   parameter mapping, the defaults from the model's generation config and every validation
   message are those of ``vllm serve``. A request vLLM refuses is a 400 naming its reason.
 - Outputs are vLLM's deltas (``RequestOutputKind.DELTA``): text detokenized by vLLM
-  (a character split across byte-level tokens arrives whole), ``finish_reason`` as vLLM
-  says it, and usage counted from the token ids.
+  (a character split across byte-level tokens arrives whole), ``finish_reason`` and
+  ``stop_reason`` (the stop string or stop token) as vLLM says them, and usage counted
+  from the token ids.
 - Cancelling ``generate`` (the frontend's abort, an orphaned frontend) cancels vLLM's
   ``generate``, which aborts the request in vLLM's scheduler: one abort, seen there.
 - Load: a stat logger of ours receives vLLM's scheduler figures (running, waiting,
@@ -172,6 +173,7 @@ class VllmBackend:
                         usage=Usage(prompt_tokens, completion_tokens),
                         finish_reason=completion.finish_reason or "stop",
                         logprobs=delta_logprobs,
+                        stop_reason=completion.stop_reason,
                     )
                     return
                 if completion.text or delta_logprobs:

@@ -227,9 +227,9 @@ class _StreamingMember(WriterBase):
                 out.append(fmt.delta(text_of(item.data), SSE_EVENT))
             if item.finish_reason is not None:
                 out += (b"data: " + chunk + b"\n\n" for chunk in fmt.flush())
-                out += (b"data: ", fmt.finish(item.finish_reason), b"\n\n")
+                out += (b"data: ", fmt.finish(item.finish_reason, item.stop_reason), b"\n\n")
                 self.result.collected[self.index] = Collected(
-                    finish_reason=item.finish_reason, usage=item.usage
+                    finish_reason=item.finish_reason, usage=item.usage, stop_reason=item.stop_reason
                 )
                 done = True
                 break

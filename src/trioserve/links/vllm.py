@@ -12,7 +12,8 @@ in between (``trioserve run --vllm MODEL``, the direct path; docs/engines.md).
   writers get from any engine out: text from the incremental detokenizer, usage counted
   from the ids, ``finish_reason`` as vLLM names it, logprobs in the OpenAI shape of the
   task. A stop string matched here ends the request successfully
-  (``Subscription.conclude``): one ABORT to the engine, ``finish_reason: "stop"``.
+  (``Subscription.conclude``): one ABORT to the engine, ``finish_reason: "stop"``, the
+  string as ``stop_reason`` (a stop token's id, when the engine stopped on one).
 - **Figures**: the scheduler's running, waiting and KV-cache usage of every step reach
   routing and the same gauges as a pong's.
 - **Death**: when the client loses the engine (socket monitor, heartbeat,
@@ -366,7 +367,7 @@ class _Stream:
         self.seq += 1
         if stop_string is not None and reason is None:
             # The frontend's own end: one ABORT, a 200 with finish_reason "stop".
-            item = self._final(detok.next_text(True), "stop", logprobs)
+            item = self._final(detok.next_text(True), "stop", logprobs, stop_string)
             sub.conclude(item)
             return
         if reason is None:
@@ -386,11 +387,15 @@ class _Stream:
             )
             return
         name = codec.FINISH_REASON_NAMES[reason] if 0 <= reason < 5 else "error"
+        # vLLM's stop_reason: the engine's (a stop token's id), or the stop string.
+        stopped = output.stop_reason
         if stop_string is not None:
-            name = "stop"
-        sub.deliver(self._final(detok.next_text(True), name, logprobs))
+            name, stopped = "stop", stop_string
+        sub.deliver(self._final(detok.next_text(True), name, logprobs, stopped))
 
-    def _final(self, text: str, reason: str, logprobs: Any) -> OutputItem:
+    def _final(
+        self, text: str, reason: str, logprobs: Any, stop_reason: str | int | None
+    ) -> OutputItem:
         assert self.sub is not None
         usage = Usage(self.prompt_tokens, self.detokenizer.num_output_tokens())
         return OutputItem(
@@ -400,6 +405,7 @@ class _Stream:
             usage=usage,
             finish_reason=reason,
             logprobs=logprobs,
+            stop_reason=stop_reason,
         )
 
     def lost(self, reason: str) -> None:

@@ -119,6 +119,13 @@ def _make_converter() -> cattrs.Converter:
         raise TypeError(f"expected str, bin or nil, got {type(value).__name__}")
 
     conv.register_structure_hook(str | bytes | None, _str_or_bytes)
+
+    def _str_or_int(value: Any, _: Any) -> str | int | None:
+        if value is None or type(value) is str or type(value) is int:
+            return value
+        raise TypeError(f"expected str, int or nil, got {type(value).__name__}")
+
+    conv.register_structure_hook(str | int | None, _str_or_int)
     conv.register_structure_hook(Any, lambda value, _: value)
 
     # nil means "not given" for every field: an engine written in a language whose
@@ -160,7 +167,17 @@ def encode(message: Message) -> bytes:
 
 
 _PLAIN_ITEM_KEYS = frozenset(
-    {"request_id", "seq", "modality", "data", "finish_reason", "mime_type", "usage", "queue_time"}
+    {
+        "request_id",
+        "seq",
+        "modality",
+        "data",
+        "finish_reason",
+        "mime_type",
+        "usage",
+        "queue_time",
+        "stop_reason",
+    }
 )
 _USAGE_KEYS = frozenset({"prompt_tokens", "completion_tokens"})
 _TOKEN_KEYS = frozenset({"request_id", "seq", "data"})
@@ -218,8 +235,10 @@ def _fast_outputs(body: dict[str, object]) -> Outputs | None:
         mime = d.get("mime_type")
         usage = _fast_usage(d.get("usage"))
         queued = d.get("queue_time")
+        stopped = d.get("stop_reason")
         if (
             usage is False
+            or (stopped is not None and type(stopped) is not str and type(stopped) is not int)
             or (queued is not None and type(queued) is not float and type(queued) is not int)
             or type(request_id) is not str
             or type(seq) is not int
@@ -232,6 +251,8 @@ def _fast_outputs(body: dict[str, object]) -> Outputs | None:
         item = OutputItem(request_id, seq, modality or "text", data, usage, finish, None, mime)
         if queued is not None:
             item.queue_time = queued
+        if stopped is not None:
+            item.stop_reason = stopped
         append(item)
     return Outputs(items)
 

@@ -159,6 +159,10 @@ class OutputItem:
     #: Seconds the request waited in the engine before its generation began, where the
     #: engine knows (a scheduler's queue); sent with the last item.
     queue_time: float | None = None
+    #: What stopped a request that ended ``stop``, where it was not the end of sequence:
+    #: the stop string it matched (str) or the stop token it generated (int), as vLLM's
+    #: ``stop_reason``; sent with the final item.
+    stop_reason: str | int | None = None
 
     @property
     def final(self) -> bool:

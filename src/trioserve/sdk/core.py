@@ -68,6 +68,9 @@ class Output:
     #: Seconds the request waited in the backend's queue before its generation began,
     #: where the backend has one; give it with the last output (``OutputItem.queue_time``).
     queue_time: float | None = None
+    #: With ``finish_reason="stop"``: the stop string matched (str) or the stop token
+    #: generated (int), as vLLM's ``stop_reason``; None for the end of sequence.
+    stop_reason: str | int | None = None
 
 
 @attrs.frozen
@@ -358,6 +361,7 @@ class EngineCore:
             mime_type=out.mime_type,
             logprobs=out.logprobs,
             queue_time=out.queue_time,
+            stop_reason=out.stop_reason,
         )
         running.seq += 1
         self._pending.setdefault(key[0], []).append(item)

@@ -247,8 +247,11 @@ class MessageEvents:
             return []
         return self._append([], text)
 
-    def finish(self, finish_reason: str, usage: Usage | None) -> list[bytes]:
-        """The events that close the open block and the message."""
+    def finish(
+        self, finish_reason: str, usage: Usage | None, stop_reason: str | int | None = None
+    ) -> list[bytes]:
+        """The events that close the open block and the message. ``stop_reason`` is the
+        engine's (vLLM's): a stop string it matched is the message's ``stop_sequence``."""
         out: list[bytes] = []
         if self.blank and not self.blocks:  # an answer of whitespace only
             blank, self.blank = "".join(self.blank), []
@@ -256,7 +259,12 @@ class MessageEvents:
         out += self._close()
         called = any(block.kind == "tool_use" for block in self.blocks)
         reason = STOP_REASONS.get(finish_reason, "end_turn")
-        self.stop_reason = "tool_use" if called and reason == "end_turn" else reason
+        if called and reason == "end_turn":
+            reason = "tool_use"
+        elif reason == "end_turn" and isinstance(stop_reason, str):
+            # As vLLM's Messages API: a stop token's id (an int) is no stop sequence.
+            reason, self.stop_sequence = "stop_sequence", stop_reason
+        self.stop_reason = reason
         self.usage = usage
         if self.stream:
             delta = {"stop_reason": self.stop_reason, "stop_sequence": self.stop_sequence}
@@ -331,7 +339,7 @@ class MessageEvents:
                     else:
                         self._parsed()
                     reason = parser.finish_reason(reason)
-                out += self.finish(reason, item.usage)
+                out += self.finish(reason, item.usage, item.stop_reason)
                 done = True
                 break
         if texts:

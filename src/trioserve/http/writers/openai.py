@@ -72,10 +72,12 @@ class StreamFormat:
         else:
             self.id = f"cmpl-{request_id}"
             self.object = "text_completion"
+        # vLLM writes a completion chunk's stop_reason on every chunk (null until the
+        # last), a chat chunk's on the last only.
         self._suffix = (
             b'},"logprobs":null,"finish_reason":null}]}'
             if kind == "chat"
-            else b',"logprobs":null,"finish_reason":null}]}'
+            else b',"logprobs":null,"finish_reason":null,"stop_reason":null}]}'
         )
         #: Whether the first delta (the one that names the role) has been sent.
         self.started = False
@@ -176,46 +178,67 @@ class StreamFormat:
         else:
             choice = {"index": self.index, "text": text, "logprobs": logprobs}
         choice["finish_reason"] = None
+        if self.kind != "chat":
+            choice["stop_reason"] = None
         self.started = True
         before, after = frame
         return b"".join((before, self._head, _dumps([choice]), b"}", after))
 
-    def finish(self, reason: str) -> bytes:
+    def finish(self, reason: str, stop_reason: str | int | None = None) -> bytes:
         """The chunk that ends the stream (after :meth:`flush`'s): ``tool_calls`` is the
-        reason of a stream that called tools."""
+        reason of a stream that called tools; ``stop_reason`` is vLLM's (the stop string
+        or stop token id that ended it, else null)."""
         if self.parser is not None:
             reason = self.parser.finish_reason(reason)
+        choice: dict[str, Any] = {"index": self.index}
         if self.kind == "chat":
-            choice = {"index": self.index, "delta": {}, "logprobs": None, "finish_reason": reason}
+            choice["delta"] = {}
         else:
-            choice = {"index": self.index, "text": "", "logprobs": None, "finish_reason": reason}
+            choice["text"] = ""
+        choice.update(logprobs=None, finish_reason=reason, stop_reason=stop_reason)
         return self._head + _dumps([choice]) + b"}"
 
     def usage(self, usage: Usage | None) -> bytes:
         return self._head + b'[],"usage":' + _dumps(usage_dict(usage)) + b"}"
 
-    def complete_choices(self, choices: list[tuple[str, str | None, Usage | None]]) -> bytes:
+    def complete_choices(
+        self, choices: list[tuple[str, str | None, Usage | None, str | int | None]]
+    ) -> bytes:
         """The whole non-streaming body of ``n`` choices, each (text, finish reason,
-        usage): the prompt counted once, as vLLM does, the completions summed."""
+        usage, stop reason): the prompt counted once, as vLLM does, the completions
+        summed."""
         first = choices[0][2]
         usage = None
         if first is not None:
-            completion = sum(u.completion_tokens for _, _, u in choices if u is not None)
+            completion = sum(c[2].completion_tokens for c in choices if c[2] is not None)
             usage = Usage(first.prompt_tokens, completion)
         return self._body(
-            [self._choice(i, text, finish, None) for i, (text, finish, _) in enumerate(choices)],
+            [
+                self._choice(i, text, finish, None, stopped)
+                for i, (text, finish, _, stopped) in enumerate(choices)
+            ],
             usage,
         )
 
     def complete(
-        self, text: str, finish_reason: str | None, usage: Usage | None, logprobs: Any = None
+        self,
+        text: str,
+        finish_reason: str | None,
+        usage: Usage | None,
+        logprobs: Any = None,
+        stop_reason: str | int | None = None,
     ) -> bytes:
         """The whole non-streaming response body (``logprobs``: every delta's, merged
-        with :func:`merge_logprobs`)."""
-        return self._body([self._choice(0, text, finish_reason, logprobs)], usage)
+        with :func:`merge_logprobs`; ``stop_reason``: vLLM's, as in :meth:`finish`)."""
+        return self._body([self._choice(0, text, finish_reason, logprobs, stop_reason)], usage)
 
     def _choice(
-        self, index: int, text: str, finish_reason: str | None, logprobs: Any
+        self,
+        index: int,
+        text: str,
+        finish_reason: str | None,
+        logprobs: Any,
+        stop_reason: str | int | None,
     ) -> dict[str, Any]:
         if self.kind == "chat":
             parser = self.parsers() if self.parsers is not None else None
@@ -229,8 +252,15 @@ class StreamFormat:
                 "message": message,
                 "logprobs": None if logprobs is None else {"content": logprobs},
                 "finish_reason": finish_reason,
+                "stop_reason": stop_reason,
             }
-        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+        return {
+            "index": index,
+            "text": text,
+            "logprobs": logprobs,
+            "finish_reason": finish_reason,
+            "stop_reason": stop_reason,
+        }
 
     def _body(self, choices: list[dict[str, Any]], usage: Usage | None) -> bytes:
         return _dumps(

@@ -109,7 +109,9 @@ class JSONWriter(WriterBase):
                 self._logprobs = merge_logprobs(self._logprobs, item.logprobs)
             if item.finish_reason is not None:
                 text = "".join(parts)
-                body = self.fmt.complete(text, item.finish_reason, item.usage, self._logprobs)
+                body = self.fmt.complete(
+                    text, item.finish_reason, item.usage, self._logprobs, item.stop_reason
+                )
                 await self.exchange.respond(200, body, JSON_HEADERS)
                 return True
         return False
@@ -180,7 +182,7 @@ class SSEWriter(WriterBase):
                 out.append(fmt.delta(text, SSE_EVENT))
             if item.finish_reason is not None:
                 out += (b"data: " + chunk + b"\n\n" for chunk in fmt.flush())
-                out += (b"data: ", fmt.finish(item.finish_reason), b"\n\n")
+                out += (b"data: ", fmt.finish(item.finish_reason, item.stop_reason), b"\n\n")
                 if fmt.include_usage:
                     out += (b"data: ", fmt.usage(item.usage), b"\n\n")
                 out.append(SSE_DONE)
@@ -290,6 +292,7 @@ class Collected:
     size: int = 0
     finish_reason: str | None = None
     usage: Usage | None = None
+    stop_reason: str | int | None = None
 
     def add(self, item: OutputItem) -> None:
         data = item.data
@@ -316,6 +319,7 @@ class Collected:
         if item.finish_reason is not None:
             self.finish_reason = item.finish_reason
             self.usage = item.usage
+            self.stop_reason = item.stop_reason
 
     def first(self, modality: str) -> MediaPart | None:
         return next((m for m in self.media if m.modality == modality), None)

@@ -66,7 +66,8 @@ class WebSocketWriter(WriterBase):
             if item.finish_reason is not None:
                 for chunk in fmt.flush():
                     await send(head + chunk.decode() + "}")
-                await send(head + fmt.finish(item.finish_reason).decode() + "}")
+                end = fmt.finish(item.finish_reason, item.stop_reason)
+                await send(head + end.decode() + "}")
                 done = {"type": "done", "id": self.client_id, "usage": usage_dict(item.usage)}
                 await send(_dumps(done))
                 return True
