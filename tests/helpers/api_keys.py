@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import trio
 
 from tests.helpers.frontends import Frontend, start_engine, start_frontend
@@ -11,7 +13,7 @@ ALICE = {"authorization": f"Bearer {KEY}"}
 BOB = {"authorization": f"Bearer {OTHER}"}
 
 
-async def keyed_frontend(nursery: trio.Nursery, *, server: str, **settings: object) -> Frontend:
+async def keyed_frontend(nursery: trio.Nursery, *, server: str, **settings: Any) -> Frontend:
     """A frontend on its own engine that serves the holders of ``KEY`` and ``OTHER``."""
     engine = await start_engine(nursery)
     return await start_frontend(nursery, engine, server=server, api_keys=[KEY, OTHER], **settings)

@@ -16,6 +16,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from trioserve.errors import ProtocolVersionError
+
 CASES: dict[str, Callable[[], None]] = {}
 
 
@@ -315,6 +317,7 @@ def vllms_request_with_every_field_set_is_decoded_by_us() -> None:
             continue
         assert getattr(ours, name) == getattr(theirs, name), name
     got = ours.sampling_params
+    assert got is not None
     for name in kwargs:
         assert getattr(got, name) == getattr(sp, name), (name, getattr(got, name))
     assert got._eos_token_id == 2 and got._all_stop_token_ids == {2, 7, 8}
@@ -545,7 +548,7 @@ def the_handshake_messages_are_vllms() -> None:
     other = dataclasses.replace(ready, vllm_version="0.99.0")
     try:
         codec.decode_ready_response(msgspec.msgpack.encode(other))
-    except codec.ProtocolVersionError as exc:
+    except ProtocolVersionError as exc:
         assert "0.99.0" in str(exc) and "0.32" in str(exc), exc
     else:
         raise AssertionError("vLLM 0.99.0 accepted")

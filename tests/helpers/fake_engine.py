@@ -15,10 +15,10 @@ class FakeEngine:
     """A raw ROUTER socket driven by hand, for misbehaving engines."""
 
     def __init__(self) -> None:
-        self.sock = zmq.Context.instance().socket(zmq.ROUTER)
+        self.sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.bind("tcp://127.0.0.1:*")
-        self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.address: str = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
     async def receive(self) -> tuple[bytes, object]:
         while True:

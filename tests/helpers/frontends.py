@@ -17,8 +17,11 @@ from tests.helpers.waiting import HANG_GUARD, wait_until
 from trioserve.config import Settings
 from trioserve.engine import LinkFactory
 from trioserve.engine_programs.mock import MockBackend
+from trioserve.http import App
 from trioserve.protocol import Submit, decode
 from trioserve.sdk import TrioEngine, serve_engine
+from trioserve.sdk.core import Cancel, Start
+from trioserve.server.drain import DrainController
 from trioserve.server.frontend import serve_frontend
 
 #: Both HTTP servers must pass the same HTTP test suite.
@@ -41,7 +44,9 @@ async def start_engine(nursery: trio.Nursery, **backend_options: object) -> Trio
 
 
 class Frontend:
-    def __init__(self, app, drain, url: str, engine: TrioEngine | None) -> None:
+    def __init__(
+        self, app: App, drain: DrainController, url: str, engine: TrioEngine | None
+    ) -> None:
         self.app = app
         self.drain = drain
         #: Set when serve_frontend has returned (the drain completed).
@@ -53,7 +58,7 @@ class Frontend:
 
     @property
     def frontend_id(self) -> bytes:
-        return self.app.services.engines.links[0].frontend_id.encode()
+        return self.app.services.engines.frontend_id.encode()
 
     def ends(self, request_id: str) -> list[str]:
         """How the engine saw request ``request_id`` end: [] while running/unknown."""
@@ -85,7 +90,9 @@ async def start_frontend(
     }
     stopped = trio.Event()
 
-    async def serve(task_status: trio.TaskStatus) -> None:
+    async def serve(
+        task_status: trio.TaskStatus[tuple[App, DrainController, list[str]]],
+    ) -> None:
         await serve_frontend(
             Settings(**options),  # type: ignore[arg-type]
             handle_signals=False,
@@ -102,23 +109,26 @@ async def start_frontend(
     return frontend
 
 
-async def running(frontend, request_id: str) -> None:
+async def running(frontend: Frontend, request_id: str) -> None:
     """Until the engine runs request ``request_id``."""
     key = (frontend.frontend_id, request_id)
-    await wait_until(lambda: key in frontend.engine.core.running, f"{request_id} to run")
+    engine = frontend.engine
+    assert engine is not None
+    await wait_until(lambda: key in engine.core.running, f"{request_id} to run")
 
 
-def capture_submits(frontend) -> list[Submit]:
+def capture_submits(frontend: Frontend) -> list[Submit]:
     """Every submit the engine receives from now on, in order (the engine's own view)."""
     seen: list[Submit] = []
+    assert frontend.engine is not None
     core = frontend.engine.core
     original = core.handle
 
-    def spy(identity, frame, now):
+    def spy(identity: bytes, frame: bytes, now: float) -> list[Start | Cancel]:
         message = decode(frame)
         if isinstance(message, Submit):
             seen.append(message)
         return original(identity, frame, now)
 
-    core.handle = spy
+    core.handle = spy  # type: ignore[method-assign]
     return seen

@@ -10,7 +10,9 @@ from tests.helpers.frontends import Frontend
 from tests.helpers.waiting import HANG_GUARD
 
 
-async def raw_request(frontend: Frontend, method: str, path: str, body: bytes, **headers: str):
+async def raw_request(
+    frontend: Frontend, method: str, path: str, body: bytes, **headers: str
+) -> trio.SocketStream:
     """Open a TCP stream and send one request by hand (for disconnect tests)."""
     stream = await trio.open_tcp_stream(frontend.host, frontend.port)
     head = [f"{method} {path} HTTP/1.1", f"host: {frontend.host}", "content-type: application/json"]

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import ssl
 from functools import partial
+from typing import Any, cast
 
 import trio
 
-from trioserve.http.channel import AsgiHandler
+from trioserve.http.channel import ASGIApp, AsgiHandler, HttpHandler, Receive, Send
 from trioserve.server.http1 import Http1Config, serve_http1
 
 
@@ -19,7 +20,7 @@ class EchoApp:
     def __init__(self) -> None:
         self.disconnects = 0
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         body = b""
         while True:
             message = await receive()
@@ -54,15 +55,17 @@ class EchoApp:
         await send({"type": "http.response.body", "body": reply})
 
 
-def _handler(app):
+def _handler(app: HttpHandler | ASGIApp) -> HttpHandler:
     """The server's typed interface as it is (an ``HttpHandler``), or around a plain ASGI
     application."""
-    return app if hasattr(app, "handle_http") else AsgiHandler(app)
+    if hasattr(app, "handle_http"):
+        return cast(HttpHandler, app)
+    return AsgiHandler(cast(ASGIApp, app))
 
 
 async def serve(
     nursery: trio.Nursery,
-    app=None,
+    app: HttpHandler | ASGIApp | None = None,
     *,
     ssl_context: ssl.SSLContext | None = None,
     **config: object,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from typing import Any, TypeVar
 
 import trio
 from hypothesis import strategies as st
@@ -22,9 +23,11 @@ from hypothesis import strategies as st
 from tests.helpers.http import read_to_end
 from tests.helpers.waiting import HANG_GUARD
 from trioserve.errors import HttpProtocolError
-from trioserve.http.channel import AsgiHandler
+from trioserve.http.channel import AsgiHandler, Receive, Send
 from trioserve.server.http1 import Http1Config, serve_http1
 from trioserve.server.http1 import protocol as http1
+
+T = TypeVar("T")
 
 # -- generated requests ------------------------------------------------------------------
 
@@ -66,7 +69,7 @@ _HEADER_VALUES = [
 
 
 @st.composite
-def often(draw: st.DrawFn, good: st.SearchStrategy, bad: st.SearchStrategy) -> object:
+def often(draw: st.DrawFn, good: st.SearchStrategy[T], bad: st.SearchStrategy[T]) -> T:
     """``good`` nine times in ten: mostly well-formed, so that requests get past the
     parser into the server; sometimes not."""
     return draw(good if draw(st.integers(0, 9)) else bad)
@@ -249,7 +252,7 @@ def check_parser(pieces: list[bytes]) -> None:
     assert parser.buffered_body >= 0
 
 
-async def fuzz_app(scope, receive, send):
+async def fuzz_app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
     """Reads the body and answers 200; a WebSocket is accepted and read until it ends."""
     if scope["type"] == "websocket":
         await receive()

@@ -4,10 +4,13 @@ trioserve's protocol underneath, so the seam is tested apart from vLLM."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import trio
 
 from trioserve.ends import EndReason
-from trioserve.engine import Prepared
+from trioserve.engine import LinkFactory, Prepared, Subscription
 from trioserve.errors import HTTPError
 from trioserve.links.protocol import HeartbeatConfig, ProtocolLink
 from trioserve.protocol import OutputItem, Outputs, Submit, Usage, decode
@@ -53,12 +56,17 @@ class PreparingLink(ProtocolLink):
     """trioserve's protocol with a preparer, ending requests whose prompt says ``stop``
     after :data:`STOP_AFTER` text items as a stop string would (``Subscription.conclude``)."""
 
-    def __init__(self, preparer: Preparer, *args, **kwargs) -> None:
+    def __init__(self, preparer: Preparer, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.preparer = preparer
         self._stops: dict[str, int] = {}
 
-    def submit(self, prepared, buffer=256, on_failure=None):
+    def submit(
+        self,
+        prepared: Prepared | Submit,
+        buffer: int = 256,
+        on_failure: Callable[[EndReason], None] | None = None,
+    ) -> Subscription:
         assert isinstance(prepared, Prepared) and prepared.by is self.preparer
         if "stop" in prompt_of(prepared.message):
             self._stops[prepared.message.request_id] = STOP_AFTER
@@ -94,10 +102,10 @@ class PreparingLink(ProtocolLink):
         return None
 
 
-def preparing_links(preparer: Preparer, heartbeat: HeartbeatConfig | None = None):
+def preparing_links(preparer: Preparer, heartbeat: HeartbeatConfig | None = None) -> LinkFactory:
     """The link factory of :class:`PreparingLink` (``serve_frontend(links=...)``)."""
 
-    def connect(address: str, frontend_id: str, on_change) -> PreparingLink:
+    def connect(address: str, frontend_id: str, on_change: Callable[[], None]) -> PreparingLink:
         return PreparingLink(
             preparer, address, frontend_id, heartbeat or HeartbeatConfig(), on_change
         )

@@ -9,7 +9,8 @@ import zlib
 def png_info(data: bytes) -> tuple[int, int, bytes]:
     """(width, height, raw scanlines) of a PNG, checking its signature and every CRC."""
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, chunks = 8, {}
+    pos = 8
+    chunks: dict[bytes, bytes] = {}
     while pos < len(data):
         (length,) = struct.unpack(">I", data[pos : pos + 4])
         tag = data[pos + 4 : pos + 8]

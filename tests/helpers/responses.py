@@ -4,27 +4,31 @@ answers end by themselves, SSE read by event name, abort counts, the shape of a 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from functools import partial
+from typing import Any
 
 import attrs
+import trio
 
 from trioserve import metrics
 from trioserve.engine_programs.mock import MockBackend
-from trioserve.sdk import serve_engine
+from trioserve.protocol import Submit
+from trioserve.sdk import Output, TrioEngine, serve_engine
 
 
 class NaturalEndMock(MockBackend):
     """The mock engine, except that an answer not cut short by ``max_tokens`` ends with
     ``"stop"`` (the mock says ``"length"`` always): a model that finished by itself."""
 
-    async def generate(self, request):
+    async def generate(self, request: Submit) -> AsyncIterator[Output]:
         async for output in super().generate(request):
             if output.finish_reason == "length" and "max_tokens" not in request.params:
                 output = attrs.evolve(output, finish_reason="stop")
             yield output
 
 
-async def start_natural_engine(nursery, **options):
+async def start_natural_engine(nursery: trio.Nursery, **options: Any) -> TrioEngine:
     """A :class:`NaturalEndMock` engine, with the options of ``tests.conftest.start_engine``."""
     backend = NaturalEndMock(
         **{"tokens_per_second": 400.0, "ttft_ms": 2.0, "allow_fault_injection": True, **options}
@@ -72,7 +76,7 @@ def check_sequence(types: list[str], last: str) -> None:
 
 
 #: The request fields a Response object reports back, for a request that set none.
-ECHO = {
+ECHO: dict[str, Any] = {
     "instructions": None,
     "max_output_tokens": None,
     "metadata": {},

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import trio
 
-from tests.helpers.frontends import start_frontend
+from tests.helpers.frontends import Frontend, start_frontend
 from tests.helpers.vllm_session import FRONTEND_TIMEOUT, MODEL, Vllm
 from tests.helpers.waiting import HANG_GUARD
 from trioserve.http.writers.openai import merge_logprobs
@@ -58,7 +58,7 @@ async def running_in_vllm(vllm: Vllm, count: int = 1) -> None:
             await trio.sleep(0.05)
 
 
-async def frontend_on(nursery: trio.Nursery, vllm: Vllm, **settings: object):
+async def frontend_on(nursery: trio.Nursery, vllm: Vllm, **settings: Any) -> Frontend:
     """A trioserve frontend (in-process, built-in server) on the session's vLLM engine."""
     settings.setdefault("engines", [vllm.address])
     settings.setdefault("heartbeat_timeout", FRONTEND_TIMEOUT)

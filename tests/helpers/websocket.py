@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import trio
+from trio_websocket import WebSocketConnection
 
+from tests.helpers.frontends import Frontend
 from tests.helpers.waiting import HANG_GUARD
 
 
-def ws_url(frontend) -> str:
+def ws_url(frontend: Frontend) -> str:
     return f"ws://{frontend.host}:{frontend.port}/v1/ws"
 
 
@@ -24,14 +27,14 @@ def request(client_id: str, prompt: str, max_tokens: int = 5, **body: object) ->
     )
 
 
-async def receive(ws) -> dict:
+async def receive(ws: WebSocketConnection) -> dict[str, Any]:
     with trio.fail_after(HANG_GUARD):
         return json.loads(await ws.get_message())
 
 
-async def collect(ws, ids: set[str]) -> dict[str, list[dict]]:
+async def collect(ws: WebSocketConnection, ids: set[str]) -> dict[str, list[dict[str, Any]]]:
     """Read until every id in ``ids`` has ended (done or error)."""
-    seen: dict[str, list[dict]] = {i: [] for i in ids}
+    seen: dict[str, list[dict[str, Any]]] = {i: [] for i in ids}
     open_ids = set(ids)
     while open_ids:
         message = await receive(ws)
@@ -63,7 +66,7 @@ def frame(opcode: int, payload: bytes = b"", *, fin: bool = True, rsv1: bool = F
 TEXT, CONTINUATION, CLOSE = 1, 0, 8
 
 
-async def open_raw(frontend, *headers: bytes) -> tuple[trio.SocketStream, bytes]:
+async def open_raw(frontend: Frontend, *headers: bytes) -> tuple[trio.SocketStream, bytes]:
     """A WebSocket handshake on /v1/ws by hand: the stream and the server's answer head
     (a 101, or a refusal)."""
     stream = await trio.open_tcp_stream(frontend.host, frontend.port)

@@ -33,6 +33,7 @@ from tests.helpers.zmtp_peer import (
     null_message,
     parse_frames,
 )
+from trioserve.errors import ZmtpProtocolError
 from trioserve.transport.curve import MESSAGE_OVERHEAD, CurveClient
 from trioserve.transport.zmtp_protocol import (
     COMMAND,
@@ -42,7 +43,6 @@ from trioserve.transport.zmtp_protocol import (
     Message,
     Ready,
     ZmtpConnection,
-    ZmtpProtocolError,
     command,
 )
 

@@ -9,7 +9,14 @@ from __future__ import annotations
 from nacl import bindings as sodium
 
 from trioserve.transport.curve import CurveClientKeys
-from trioserve.transport.zmtp_protocol import COMMAND, MORE, command, frame, properties
+from trioserve.transport.zmtp_protocol import (
+    COMMAND,
+    MORE,
+    ZmtpConnection,
+    command,
+    frame,
+    properties,
+)
 
 IDENTITY = b"frontend-test"
 
@@ -137,7 +144,7 @@ class CurveServer:
         return opened[0], opened[1:]
 
 
-def curve_handshake(conn, server: CurveServer) -> bytes:
+def curve_handshake(conn: ZmtpConnection, server: CurveServer) -> bytes:
     """Drive ``conn`` (a ZmtpConnection with CURVE) to READY; returns the server's bytes
     (greeting, WELCOME, READY) as one stream, for replays."""
     stream = greeting(b"CURVE", as_server=1)

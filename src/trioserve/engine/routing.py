@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..protocol import Submit
 
@@ -104,7 +104,7 @@ def affinity_key(message: Submit) -> bytes:
     return b"p:" + prompt_prefix(message.inputs, PREFIX_CHARS).encode()
 
 
-def prompt_prefix(inputs: dict, limit: int) -> str:
+def prompt_prefix(inputs: dict[str, Any], limit: int) -> str:
     """The first ``limit`` characters of a request's text: ``prompt`` or ``input``, or
     the text of its chat messages in order (roles included, media left out)."""
     for name in ("prompt", "input"):

@@ -42,7 +42,7 @@ OUTBOX_LIMIT = 16_384
 
 
 class AsyncioEngine:
-    def __init__(self, core: EngineCore, sock: zmq.Socket) -> None:
+    def __init__(self, core: EngineCore, sock: zmq.Socket[bytes]) -> None:
         self.core = core
         self.sock = sock
         self.address: str = sock.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -228,7 +228,7 @@ async def serve_engine_asyncio(
     log_aborts: bool = False,
     track_ends: bool = False,
     limits: Limits | None = None,
-    context: zmq.Context | None = None,
+    context: zmq.Context[zmq.Socket[bytes]] | None = None,
     started: asyncio.Future[AsyncioEngine] | None = None,
     curve: CurveServerKeys | None = None,
     drain_on_signals: bool = False,

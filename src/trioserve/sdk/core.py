@@ -19,7 +19,8 @@ from typing import Any, Protocol
 
 import attrs
 
-from ..errors import PeerProtocolError, RequestError
+from ..errors import PeerProtocolError
+from ..errors import RequestError as RequestError  # the SDK's: a backend raises it
 from ..protocol import (
     PROTOCOL_VERSION,
     Abort,

@@ -34,7 +34,7 @@ FROZEN_HOLD_LIMIT = 100_000
 class TrioEngine:
     """A bound ROUTER socket serving ``backend``; see :func:`serve_engine`."""
 
-    def __init__(self, core: EngineCore, sock: zmq.Socket) -> None:
+    def __init__(self, core: EngineCore, sock: zmq.Socket[bytes]) -> None:
         self.core = core
         self.sock = sock
         self.address: str = sock.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -216,7 +216,7 @@ async def serve_engine(
     log_aborts: bool = False,
     track_ends: bool = False,
     limits: Limits | None = None,
-    context: zmq.Context | None = None,
+    context: zmq.Context[zmq.Socket[bytes]] | None = None,
     curve: CurveServerKeys | None = None,
     drain_on_signals: bool = False,
     grace_period: float = 30.0,
