@@ -12,17 +12,27 @@ restarted worker's, so every test also exercises that.
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
+import msgspec
 import trio
 
-from tests.helpers.vllm_session import START_GUARD, VLLM_OPTIONS, VllmProcess, start
+from tests.helpers.frontends import Frontend, start_frontend
+from tests.helpers.vllm_session import MODEL, START_GUARD, VLLM_OPTIONS, VllmProcess, start
 from trioserve.enginecore import codec
-from trioserve.enginecore.client import ClientAddresses, open_enginecore_client
+from trioserve.enginecore.client import (
+    ClientAddresses,
+    EngineCoreClient,
+    open_enginecore_client,
+)
 from trioserve.enginecore.launcher import engine_command
+from trioserve.links.vllm import VllmLinks, VllmText
+from trioserve.text.assets import ModelText
+from trioserve.text.sampling import EngineLimits
 
 #: Clients the session's engine serves (tests that share one engine among several
 #: clients use indices 1 and 2).
@@ -141,3 +151,111 @@ class Collect:
             await self.ended.wait()
         assert self.lost_reason is None, self.lost_reason
         return self.token_ids
+
+
+#: The prefix of the request ids :func:`scheduler_idle` sends.
+PROBE = "probe-"
+
+
+async def scheduler_idle(client: EngineCoreClient) -> codec.SchedulerStats:
+    """vLLM's scheduler figures once it runs and queues nothing and its KV cache is empty.
+    The engine sends them with a step's outputs (to one client of the step), so a
+    one-token probe is run on ``client`` until a step reports the engine otherwise idle."""
+    with trio.fail_after(ANSWER_GUARD):
+        n = 0
+        while True:
+            n += 1
+            probe = Collect()
+            client.add(request(f"{PROBE}{id(probe)}-{n}", [0, 57, 101], max_tokens=1), probe)
+            await probe.answer()
+            stats = client.scheduler_stats
+            if (
+                stats is not None
+                and stats.num_running_reqs == 0
+                and stats.num_waiting_reqs == 0
+                and stats.kv_cache_usage == 0.0
+            ):
+                return stats
+            await trio.sleep(0.05)
+
+
+class Tap:
+    """What crossed one client's sockets, read at the wire: the request ids of every ADD
+    and ABORT frame it sent, and every output the engine sent it (probes left out)."""
+
+    def __init__(self, client: EngineCoreClient) -> None:
+        self.added: list[str] = []
+        self.aborted: list[str] = []
+        self.outputs: dict[str, list[codec.EngineCoreOutput]] = defaultdict(list)
+        send = client._input.send
+        on_outputs = client._on_outputs
+
+        def tapped_send(frames: list[bytes]) -> bool:
+            kind = frames[1]
+            if kind == codec.RequestType.ADD.value:
+                self.added.append(codec.decode_request(frames[2:]).request_id)
+            elif kind == codec.RequestType.ABORT.value:
+                self.aborted.extend(msgspec.msgpack.decode(frames[2]))
+            return send(frames)
+
+        def tapped_outputs(frames: list[bytes]) -> None:
+            for output in codec.decode_outputs(frames).outputs:
+                self.outputs[output.request_id].append(output)
+            on_outputs(frames)
+
+        client._input.send = tapped_send  # type: ignore[method-assign]
+        client._on_outputs = tapped_outputs  # type: ignore[method-assign]
+
+    @property
+    def requests(self) -> list[str]:
+        """The ids of the requests added, probes left out."""
+        return [r for r in self.added if not r.startswith(PROBE)]
+
+    def generated(self, request_id: str) -> int:
+        return sum(len(output.new_token_ids) for output in self.outputs[request_id])
+
+    def finished_in_engine(self, request_id: str) -> bool:
+        return any(output.finish_reason is not None for output in self.outputs[request_id])
+
+    async def running(self, request_id: str) -> None:
+        """Until the engine has sent an output for ``request_id`` (it runs it)."""
+        with trio.fail_after(ANSWER_GUARD):
+            while not self.outputs[request_id]:
+                await trio.sleep(0.02)
+
+    async def aborted_once(self, request_id: str) -> None:
+        """Until an ABORT for ``request_id`` has left."""
+        with trio.fail_after(ANSWER_GUARD):
+            while request_id not in self.aborted:
+                await trio.sleep(0.02)
+
+
+@attrs.define
+class DirectFrontend:
+    """A frontend in-process that is a client of the session's EngineCore (the direct
+    path's link and text layer), and what crossed that client's sockets."""
+
+    frontend: Frontend
+    client: EngineCoreClient
+    tap: Tap
+
+
+async def start_direct_frontend(
+    nursery: trio.Nursery, engine: HeadlessEngine, text: ModelText, index: int = 0, **settings: Any
+) -> DirectFrontend:
+    """What ``trioserve run --vllm`` serves (direct path), on the session's engine as client
+    ``index``, with the built-in server; the client closes with ``nursery``."""
+
+    async def hold(task_status: trio.TaskStatus[EngineCoreClient]) -> None:
+        async with engine.client(index) as client:
+            task_status.started(client)
+            await trio.sleep_forever()
+
+    client: EngineCoreClient = await nursery.start(hold)
+    tap = Tap(client)
+    limits = EngineLimits(max_model_len=engine.ready.max_model_len)
+    links = VllmLinks(client, VllmText(text, limits), [MODEL])
+    frontend = await start_frontend(
+        nursery, None, server="builtin", links=[(f"vllm://{MODEL}", links)], **settings
+    )
+    return DirectFrontend(frontend, client, tap)

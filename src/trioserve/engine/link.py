@@ -59,8 +59,6 @@ class EngineLink(Protocol):
 
     #: Where it is (logs, /metrics labels, routing's rendezvous hash).
     address: str
-    #: Why it is out of service, while it is (see :meth:`EngineClient.failures`).
-    failure: str | None
     #: It said it is draining: nothing new is routed to it.
     draining: bool
     #: The client no longer wants it (:meth:`retire`).
@@ -71,6 +69,10 @@ class EngineLink(Protocol):
     kv_cache_usage: float | None
     #: What prepares its submits (None: it takes them as they are).
     preparer: Preparer | None
+
+    @property
+    def failure(self) -> str | None:
+        """Why it is out of service, while it is (see :meth:`EngineClient.failures`)."""
 
     @property
     def ready(self) -> bool:

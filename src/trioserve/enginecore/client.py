@@ -22,8 +22,9 @@ Theory of operation (the boundary's facts: docs/engines.md, ``../shared/vllm-eng
 - **Outputs are demultiplexed** to each request's :class:`OutputSink`, synchronously in the
   output socket's owner task, in the engine's order; a request is forgotten at its final
   output (or when aborted: the engine answers an ABORT with nothing). An output for a
-  request this client does not know (one of a previous client on these addresses, one that
-  was aborted meanwhile) is answered with an ABORT, and touches nothing else.
+  request this client does not know (one of a previous client on these addresses) is
+  answered with an ABORT, and touches nothing else; one for a request it has just aborted
+  (the engine's step was under way when the ABORT came) is dropped: one ABORT each.
 - **Death.** A killed engine sends nothing. The client watches its sockets' monitors (the
   engine's connection going away), calls a cheap utility as a heartbeat and gives up when no
   answer comes within a deadline, and reads ``ENGINE_CORE_DEAD``. The first of them ends
@@ -71,6 +72,10 @@ LOAD_TIMEOUT = 600.0
 SNDHWM = 10_000
 #: The utility each heartbeat calls: answered from memory, no model work.
 HEARTBEAT_METHOD = "get_supported_tasks"
+#: Request ids this client aborted lately, remembered so that the outputs of the step the
+#: engine was running when the ABORT reached it are dropped, not answered with a second
+#: ABORT.
+RECENT_ABORTS = 4096
 
 _MONITOR_EVENTS = int(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
 
@@ -130,6 +135,9 @@ class EngineCoreClient:
         self.on_stats: Callable[[codec.SchedulerStats], None] | None = None
         #: Outputs for requests this client did not know (each answered with an ABORT).
         self.unknown_outputs = 0
+        #: Outputs for requests this client had just aborted (dropped: one ABORT is enough).
+        self.late_outputs = 0
+        self._recent_aborts: dict[str, None] = {}
         #: Requests the engine reported finished (``finished_requests``): its own count of
         #: ends, aborts included.
         self.finished_in_engine = 0
@@ -161,8 +169,12 @@ class EngineCoreClient:
         """Abort these requests in the engine and forget their sinks: nothing more reaches
         them (the engine answers an ABORT with nothing). Never waits; ids this client does
         not know are sent anyway (the engine ignores them)."""
+        recent = self._recent_aborts
         for request_id in request_ids:
-            self._sinks.pop(request_id, None)
+            if self._sinks.pop(request_id, None) is not None:
+                recent[request_id] = None
+        while len(recent) > RECENT_ABORTS:
+            del recent[next(iter(recent))]
         if self.failure is not None or not request_ids:
             return
         self._aborts.extend(request_ids)
@@ -216,6 +228,11 @@ class EngineCoreClient:
         for output in message.outputs:
             sink = sinks.get(output.request_id)
             if sink is None:
+                if output.request_id in self._recent_aborts:
+                    self.late_outputs += 1
+                    if output.finish_reason is not None:
+                        del self._recent_aborts[output.request_id]
+                    continue
                 if output.finish_reason is None:
                     unknown.append(output.request_id)
                 self.unknown_outputs += 1

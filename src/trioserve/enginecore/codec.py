@@ -558,6 +558,12 @@ def decode_ready_response(payload: bytes) -> EngineCoreReadyResponse:
         raise PeerProtocolError(f"not a vLLM ready response: {exc}") from None
 
 
+def encode_ready_response(ready: EngineCoreReadyResponse) -> bytes:
+    """The registration frame, as the engine sends it (for another client of the engine,
+    which reads it with :func:`decode_ready_response`)."""
+    return _encoder.encode(ready)
+
+
 def unsupported_version(version: str) -> str:
     """The one line that refuses an engine of another vLLM release."""
     supported = ", ".join(f"{v}.x" for v in SUPPORTED_VLLM_VERSIONS)

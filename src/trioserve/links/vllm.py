@@ -33,7 +33,7 @@ import trio
 
 from .. import metrics
 from ..ends import EndReason
-from ..engine import Prepared, Subscription
+from ..engine import Prepared, Preparer, Subscription
 from ..engine.subscription import DEFAULT_BUFFER
 from ..enginecore import codec
 from ..enginecore.client import EngineCoreClient
@@ -140,7 +140,8 @@ class VllmLink:
         on_change: Callable[[], None],
     ) -> None:
         self.client = client
-        self.preparer: VllmText = text
+        self.text = text
+        self.preparer: Preparer | None = text
         self.address = address
         self._on_change = on_change
         #: Request ids in the engine: this frontend's, the client's index and a counter,
@@ -340,7 +341,7 @@ class _Stream:
         self.chat = task == "chat"
         self.prompt_tokens = len(prompt.token_ids)
         self.detokenizer: IncrementalDetokenizer = sampling.detokenizer(
-            link.preparer.model, prompt.token_ids
+            link.text.model, prompt.token_ids
         )
         params = sampling.params
         self.logprobs = params.get("logprobs") is not None
@@ -417,7 +418,7 @@ class _Stream:
     def _logprobs(self, lists: codec.Logprobs, kept: int) -> Any:
         """This step's tokens' logprobs in the OpenAI shape of the task, as vLLM's serving
         layer lays them out (the tokens a stop string cut are left out)."""
-        model = self.link.preparer.model
+        model = self.link.text.model
         positions: list[Position] = []
         sampled: list[int] = []
         rows = zip(
