@@ -1,209 +1,115 @@
-"""trioserve in front of vLLM against vLLM's own API server: CPU per token, TTFT, throughput,
-abort latency.
+"""trioserve's two vLLM paths against vLLM's own API server, on the same engine options:
+CPU per token outside the model, TTFT, throughput, abort latency, and what a long prompt
+does to running streams.
 
-Two sides, started once and driven in alternation for ``--rounds`` rounds (A B, then B A):
+Three sides, started once and driven one after the other for ``--rounds`` rounds (the
+order rotates each round):
 
-- A, trioserve: ``trioserve run --engine ADDRESS`` (the frontend) and ``trioserve engine
-  vllm MODEL --bind ADDRESS --metrics-port PORT [vLLM options]`` (the engine adapter: vLLM's
-  ``AsyncLLM`` in a process of its own, which renders, tokenizes, detokenizes);
-- B, vLLM: ``python -m vllm.entrypoints.openai.api_server --model MODEL [vLLM options]``
-  (FastAPI + uvicorn + ``AsyncLLM`` in one process; access log off).
+- direct: ``trioserve run --vllm MODEL --vllm-args ARGS`` (the frontend is EngineCore's
+  client; vLLM's launcher, EngineCore and its Worker below it);
+- shared: ``trioserve engine vllm MODEL --bind ADDRESS ARGS`` (the engine adapter, a process
+  of its own over vLLM's EngineCore) and ``trioserve run --engine ADDRESS`` (the frontend);
+- vLLM: ``python -m vllm.entrypoints.openai.api_server --model MODEL ARGS`` (FastAPI,
+  uvicorn and ``AsyncLLM`` in one process, EngineCore and its Worker below it).
 
-Both with the same model and the same vLLM options, from ``--vllm-python``. Each top
-process starts vLLM's EngineCore as a child (the scheduler; on CPU it starts a Worker, the
-model, as its own child; Python's multiprocessing adds a resource tracker).
+Pinning (``taskset`` and 2+ cores): once a side is up, every thread of its processes that
+are not the model (direct: the frontend; shared: the frontend and the adapter; vLLM: the
+API server) goes to core 0, and every thread of their descendants (vLLM's launcher,
+EngineCore, Worker, resource tracker) to core 1, where vLLM's OpenMP threads are bound too
+(``VLLM_CPU_OMP_THREADS_BIND=1``). The load generator and this script run on core 0 (their
+CPU is reported): on the model's core, vLLM's Worker starved them for seconds at a time.
 
-Pinning (with ``taskset`` available and 2+ cores): once both sides are up, every thread of
-the processes that are not the model (A: the frontend and the adapter; B: the API server)
-goes to core 0, and every thread of their descendants (EngineCore, Worker, resource
-tracker) to core 1, where vLLM's OpenMP threads are bound too
-(``VLLM_CPU_OMP_THREADS_BIND=1``): the model has core 1 alone. The load generator and this
-script run on core 0 (their CPU is measured and reported): on core 1, vLLM's Worker starved
-them for seconds at a time.
+Every load window reads each process of the side alone (utime + stime of /proc/PID/stat,
+its exited threads included, never its children: a process tree would count the model),
+each thread's CPU (schedstat) and the cores it ran on (sampled every 0.25 s) and may run
+on; the JSON has them all. A window in which a thread ran or could run off its process's
+core, or a process came or went, says so, and its figures are left out of the table.
 
-Figures (each the median over rounds with its range, and A/B per round):
+Figures (each the median over rounds with its range, and side / vLLM per round):
 
-- CPU per token of everything that is not the model: utime + stime (/proc/PID/stat, all
-  threads) of A's frontend + adapter, or of B's API server, over a measuring window,
-  divided by the tokens vLLM generated meanwhile (``vllm:generation_tokens_total`` from
-  each side's own Prometheus metrics, read at both ends of the window). The descendants
-  (the model) are measured too and reported apart, never counted;
-- non-streaming requests/s and latency at c=32 and c=256 (``--json-tokens`` tokens per
-  answer), streaming tokens/s at c=32 and c=256 streams (``--stream-tokens`` per answer,
-  next answer on the same connection): ``tools/loadgen.py``'s ``json`` and ``stream``
-  modes, every request with ``ignore_eos`` and ``temperature`` 0 so that each answer has
-  its full length and both sides generate the same tokens;
-- TTFT at c=1: one streaming request at a time, each side alone (the sides' Workers share
-  the model's core: in turns, one Worker still spinning after its request delayed the
-  other's); time to the first ``data:`` event. vLLM's own view of the same requests (its
-  ``vllm:time_to_first_token_seconds`` histogram: from ``AsyncLLM`` taking the request to
-  its output processor holding the first token) gives the mean TTFT of the engine alone,
-  and what each side adds to it;
-- abort latency: a request is generating (SSE: its first event read; JSON: vLLM counts it
-  running), the client closes its connection (FIN), and vLLM's ``vllm:num_requests_running``
-  is polled until it drops to 0: the time from the close to the first poll that sees 0
-  (resolution: one scrape, reported).
+- CPU per generated token outside the model: the counted processes' CPU over a window,
+  divided by the tokens generated meanwhile as the client received them (the same count on
+  every side: a non-streaming answer's ``max_tokens``, a streamed event with text); the
+  servers' own counts are in the JSON beside it;
+- non-streaming requests/s at c=32 and c=256, streaming tokens/s at c=32 and c=256
+  (``tools/loadgen.py``, every request greedy with ``ignore_eos``);
+- TTFT at c=1, each side alone; abort latency (the client closes, the engine's running
+  count as the side's metrics say it drops to 0);
+- a long prompt (``--long-prompt-tokens``) arriving while ``--long-prompt-streams`` streams
+  run: their inter-token p99 with long prompts arriving back to back, against the windows
+  before and after. The model's length limit refuses it once tokenized (a 400): what is
+  measured is the frontend's work on it (parsing, template, tokenizer), not a prefill.
 
-Goals, as ratios trioserve / vLLM in one run: CPU per token at most 0.5, TTFT p50 at most
-1.0, non-streaming requests/s at c=32 at least 1.5.
+Goals, as ratios to vLLM's API server: CPU per token ≤ 0.3, TTFT p50 ≤ 0.9, non-streaming
+requests/s at c=32 ≥ 1.5, streaming tokens/s at c=256 ≥ 1.2. A goal is "met" only when
+every round of two or more meets it, "not met" when none does, else "undecided".
 
-    python tools/bench_vllm.py --vllm-python /work/vl/venv/bin/python --model /work/vl/tiny
-    python tools/bench_vllm.py --quick --json figures.json      # about 3 minutes
-    python tools/bench.py --vllm [the options above]             # the same
+    python tools/bench_vllm.py --vllm-python /work/main/.venv-vllm/bin/python --rounds 3
+    python tools/bench_vllm.py --quick --json figures.json    # a few minutes, one round
+    python tools/bench.py --vllm [the options above]           # the same
 
-All traffic is on 127.0.0.1; every step is bounded in time; every process this script starts
-is in a process group of its own, killed at the end (and sent SIGTERM if the script dies).
+All traffic is on 127.0.0.1, bounded in count; every step is bounded in time; every process
+this script starts is in a process group of its own, killed at the end (and sent SIGTERM if
+the script dies).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import json
-import math
 import os
 import re
 import shlex
 import shutil
 import signal
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
-import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 TOOLS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TOOLS))
 
-import bench  # noqa: E402  (tools/bench.py: processes, pinning, reporting)
-import loadgen  # noqa: E402  (tools/loadgen.py: the load generator and its parsers)
+import bench  # noqa: E402  (tools/bench.py: processes, reporting)
+import bench_vllm_load  # noqa: E402  (the load child's modes)
+import bench_vllm_procs as procs  # noqa: E402  (spawning, pinning, per-thread CPU)
+import loadgen  # noqa: E402  (tools/loadgen.py: the prompt)
 
 BEGIN, END = "<!-- bench-vllm:begin -->", "<!-- bench-vllm:end -->"
-SERVER_CORE, MODEL_CORE = bench.FRONTEND_CORE, bench.LOAD_CORE
+SERVER_CORE, MODEL_CORE = 0, 1
 #: The load generator and this script share the non-model processes' core: vLLM's Worker
-#: starves whatever else runs on its core (a load generator there was not scheduled for
-#: seconds at a time while a request generated), and the model should have its core alone.
+#: starves whatever else runs on its core, and the model should have its core alone.
 LOAD_CORE = SERVER_CORE
-A, B = "trioserve", "vLLM API server"
-GENERATED = "vllm:generation_tokens_total"
-RUNNING = "vllm:num_requests_running"
-TTFT_SUM, TTFT_COUNT = (
-    "vllm:time_to_first_token_seconds_sum",
-    "vllm:time_to_first_token_seconds_count",
+DIRECT, SHARED, VLLM = "direct", "shared", "vLLM API server"
+ALL_SIDES = {"direct": DIRECT, "shared": SHARED, "vllm": VLLM}
+#: vLLM options every side gets unless ``--vllm-args`` says otherwise.
+#: The context is longer than the tiny model's 8,192 positions (VLLM_ALLOW_LONG_MAX_MODEL_LEN)
+#: so that a 100,000-token prompt is tokenized before it is refused: vLLM (and trioserve
+#: after it) refuses a text of more than max_model_len times the longest token's characters
+#: unread.
+VLLM_ARGS = "--served-model-name tiny --max-model-len 16384 --enforce-eager --dtype float32"
+#: Goals: figure key -> (the ratio side / vLLM, at most (True) or at least (False)).
+GOALS = {
+    "cpu_per_token": (0.3, True),
+    "ttft_p50": (0.9, True),
+    "json_c32_rps": (1.5, False),
+    "stream_c256_tps": (1.2, False),
+}
+#: Mixed text for the long prompt (accents, CJK, emoji), as tools/bench_tokenize.py's.
+LONG_TEXT = (
+    "The quick brown fox jumps over the lazy dog. Grüße aus Köln! Café, naïve, façade. "
+    "日本語のテキストも少しあります。中文测试 漢字 한국어 텍스트. Emoji: 🙂 🚀 ✨ 👩‍💻 👍🏽. "
+    '{"key": "value", "list": [1, 2, 3]} 1 2 3 4 5 6 7 8 9 10 100 1000\n'
 )
-METRIC_RE = re.compile(r"^(vllm:[a-z_:]+)(?:\{[^}]*\})? (\S+)$", re.M)
-#: vLLM options both sides get unless ``--vllm-args`` says otherwise.
-VLLM_ARGS = "--served-model-name tiny --max-model-len 4096 --enforce-eager --dtype float32"
-#: Goals: (figure key, the ratio trioserve / vLLM must be at most (True) or at least.)
-GOALS = {"cpu_per_token": (0.5, True), "ttft_p50": (1.0, True), "json_c32_rps": (1.5, False)}
+DASH = bench.DASH
 
 
-# -- processes ------------------------------------------------------------------------------
-
-
-def _child_setup() -> None:
-    bench._raise_fd_limit()
-    # Started on every core (this script's pinning is not theirs); pinned once up.
-    os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
-    # SIGTERM to the child when this script dies, however it dies.
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def spawn(name: str, command: list[str], workdir: Path, env: dict[str, str]) -> bench.Proc:
-    """``command`` in a process group of its own (so that its descendants end with it)."""
-    log_path = workdir / f"{name.replace(' ', '_')}-{uuid.uuid4().hex[:6]}.log"
-    with open(log_path, "wb") as log_file:
-        popen = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env={**env, "PYTHONUNBUFFERED": "1"},
-            preexec_fn=_child_setup,
-            start_new_session=True,
-        )
-    return bench.Proc(name, popen, log_path)
-
-
-def stop_group(proc: bench.Proc, grace: float = 30) -> None:
-    """SIGTERM (vLLM then shuts its EngineCore down), then SIGKILL to whatever is left of
-    the process group this script started it in."""
-    if proc.popen.poll() is None:
-        proc.popen.send_signal(signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.popen.wait(grace)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.popen.wait(10)
-
-
-def group_gone(pgid: int, timeout: float = 10) -> bool:
-    """Whether no live process (zombies aside) is left in process group ``pgid``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        left = []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                with contextlib.suppress(OSError, IndexError, ValueError):
-                    fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-                    if int(fields[2]) == pgid and fields[0] != "Z":
-                        left.append(entry)
-        if not left or time.monotonic() > deadline:
-            return not left
-        time.sleep(0.2)
-
-
-def descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def comm(pid: int) -> str:
-    with contextlib.suppress(OSError):
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    return "?"
-
-
-def pin_threads(pid: int, core: int) -> None:
-    """Every thread of ``pid`` to ``core`` (threads it starts later inherit it)."""
-    with contextlib.suppress(OSError):
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError):
-                os.sched_setaffinity(int(tid), {core})
-
-
-def scrape(url: str) -> dict[str, float]:
-    """vLLM's Prometheus figures, each summed over its label sets (one retry)."""
-    try:
-        with urllib.request.urlopen(url, timeout=30) as reply:
-            text = reply.read().decode()
-    except OSError:
-        with urllib.request.urlopen(url, timeout=30) as reply:
-            text = reply.read().decode()
-    out: dict[str, float] = {}
-    for name, value in METRIC_RE.findall(text):
-        out[name] = out.get(name, 0.0) + float(value)
-    return out
+# -- the sides ------------------------------------------------------------------------------
 
 
 @dataclass
@@ -211,7 +117,11 @@ class Side:
     label: str
     procs: list[bench.Proc]
     url: str = ""
-    metrics_url: str = ""
+    #: (metrics page, counter): the server's own count of generated tokens.
+    token_counter: tuple[str, str] = ("", "")
+    #: (metrics page, gauge): the engine's running requests, as the side reports them.
+    running: tuple[str, str] = ("", "")
+    ttft_histogram_url: str | None = None  # vLLM's TTFT histogram, where the side has one
     counted: dict[str, int] = field(default_factory=dict)  # the non-model processes
     names: dict[int, str] = field(default_factory=dict)  # their pid -> comm
     model: dict[int, str] = field(default_factory=dict)  # their descendants: pid -> comm
@@ -222,18 +132,24 @@ class Side:
     def log_tails(self) -> str:
         return "\n".join(f"--- {p.name}:\n{p.log_tail(1500)}" for p in self.procs)
 
+    def watched(self, pin: bool) -> list[dict]:
+        out = [
+            {"pid": pid, "name": name, "role": "counted", "core": SERVER_CORE if pin else None}
+            for name, pid in self.counted.items()
+        ]
+        out += [
+            {
+                "pid": pid,
+                "name": f"model:{what}:{pid}",
+                "role": "model",
+                "core": MODEL_CORE if pin else None,
+            }
+            for pid, what in self.model.items()
+        ]
+        return out
 
-def wait_ready(side: Side, model: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not side.alive():
-            break
-        with contextlib.suppress(OSError, ValueError):
-            status, _ = chat(side.url, model, {"max_tokens": 2}, timeout=30)
-            if status == 200:
-                return
-        time.sleep(0.5)
-    raise RuntimeError(f"{side.label} is not answering:\n{side.log_tails()}")
+    def tops(self) -> list[int]:
+        return list(self.counted.values())
 
 
 def chat(url: str, model: str, extra: dict, timeout: float = 30) -> tuple[int, dict]:
@@ -255,270 +171,110 @@ def chat(url: str, model: str, extra: dict, timeout: float = 30) -> tuple[int, d
         return exc.code, {}
 
 
+def wait_ready(side: Side, model: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not side.alive():
+            break
+        with contextlib.suppress(OSError, ValueError):
+            status, _ = chat(side.url, model, {"max_tokens": 2}, timeout=30)
+            if status == 200:
+                return
+        time.sleep(0.5)
+    raise RuntimeError(f"{side.label} is not answering:\n{side.log_tails()}")
+
+
 def start_sides(args: argparse.Namespace, pin: bool, workdir: Path) -> list[Side]:
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(args.kv_cache_gib)}
+    """Every side asked for, started at once (the models load side by side), up and
+    answering, and pinned."""
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": str(args.kv_cache_gib),
+        "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
+    }
     if pin:
         env["VLLM_CPU_OMP_THREADS_BIND"] = str(MODEL_CORE)
-    py = args.vllm_python
-    vllm_args = shlex.split(args.vllm_args)
-    address = f"tcp://127.0.0.1:{bench.free_port()}"
-    metrics_port, api_port = bench.free_port(), bench.free_port()
-    adapter = spawn(
-        "adapter",
-        [py, "-m", "trioserve", "engine", "vllm", args.model, "--bind", address]
-        + ["--metrics-port", str(metrics_port), *vllm_args],
-        workdir,
-        env,
-    )
-    api = spawn(
-        "api-server",
-        [py, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model, *vllm_args]
-        + ["--host", "127.0.0.1", "--port", str(api_port), "--disable-uvicorn-access-log"],
-        workdir,
-        env,
-    )
-    a = Side(A, [adapter], metrics_url=f"http://127.0.0.1:{metrics_port}/metrics")
-    b = Side(B, [api], url=f"http://127.0.0.1:{api_port}")
-    b.metrics_url = b.url + "/metrics"
-    bench.wait_for_log(adapter, re.compile("vLLM engine serving"), args.start_timeout)
-    frontend = spawn(
-        "frontend",
-        [py, "-m", "trioserve", "run", "--engine", address, "--host", "127.0.0.1", "--port", "0"]
-        + ["--max-concurrent-requests", str(max(args.json_levels + args.stream_levels) + 64)],
-        workdir,
-        env,
-    )
-    a.procs.insert(0, frontend)
-    a.url = bench.wait_for_log(frontend, bench.URL_RE, 60).group(1)
-    for side in (a, b):
+    py, vllm_args = args.vllm_python, shlex.split(args.vllm_args)
+    admission = ["--max-concurrent-requests", str(args.most_requests)]
+    local = ["--host", "127.0.0.1", "--port", "0"]
+    sides: list[Side] = []
+    adapter_ready = None
+    if DIRECT in args.sides:
+        frontend = procs.spawn(
+            "direct",
+            [py, "-m", "trioserve", "run", "--vllm", args.model, "--vllm-args", args.vllm_args]
+            + ["--vllm-cpus", str(MODEL_CORE) if pin else "all", *local, *admission]
+            + ["--vllm-load-timeout", str(int(args.start_timeout))],
+            workdir,
+            env,
+        )
+        sides.append(Side(DIRECT, [frontend], counted={"frontend": frontend.pid}))
+    if SHARED in args.sides:
+        address = f"tcp://127.0.0.1:{bench.free_port()}"
+        metrics = f"http://127.0.0.1:{bench.free_port()}"
+        adapter = procs.spawn(
+            "shared-adapter",
+            [py, "-m", "trioserve", "engine", "vllm", args.model, "--bind", address]
+            + ["--metrics-port", metrics.rsplit(":", 1)[1], *vllm_args],
+            workdir,
+            env,
+        )
+        shared = Side(SHARED, [adapter], counted={"adapter": adapter.pid})
+        shared.token_counter = (metrics + "/metrics", "vllm:generation_tokens_total")
+        shared.running = (metrics + "/metrics", "vllm:num_requests_running")
+        shared.ttft_histogram_url = metrics + "/metrics"
+        adapter_ready = (shared, address)
+        sides.append(shared)
+    if VLLM in args.sides:
+        port = bench.free_port()
+        api = procs.spawn(
+            "vllm-api-server",
+            [py, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model, *vllm_args]
+            + ["--host", "127.0.0.1", "--port", str(port), "--disable-uvicorn-access-log"],
+            workdir,
+            env,
+        )
+        b = Side(VLLM, [api], url=f"http://127.0.0.1:{port}", counted={"frontend": api.pid})
+        b.token_counter = (b.url + "/metrics", "vllm:generation_tokens_total")
+        b.running = (b.url + "/metrics", "vllm:num_requests_running")
+        b.ttft_histogram_url = b.url + "/metrics"
+        sides.append(b)
+    if adapter_ready is not None:
+        shared, address = adapter_ready
+        adapter = shared.procs[0]
+        procs_ready = re.compile("vLLM engine serving")
+        bench.wait_for_log(adapter, procs_ready, args.start_timeout)
+        frontend = procs.spawn(
+            "shared-frontend",
+            # The heartbeat timeout of the direct path's EngineCore client (30 s): this
+            # machine's load starved the adapter past the default 3 s.
+            [py, "-m", "trioserve", "run", "--engine", address, *local, *admission]
+            + ["--heartbeat-timeout", "30"],
+            workdir,
+            env,
+        )
+        shared.procs.insert(0, frontend)
+        shared.counted = {"frontend": frontend.pid, "adapter": adapter.pid}
+        shared.url = bench.wait_for_log(frontend, bench.URL_RE, 60).group(1)
+    for side in sides:
+        if side.label == DIRECT:
+            side.url = bench.wait_for_log(side.procs[0], bench.URL_RE, args.start_timeout).group(1)
+            side.token_counter = (side.url + "/metrics", "trioserve_generation_tokens_total")
+            side.running = (side.url + "/metrics", "trioserve_engine_requests_running")
+    for side in sides:
         wait_ready(side, served_name(args), args.start_timeout)
-    a.counted = {"frontend": frontend.pid, "adapter": adapter.pid}
-    b.counted = {"frontend": api.pid}
-    for side in (a, b):
         for pid in side.counted.values():
-            side.names[pid] = comm(pid)
-            side.model.update({child: comm(child) for child in descendants(pid)})
-            if pin:
-                pin_threads(pid, SERVER_CORE)
+            side.names[pid] = procs.comm(pid)
+            side.model.update({child: procs.comm(child) for child in procs.descendants(pid)})
+        # The adapter is the shared frontend's engine, not its child: never its model.
+        for pid in side.counted.values():
+            side.model.pop(pid, None)
         if pin:
+            for pid in side.counted.values():
+                procs.pin_threads(pid, SERVER_CORE)
             for child in side.model:
-                pin_threads(child, MODEL_CORE)
-    return [a, b]
-
-
-# -- the load generator's process ------------------------------------------------------------
-
-
-def loadgen_child(spec: dict) -> dict:
-    """Runs in a process of its own, pinned with the load: ``tools/loadgen.py``'s modes with
-    vLLM's request body and a meter that also reads vLLM's token counter."""
-    mode = spec["mode"]
-    if mode == "ttft":
-        return run_ttft(spec)
-    if mode == "abort":
-        return run_abort(spec)
-    make_request = loadgen.chat_request
-
-    def chat_request(host: str, body: dict) -> bytes:
-        # The mock's knobs out; every answer its full length, the same tokens on both sides.
-        body = {k: v for k, v in body.items() if not k.startswith("mock_")}
-        body.update(model=spec["model"], ignore_eos=True, temperature=0)
-        return make_request(host, body)
-
-    class VllmMeter(loadgen.CpuMeter):
-        """CPU of the side's processes, each by name, and the tokens vLLM generated."""
-
-        def __init__(self, _frontend: int | None, _engine: int | None) -> None:
-            super().__init__(None, None)
-            self.pids = {**spec["counted"], "loadgen": os.getpid()}
-            self.pids.update({f"model:{pid}": int(pid) for pid in spec["model_pids"]})
-            self._before: dict[str, float] = {}
-
-        def start(self) -> None:  # the scrapes stay outside the CPU window
-            self._before = scrape(spec["metrics_url"])
-            super().start()
-
-        def stop(self) -> float:
-            wall = super().stop()
-            after = scrape(spec["metrics_url"])
-            r = self.result
-            tokens = after.get(GENERATED, 0.0) - self._before.get(GENERATED, 0.0)
-            server = sum(r[f"{name}_cpu_s"] for name in spec["counted"])
-            model = sum(r[f"model:{pid}_cpu_s"] for pid in spec["model_pids"])
-            r.update(
-                generated_tokens=tokens,
-                tokens_per_s=tokens / wall,
-                server_cpu_s=server,
-                server_cpu_pct=100 * server / wall,
-                model_cpu_pct=100 * model / wall,
-                server_cpu_us_per_token=1e6 * server / tokens if tokens else math.nan,
-                **{
-                    f"{name}_cpu_us_per_token": 1e6 * r[f"{name}_cpu_s"] / tokens
-                    if tokens
-                    else math.nan
-                    for name in spec["counted"]
-                },
-            )
-            return wall
-
-    loadgen.chat_request = chat_request
-    loadgen.CpuMeter = VllmMeter  # type: ignore[misc]
-    host, port = spec["url"].removeprefix("http://").rsplit(":", 1)
-    ns = argparse.Namespace(
-        host=host,
-        port=int(port),
-        duration=spec["duration"],
-        warmup=spec["warmup"],
-        frontend_pid=None,
-        engine_pid=None,
-        progress=False,
-        concurrency=spec.get("level", 1),
-        streams=spec.get("level", 1),
-        max_tokens=spec["tokens"],
-        stream_tokens=spec["tokens"],
-        rate=0.0,
-    )
-    import uvloop
-
-    runner = loadgen.run_json if mode == "json" else loadgen.run_stream
-    return uvloop.run(runner(ns))
-
-
-def _stream_body(model: str, max_tokens: int) -> dict:
-    return {
-        "model": model,
-        "messages": [{"role": "user", "content": loadgen.PROMPT}],
-        "stream": True,
-        "max_tokens": max_tokens,
-        "ignore_eos": True,
-        "temperature": 0,
-    }
-
-
-def run_ttft(spec: dict) -> dict:
-    """One request at a time on a keep-alive connection to each target in turn (the bench
-    gives one target a run); vLLM's TTFT histogram read before and after."""
-    targets = spec["targets"]
-    socks, requests = [], []
-    via: list[list[float]] = [[] for _ in targets]
-    before: list[dict[str, float]] = []
-    try:
-        for target in targets:
-            host, port = target["url"].removeprefix("http://").rsplit(":", 1)
-            sock = socket.create_connection((host, int(port)), timeout=30)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            socks.append(sock)
-            body = _stream_body(spec["model"], spec["tokens"])
-            requests.append(loadgen.chat_request(f"{host}:{port}", body))
-        for i in range(spec["warmup"] + spec["count"]):
-            if i == spec["warmup"]:
-                before = [scrape(t["metrics_url"]) for t in targets]
-            order = range(len(targets)) if i % 2 == 0 else reversed(range(len(targets)))
-            for k in order:
-                first = loadgen._first_token(socks[k], requests[k])
-                if i >= spec["warmup"]:
-                    via[k].append(first)
-        after = [scrape(t["metrics_url"]) for t in targets]
-    finally:
-        for sock in socks:
-            sock.close()
-    out = {}
-    for k, target in enumerate(targets):
-        count = after[k].get(TTFT_COUNT, 0) - before[k].get(TTFT_COUNT, 0)
-        engine_mean = (after[k].get(TTFT_SUM, 0) - before[k].get(TTFT_SUM, 0)) / count
-        mean = statistics.fmean(via[k])
-        out[target["label"]] = {
-            "count": len(via[k]),
-            "engine_count": count,
-            "p50_ms": loadgen.percentile(via[k], 50) * 1000,
-            "p99_ms": loadgen.percentile(via[k], 99) * 1000,
-            "mean_ms": mean * 1000,
-            "engine_mean_ms": engine_mean * 1000,
-            "added_mean_ms": (mean - engine_mean) * 1000,
-        }
-    return out
-
-
-def _running(metrics_url: str) -> float:
-    return scrape(metrics_url).get(RUNNING, math.nan)
-
-
-def _wait_running(metrics_url: str, done: Callable[[float], bool], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not done(_running(metrics_url)):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"vLLM's running count stuck at {_running(metrics_url)}")
-        time.sleep(0.01)
-
-
-def run_abort(spec: dict) -> dict:
-    """One request at a time: make it generate, close the connection, time until vLLM's
-    running count is 0 again."""
-    metrics_url = spec["metrics_url"]
-    host, port = spec["url"].removeprefix("http://").rsplit(":", 1)
-    out: dict = {}
-    scrapes: list[float] = []
-    for stream in (True, False):
-        latencies = []
-        for _ in range(spec["count"]):
-            _wait_running(metrics_url, lambda n: n == 0, 30)
-            body = _stream_body(spec["model"], spec["tokens"])
-            body["stream"] = stream
-            sock = socket.create_connection((host, int(port)), timeout=30)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            try:
-                sock.sendall(loadgen.chat_request(f"{host}:{port}", body))
-                data = b""
-                if stream:  # generating: its first event is here
-                    while b"data: " not in data:
-                        chunk = sock.recv(65536)
-                        if not chunk:
-                            raise RuntimeError("closed before the first event")
-                        data += chunk
-                try:
-                    _wait_running(metrics_url, lambda n: n >= 1, 30)
-                except RuntimeError as exc:
-                    sock.settimeout(1)
-                    with contextlib.suppress(OSError):
-                        data = sock.recv(2000)
-                    raise RuntimeError(f"{exc}; the server sent: {data[:600]!r}") from None
-                # Drain what arrived, so that the close sends a FIN (unread data: an RST).
-                sock.setblocking(False)
-                with contextlib.suppress(BlockingIOError):
-                    while sock.recv(1 << 20):
-                        pass
-            finally:
-                t0 = time.perf_counter()
-                sock.close()
-            deadline = t0 + 30
-            while True:
-                t = time.perf_counter()
-                running = _running(metrics_url)
-                scrapes.append(time.perf_counter() - t)
-                if running == 0:
-                    latencies.append(time.perf_counter() - t0)
-                    break
-                if t > deadline:
-                    raise RuntimeError("vLLM still runs an aborted request after 30 s")
-                time.sleep(spec["poll_s"])
-        which = "sse" if stream else "json"
-        out[f"{which}_p50_ms"] = loadgen.percentile(latencies, 50) * 1000
-        out[f"{which}_p99_ms"] = loadgen.percentile(latencies, 99) * 1000
-        out[f"{which}_max_ms"] = max(latencies) * 1000
-        out[f"{which}_count"] = len(latencies)
-    out["scrape_p50_ms"] = loadgen.percentile(scrapes, 50) * 1000
-    return out
-
-
-def run_child(spec: dict, pin: bool, progress: bench.Progress, status: str, timeout: float) -> dict:
-    command = [
-        *bench.pin_prefix(LOAD_CORE, pin),
-        sys.executable,
-        str(Path(__file__).resolve()),
-        "_loadgen",
-        json.dumps(spec),
-    ]
-    return bench.run_json_tool(command, progress, status, timeout, "the load child")
+                procs.pin_threads(child, MODEL_CORE)
+    return sides
 
 
 # -- the plan -------------------------------------------------------------------------------
@@ -540,6 +296,9 @@ class Plan:
     ttft_tokens: int
     abort_count: int
     abort_poll_ms: float
+    long_prompt_tokens: int
+    long_prompt_streams: int
+    long_prompt_duration: float
 
     def load_steps(self) -> list[tuple[str, int]]:
         return [("json", c) for c in self.json_levels] + [("stream", n) for n in self.stream_levels]
@@ -549,91 +308,110 @@ def build_plan(args: argparse.Namespace) -> Plan:
     quick = args.quick
     return Plan(
         rounds=1 if quick else args.rounds,
-        json_levels=args.json_levels,
-        stream_levels=args.stream_levels,
+        json_levels=args.json_levels or ([32] if quick else [32, 256]),
+        stream_levels=args.stream_levels or ([256] if quick else [32, 256]),
         json_tokens=args.json_tokens,
         stream_tokens=args.stream_tokens,
         json_duration=1.5 if quick else args.duration,
         json_warmup=0.5 if quick else 2.0,
         stream_duration=1.5 if quick else args.duration,
-        stream_warmup=0.5 if quick else 3.0,
-        ttft_count=15 if quick else args.ttft_count,
+        stream_warmup=1.0 if quick else 3.0,
+        ttft_count=10 if quick else args.ttft_count,
         ttft_warmup=3 if quick else 10,
         ttft_tokens=4,
-        abort_count=3 if quick else args.abort_count,
+        abort_count=2 if quick else args.abort_count,
         abort_poll_ms=2.0,
+        long_prompt_tokens=args.long_prompt_tokens,
+        long_prompt_streams=args.long_prompt_streams,
+        long_prompt_duration=2.0 if quick else args.long_prompt_duration,
     )
 
 
+def run_child(spec: dict, pin: bool, progress: bench.Progress, status: str, timeout: float) -> dict:
+    command = [
+        *bench.pin_prefix(LOAD_CORE, pin),
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "_loadgen",
+        json.dumps(spec),
+    ]
+    return bench.run_json_tool(command, progress, status, timeout, "the load child")
+
+
 def measure_round(
-    r: int, plan: Plan, sides: list[Side], pin: bool, progress: bench.Progress, model: str
+    r: int, plan: Plan, sides: list[Side], pin: bool, progress: bench.Progress, args
 ) -> tuple[dict[str, dict[str, dict]], list[str]]:
+    model = served_name(args)
     results: dict[str, dict[str, dict]] = {side.label: {} for side in sides}
     failures: list[str] = []
-    order = sides if r % 2 == 0 else sides[::-1]
+    # Each side in each place of the order once every len(sides) rounds.
+    shift = r % len(sides)
+    order = sides[shift:] + sides[:shift]
 
     def record(side: Side, step: str, result: dict, summary: str) -> None:
         results[side.label][step] = result
         if "error" in result:
             summary = f"FAILED: {result['error']}"
             failures.append(f"round {r + 1}, {side.label}, {step}: {result['error']}")
+        elif result.get("threads", {}).get("placement_held") is False:
+            summary += " [placement did not hold: left out]"
         progress.note(f"round {r + 1} {side.label:<16} {step}: {summary}")
+
+    def run(side: Side, step: str, spec: dict, timeout: float) -> None:
+        if not side.alive():
+            record(side, step, {"error": "a process exited"}, "")
+            return
+        base = {"model": model, "url": side.url, "counted": side.counted, "ramp_timeout": 300}
+        status = f"round {r + 1}/{plan.rounds}: {step} · {side.label}"
+        result = run_child({**base, **spec}, pin, progress, status, timeout)
+        record(side, step, result, summarize(step.split(":")[0], result))
 
     for kind, level in plan.load_steps():
         for side in order:
-            if not side.alive():
-                record(side, f"{kind}:{level}", {"error": "a process exited"}, "")
-                continue
             json_step = kind == "json"
             spec = {
                 "mode": kind,
                 "level": level,
-                "model": model,
-                "url": side.url,
-                "metrics_url": side.metrics_url,
-                "counted": side.counted,
-                "model_pids": list(side.model),
+                "watched": side.watched(pin),
+                "tops": side.tops(),
+                "token_counter": side.token_counter,
                 "tokens": plan.json_tokens if json_step else plan.stream_tokens,
                 "duration": plan.json_duration if json_step else plan.stream_duration,
                 "warmup": plan.json_warmup if json_step else plan.stream_warmup,
             }
-            status = f"round {r + 1}/{plan.rounds}: {kind} {level} · {side.label}"
-            timeout = 180 + 3 * (spec["duration"] + spec["warmup"])
-            result = run_child(spec, pin, progress, status, timeout)
-            record(side, f"{kind}:{level}", result, summarize(kind, result))
-    # TTFT: one side after the other, each alone. Not in turns request by request: both
-    # sides' Workers share the model's core, and a Worker spins on it for a while after its
-    # request, so a request to the other side right after waits for that.
+            run(side, f"{kind}:{level}", spec, 420 + 3 * (spec["duration"] + spec["warmup"]))
+    # TTFT: one side after the other, each alone: a Worker spins on the shared model core
+    # for a while after its request, so another side's request right after waits for it.
     for side in order:
-        if not side.alive():
-            record(side, "ttft", {"error": "a process exited"}, "")
-            continue
         spec = {
             "mode": "ttft",
-            "model": model,
             "tokens": plan.ttft_tokens,
             "count": plan.ttft_count,
             "warmup": plan.ttft_warmup,
-            "targets": [{"label": side.label, "url": side.url, "metrics_url": side.metrics_url}],
+            "ttft_histogram_url": side.ttft_histogram_url,
         }
-        timeout = 120 + (plan.ttft_count + plan.ttft_warmup) * 2.0
-        status = f"round {r + 1}/{plan.rounds}: ttft · {side.label}"
-        result = run_child(spec, pin, progress, status, timeout)
-        one = result.get(side.label, {"error": result.get("error", "not measured")})
-        record(side, "ttft", one, summarize("ttft", one))
+        run(side, "ttft", spec, 120 + (plan.ttft_count + plan.ttft_warmup) * 2.0)
     for side in order:
         spec = {
             "mode": "abort",
-            "model": model,
-            "url": side.url,
-            "metrics_url": side.metrics_url,
+            "running": side.running,
             "tokens": 3000,
             "count": plan.abort_count,
             "poll_s": plan.abort_poll_ms / 1000,
         }
-        status = f"round {r + 1}/{plan.rounds}: abort · {side.label}"
-        result = run_child(spec, pin, progress, status, 120 + plan.abort_count * 4 * 10)
-        record(side, "abort", result, summarize("abort", result))
+        run(side, "abort", spec, 120 + plan.abort_count * 4 * 10)
+    if plan.long_prompt_tokens:
+        for side in order:
+            spec = {
+                "mode": "long_prompt",
+                "level": plan.long_prompt_streams,
+                "tokens": plan.stream_tokens,
+                "warmup": plan.stream_warmup,
+                "duration": plan.long_prompt_duration,
+                "unit": LONG_TEXT,
+                "copies": args.long_prompt_copies,
+            }
+            run(side, "long_prompt", spec, 480 + 6 * plan.long_prompt_duration)
     return results, failures
 
 
@@ -646,302 +424,33 @@ def summarize(kind: str, result: dict) -> str:
             if kind == "json"
             else f"ITL p50 {result['itl_p50_ms']:.0f} ms"
         )
+        parts = ", ".join(
+            f"{name} {p['cpu_pct']:.0f}%" for name, p in result["threads"]["processes"].items()
+        )
         return (
             f"{rate}, {result['tokens_per_s']:.0f} tokens/s, "
-            f"{result['server_cpu_us_per_token']:.0f} µs CPU/token "
-            f"(non-model {result['server_cpu_pct']:.0f}%, model {result['model_cpu_pct']:.0f}% "
-            f"of a core; core 0 {result['cpu0_busy_pct']:.0f}%, core 1 "
-            f"{result['cpu1_busy_pct']:.0f}%, others {result['other_cpu_pct']:.0f}%)"
+            f"{result['server_cpu_us_per_token']:.0f} µs CPU/token (non-model "
+            f"{result['server_cpu_pct']:.0f}% of a core; {parts}; others "
+            f"{result['other_cpu_pct']:.0f}%)"
         )
     if kind == "ttft":
         return (
             f"p50 {result['p50_ms']:.1f} ms, mean {result['mean_ms']:.1f} ms, vLLM's own "
-            f"mean {result['engine_mean_ms']:.1f} ms (+{result['added_mean_ms']:.1f} ms)"
+            f"mean {result['engine_mean_ms']:.1f} ms"
+        )
+    if kind == "long_prompt":
+        w = result["windows"]
+        return (
+            f"ITL p99 {w['before']['itl_p99_ms']:.0f} / {w['with']['itl_p99_ms']:.0f} / "
+            f"{w['after']['itl_p99_ms']:.0f} ms (before / with / after), "
+            f"{result['long_prompts']} long prompts, {result['long_prompt_p50_ms']:.0f} ms "
+            f"each, answered {result['long_prompt_statuses']}"
         )
     return (
         f"SSE p50 {result['sse_p50_ms']:.1f} ms (max {result['sse_max_ms']:.1f}), JSON p50 "
         f"{result['json_p50_ms']:.1f} ms (max {result['json_max_ms']:.1f}); a scrape takes "
         f"{result['scrape_p50_ms']:.1f} ms"
     )
-
-
-# -- figures and report ---------------------------------------------------------------------
-
-
-@dataclass
-class Row:
-    key: str
-    label: str
-    unit: str
-    digits: int
-    value: Callable[[dict[str, dict]], float]  # one side's results of one round -> figure
-
-
-def _get(step: str, name: str, scale: float = 1.0) -> Callable[[dict[str, dict]], float]:
-    def value(results: dict[str, dict]) -> float:
-        result = results.get(step) or {}
-        if "error" in result or result.get(name) is None:
-            return math.nan
-        return float(result[name]) * scale
-
-    return value
-
-
-def _pooled(plan: Plan, part: str) -> Callable[[dict[str, dict]], float]:
-    """µs of CPU per generated token over every load window of a round; ``part``: the
-    non-model processes together ("server") or one of A's two ("frontend", "adapter")."""
-    steps = [f"{kind}:{level}" for kind, level in plan.load_steps()]
-
-    def value(results: dict[str, dict]) -> float:
-        got = [results.get(step) or {} for step in steps]
-        if any("error" in r or not r for r in got):
-            return math.nan
-        if part != "server" and "adapter_cpu_s" not in got[0]:
-            return math.nan  # a part of trioserve's: vLLM's API server is one process
-        tokens = sum(r["generated_tokens"] for r in got)
-        return 1e6 * sum(r[f"{part}_cpu_s"] for r in got) / tokens if tokens else math.nan
-
-    return value
-
-
-def rows(plan: Plan) -> list[Row]:
-    out = [
-        Row(
-            "cpu_per_token",
-            "CPU per generated token, non-model processes, the load windows pooled",
-            "µs",
-            1,
-            _pooled(plan, "server"),
-        ),
-        Row(
-            "cpu_per_token_frontend",
-            "… of which trioserve's frontend",
-            "µs",
-            1,
-            _pooled(plan, "frontend"),
-        ),
-        Row(
-            "cpu_per_token_adapter",
-            "… of which the engine adapter",
-            "µs",
-            1,
-            _pooled(plan, "adapter"),
-        ),
-    ]
-    for kind, level in plan.load_steps():
-        what = "non-streaming" if kind == "json" else "streaming"
-        out.append(
-            Row(
-                f"cpu_per_token_{kind}_c{level}",
-                f"CPU per token, {what} c={level}",
-                "µs",
-                1,
-                _get(f"{kind}:{level}", "server_cpu_us_per_token"),
-            )
-        )
-    for c in plan.json_levels:
-        step = f"json:{c}"
-        out += [
-            Row(
-                f"json_c{c}_rps", f"non-streaming c={c}: requests/s", "req/s", 1, _get(step, "rps")
-            ),
-            Row(
-                f"json_c{c}_p50", f"non-streaming c={c}: latency p50", "ms", 1, _get(step, "p50_ms")
-            ),
-        ]
-    for n in plan.stream_levels:
-        step = f"stream:{n}"
-        out += [
-            Row(
-                f"stream_c{n}_tps",
-                f"streaming c={n}: tokens/s",
-                "tok/s",
-                0,
-                _get(step, "tokens_per_s"),
-            ),
-            Row(
-                f"stream_c{n}_itl50",
-                f"streaming c={n}: inter-token p50",
-                "ms",
-                1,
-                _get(step, "itl_p50_ms"),
-            ),
-            Row(
-                f"stream_c{n}_server_cpu",
-                f"streaming c={n}: non-model CPU",
-                "% of a core",
-                0,
-                _get(step, "server_cpu_pct"),
-            ),
-            Row(
-                f"stream_c{n}_model_cpu",
-                f"streaming c={n}: model CPU (EngineCore + Worker)",
-                "% of a core",
-                0,
-                _get(step, "model_cpu_pct"),
-            ),
-        ]
-    load_steps = [f"{kind}:{level}" for kind, level in plan.load_steps()]
-    out.append(
-        Row(
-            "load_others",
-            "other processes' CPU (not these sides: the shared machine), load windows' mean",
-            "% of a core",
-            0,
-            lambda results: statistics.fmean(
-                [_get(step, "other_cpu_pct")(results) for step in load_steps] or [math.nan]
-            ),
-        )
-    )
-    out += [
-        Row(
-            "ttft_p50",
-            f"TTFT p50, c=1 ({plan.ttft_tokens}-token streams)",
-            "ms",
-            2,
-            _get("ttft", "p50_ms"),
-        ),
-        Row("ttft_p99", "TTFT p99, c=1", "ms", 2, _get("ttft", "p99_ms")),
-        Row("ttft_mean", "TTFT mean, c=1", "ms", 2, _get("ttft", "mean_ms")),
-        Row(
-            "ttft_engine_mean",
-            "vLLM's own TTFT (its histogram), mean",
-            "ms",
-            2,
-            _get("ttft", "engine_mean_ms"),
-        ),
-        Row(
-            "ttft_added_mean",
-            "TTFT added over vLLM's own, mean",
-            "ms",
-            2,
-            _get("ttft", "added_mean_ms"),
-        ),
-        Row(
-            "abort_sse_p50",
-            "abort, SSE: FIN to vLLM running 0, p50",
-            "ms",
-            1,
-            _get("abort", "sse_p50_ms"),
-        ),
-        Row("abort_sse_max", "abort, SSE: max", "ms", 1, _get("abort", "sse_max_ms")),
-        Row(
-            "abort_json_p50",
-            "abort, non-streaming: FIN to vLLM running 0, p50",
-            "ms",
-            1,
-            _get("abort", "json_p50_ms"),
-        ),
-        Row("abort_json_max", "abort, non-streaming: max", "ms", 1, _get("abort", "json_max_ms")),
-        Row(
-            "abort_scrape",
-            "abort: one scrape of vLLM's metrics (the resolution), p50",
-            "ms",
-            1,
-            _get("abort", "scrape_p50_ms"),
-        ),
-    ]
-    return out
-
-
-def figures_of(plan: Plan, rounds: list[dict[str, dict[str, dict]]]) -> dict[str, dict]:
-    out = {}
-    for row in rows(plan):
-        values = {label: [row.value(rnd.get(label, {})) for rnd in rounds] for label in (A, B)}
-        ratios = [
-            a / b if not (math.isnan(a) or math.isnan(b) or b == 0) else math.nan
-            for a, b in zip(values[A], values[B], strict=True)
-        ]
-        out[row.key] = {
-            "label": row.label,
-            "unit": row.unit,
-            "digits": row.digits,
-            "values": values,
-            "ratios": ratios,
-        }
-    return out
-
-
-def goals_of(figures: dict[str, dict]) -> dict[str, dict]:
-    out = {}
-    for key, (target, at_most) in GOALS.items():
-        good = [x for x in figures[key]["ratios"] if not math.isnan(x)]
-        ratio = statistics.median(good) if good else math.nan
-        met = (ratio <= target if at_most else ratio >= target) if good else False
-        out[key] = {
-            "label": figures[key]["label"],
-            "target": f"{'≤' if at_most else '≥'} {target:g}",
-            "ratio": ratio,
-            "ratios": figures[key]["ratios"],
-            "met": met,
-        }
-    return out
-
-
-def report(plan: Plan, meta: dict, figures: dict[str, dict], goals: dict[str, dict]) -> str:
-    m = meta["machine"]
-    pids = meta["processes"]
-
-    def procs(label: str, which: str) -> str:
-        return ", ".join(f"{name} ({what})" for name, what in pids[label][which].items()) or "none"
-
-    lines = [
-        BEGIN,
-        "## vLLM: trioserve against vLLM's own API server",
-        "",
-        f"Measured {meta['date']}, code {meta['commit']} (git HEAD + a hash of the package as "
-        f"the processes loaded it) on {m['cpu']}, {m['cores']} cores, "
-        f"{m['memory']}, Linux {m['kernel']}, Python {m['python']}, vLLM {meta['vllm']}, "
-        f"with `{meta['command']}` ({meta['duration_s'] / 60:.1f} minutes). Load average "
-        f"(shared machine) {meta['loadavg_start']} at the start, {meta['loadavg_end']} at the "
-        "end.",
-        "",
-        f"- A, trioserve: `{meta['commands'][A][0]}` and `{meta['commands'][A][1]}`. B, vLLM: "
-        f"`{meta['commands'][B][0]}`. Same model, same vLLM options, same environment "
-        f"({meta['env']}).",
-        f"- CPU counted (not the model): A: {procs(A, 'counted')}; B: {procs(B, 'counted')}. "
-        f"Not counted (the model and its helpers; measured apart): A: {procs(A, 'excluded')}; "
-        f"B: {procs(B, 'excluded')}. Tokens: vLLM's `{GENERATED}` over the same window.",
-        f"- Pinning: {meta['pinning']}.",
-        f"- {plan.rounds} round(s), A B then B A; each cell the median over rounds "
-        f"(min{DASH}max), the last column A/B per round. Windows: {plan.json_duration:g} s "
-        f"after {plan.json_warmup:g} s (non-streaming, {plan.json_tokens} tokens an answer), "
-        f"{plan.stream_duration:g} s after {plan.stream_warmup:g} s (streaming, "
-        f"{plan.stream_tokens} tokens an answer, the next on the same connection); every "
-        "request greedy with `ignore_eos`. TTFT: one streaming request at a time, "
-        f"{plan.ttft_count} a side and round, each side alone (not in turns: both sides' "
-        "Workers share core 1, and one still spinning after its request delays the other's); "
-        "vLLM's own TTFT is its "
-        "`vllm:time_to_first_token_seconds` histogram (from AsyncLLM taking the request to its "
-        "output processor holding the first token), mean only (the buckets are too coarse "
-        f"for a p50). Abort: {plan.abort_count} SSE and {plan.abort_count} non-streaming "
-        "requests a round, one at a time; the client closes while the request runs and "
-        f"`{RUNNING}` is polled every {plan.abort_poll_ms:g} ms plus a scrape.",
-        f"- Same greedy answer from both: {'yes' if meta['same_answer'] else '**no**'}.",
-        "",
-        f"| figure | {A} | {B} | {A} / {B} |",
-        "|---|---|---|---|",
-    ]
-    for figure in figures.values():
-        values = figure["values"]
-        lines.append(
-            f"| {figure['label']} ({figure['unit']}) | {bench.cell(values[A], figure['digits'])} "
-            f"| {bench.cell(values[B], figure['digits'])} | "
-            f"{bench.ratios(values[A], values[B])} |"
-        )
-    lines += ["", "Goals (trioserve / vLLM, median over rounds):", ""]
-    for goal in goals.values():
-        verdict = "met" if goal["met"] else "**not met**"
-        lines.append(
-            f"- {goal['label']}: {bench._fmt(goal['ratio'], 2)} (goal {goal['target']}): {verdict}"
-        )
-    if meta["failures"]:
-        lines += ["", "Runs that failed:", ""] + [f"- {f}" for f in meta["failures"]]
-    lines.append(END)
-    return "\n".join(lines)
-
-
-DASH = bench.DASH
 
 
 # -- main -----------------------------------------------------------------------------------
@@ -993,31 +502,64 @@ def levels(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
 
+def long_prompt_copies(model: str, tokens: int) -> tuple[int, int]:
+    """How many copies of :data:`LONG_TEXT` make about ``tokens`` tokens with the model's
+    tokenizer, and the tokens they make."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(Path(model) / "tokenizer.json"))
+    per_copy = len(tokenizer.encode(LONG_TEXT, add_special_tokens=False).ids)
+    copies = max(1, tokens // per_copy)
+    return copies, len(tokenizer.encode(LONG_TEXT * copies, add_special_tokens=False).ids)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
         pass
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=Formatter)
-    parser.add_argument("--quick", action="store_true", help="a short run (about 3 minutes)")
+    parser.add_argument("--quick", action="store_true", help="one short round (a few minutes)")
     parser.add_argument(
         "--vllm-python",
         default=os.environ.get("TRIOSERVE_VLLM_PYTHON", sys.executable),
-        help="a python with vllm (vllm-cpu) and trioserve installed: runs both sides",
+        help="a python with vllm (vllm-cpu) and trioserve installed: runs every side",
     )
     parser.add_argument(
         "--model", help="the model (a path); default: a tiny Llama built by tools/tiny_llama.py"
     )
-    parser.add_argument("--vllm-args", default=VLLM_ARGS, help="vLLM options, both sides")
+    parser.add_argument(
+        "--sides",
+        type=lambda t: [ALL_SIDES[s] for s in t.split(",")],
+        default=list(ALL_SIDES.values()),
+        help="which sides, of direct,shared,vllm (vllm is the reference of the ratios)",
+    )
+    parser.add_argument("--vllm-args", default=VLLM_ARGS, help="vLLM options, every side")
     parser.add_argument("--kv-cache-gib", type=float, default=1, help="VLLM_CPU_KVCACHE_SPACE")
-    parser.add_argument("--start-timeout", type=float, default=300, help="seconds per start")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds (A B, then B A)")
+    parser.add_argument("--start-timeout", type=float, default=420, help="seconds per start")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds (the order rotates)")
     parser.add_argument("--duration", type=float, default=8.0, help="seconds per load window")
-    parser.add_argument("--json-levels", type=levels, default=[32, 256], help="concurrencies")
-    parser.add_argument("--stream-levels", type=levels, default=[32, 256], help="streams")
+    parser.add_argument(
+        "--json-levels", type=levels, default=None, help="concurrencies (default 32,256)"
+    )
+    parser.add_argument(
+        "--stream-levels", type=levels, default=None, help="streams (default 32,256)"
+    )
     parser.add_argument("--json-tokens", type=int, default=16, help="tokens per JSON answer")
     parser.add_argument("--stream-tokens", type=int, default=64, help="tokens per stream")
     parser.add_argument("--ttft-count", type=int, default=100, help="TTFT requests per side")
     parser.add_argument("--abort-count", type=int, default=15, help="aborts per mode and side")
+    parser.add_argument(
+        "--long-prompt-tokens",
+        type=int,
+        default=100_000,
+        help="the long prompt's tokens (0: no long-prompt step)",
+    )
+    parser.add_argument(
+        "--long-prompt-streams", type=int, default=256, help="streams running meanwhile"
+    )
+    parser.add_argument(
+        "--long-prompt-duration", type=float, default=6.0, help="seconds per long-prompt window"
+    )
     parser.add_argument("--no-pin", action="store_true", help="do not pin processes to cores")
     parser.add_argument("--json", type=Path, help="write every figure here as JSON")
     parser.add_argument(
@@ -1030,8 +572,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import bench_vllm_report as reporting
+
     args = parse_args(argv)
     plan = build_plan(args)
+    args.sides = [label for label in ALL_SIDES.values() if label in args.sides]
+    labels = args.sides
+    reference = VLLM if VLLM in labels else labels[-1]
+    args.most_requests = (
+        max(plan.json_levels + plan.stream_levels + [plan.long_prompt_streams]) + 64
+    )
     command = (
         "python tools/bench_vllm.py"
         + (" " + shlex.join(sys.argv[1:] if argv is None else argv)).rstrip()
@@ -1040,80 +590,90 @@ def main(argv: list[str] | None = None) -> int:
     if pin:
         os.sched_setaffinity(0, {LOAD_CORE})
         pinning = (
-            f"every thread of the non-model processes on core {SERVER_CORE}; their "
-            f"descendants (the model) on core {MODEL_CORE}, with vLLM's OpenMP threads "
-            f"(VLLM_CPU_OMP_THREADS_BIND={MODEL_CORE}), alone there; the load generator and "
-            f"the driver on core {LOAD_CORE} (on the model's core, vLLM's Worker starved them)"
+            f"every thread of the processes outside the model on core {SERVER_CORE}; the "
+            f"model's (vLLM's launcher, EngineCore, Worker) on core {MODEL_CORE}, with vLLM's "
+            f"OpenMP threads (VLLM_CPU_OMP_THREADS_BIND={MODEL_CORE}); the load generator and "
+            f"the driver on core {LOAD_CORE}"
         )
     else:
         pinning = "none"
     bench._raise_fd_limit()
     # SIGTERM ends the run as an error would: every process started here is stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    estimate = 120 + plan.rounds * (
-        2 * sum(d + w + 3 for d, w in [(plan.json_duration, plan.json_warmup)] * 2)
-        + 2 * sum(d + w + 5 for d, w in [(plan.stream_duration, plan.stream_warmup)] * 2)
+    windows = len(plan.json_levels) * (plan.json_duration + plan.json_warmup + 3) + len(
+        plan.stream_levels
+    ) * (plan.stream_duration + plan.stream_warmup + 6)
+    per_side = (
+        windows
         + (plan.ttft_count + plan.ttft_warmup) * 0.2
         + plan.abort_count * 2
+        + (3 * plan.long_prompt_duration + 15 if plan.long_prompt_tokens else 0)
     )
-    progress = bench.Progress(estimate)
+    progress = bench.Progress(150 + plan.rounds * len(labels) * per_side)
     progress.note(f"{command}: pinning {pinning}")
     workdir = Path(tempfile.mkdtemp(prefix="trioserve-bench-vllm-"))
     t_start = time.monotonic()
     loadavg_start = _loadavg()
-    model = args.model
-    if model is None:
-        model = str(workdir / "tiny")
+    if args.model is None:
+        args.model = str(workdir / "tiny")
         subprocess.run(
-            [args.vllm_python, str(TOOLS / "tiny_llama.py"), model],
+            [args.vllm_python, str(TOOLS / "tiny_llama.py"), args.model],
             check=True,
             capture_output=True,
             timeout=300,
         )
-        args.model = model
+    args.long_prompt_copies, prompt_tokens = (
+        long_prompt_copies(args.model, plan.long_prompt_tokens)
+        if plan.long_prompt_tokens
+        else (0, 0)
+    )
     name = served_name(args)
     sides: list[Side] = []
     rounds: list[dict[str, dict[str, dict]]] = []
     failures: list[str] = []
     sources: list[str] = []
+    answers: list[tuple[int, dict]] = []
     # The processes start once and run the code they loaded then: that is the code under
     # test; the working tree per round only says whether someone edited it meanwhile.
     code = bench.source_state()
     try:
-        progress.show("starting both sides (vLLM takes about a minute)")
-        sides = start_sides(args, pin, workdir)
+        progress.show(f"starting {len(labels)} sides (vLLM takes a minute or more each)")
+        try:
+            sides = start_sides(args, pin, workdir)
+        finally:
+            if not sides:  # a start that failed: stop what did start
+                for proc_log in workdir.glob("*.log"):
+                    progress.note(f"log {proc_log}")
         progress.note(
             "up: "
             + "; ".join(
-                f"{s.label}: counted {s.counted}, not counted "
+                f"{s.label}: counted {s.counted}, the model "
                 + ", ".join(f"{pid} {what}" for pid, what in s.model.items())
                 for s in sides
             )
         )
         answers = [chat(side.url, name, {"max_tokens": 16}) for side in sides]
-        same = (
-            all(status == 200 for status, _ in answers) and len({_gist(b) for _, b in answers}) == 1
-        )
         for r in range(plan.rounds):
             sources.append(bench.source_state())
-            results, failed = measure_round(r, plan, sides, pin, progress, name)
+            results, failed = measure_round(r, plan, sides, pin, progress, args)
             rounds.append(results)
             failures += failed
     finally:
         for side in sides:
             for proc in side.procs:
-                stop_group(proc)
-        if not sides:  # a start that failed: its processes are not in ``sides`` yet
-            for proc_log in workdir.glob("*.log"):
-                progress.note(f"log {proc_log}")
+                procs.stop_group(proc)
+        for proc_log in [] if sides else workdir.glob("*.log"):
+            progress.note(f"log {proc_log}")
     for side in sides:
         for proc in side.procs:
-            if not group_gone(proc.pid):
+            if not procs.group_gone(proc.pid):
                 failures.append(f"{side.label}: process group {proc.pid} outlived the run")
     if sys.stderr.isatty():
         print(file=sys.stderr)
-    a, b = sides
+    same = all(status == 200 for status, _ in answers) and len({_gist(b) for _, b in answers}) == 1
     meta = {
+        "begin": BEGIN,
+        "end": END,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "commit": code,
         "source_per_round": sources,
@@ -1123,14 +683,18 @@ def main(argv: list[str] | None = None) -> int:
         "loadavg_start": loadavg_start,
         "loadavg_end": _loadavg(),
         "pinning": pinning,
-        "env": f"VLLM_CPU_KVCACHE_SPACE={args.kv_cache_gib:g}"
+        "env": f"VLLM_CPU_KVCACHE_SPACE={args.kv_cache_gib:g}, VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"
         + (f", VLLM_CPU_OMP_THREADS_BIND={MODEL_CORE}" if pin else ""),
         "commands": {
-            A: [
-                shlex.join(["trioserve", *a.procs[0].popen.args[3:]]),
-                shlex.join(["trioserve", *a.procs[1].popen.args[3:]]),
-            ],
-            B: [shlex.join(["python", *b.procs[0].popen.args[1:]])],
+            s.label: [
+                shlex.join(
+                    ["python", *p.popen.args[1:]]
+                    if any("vllm.entrypoints" in arg for arg in p.popen.args)
+                    else ["trioserve", *p.popen.args[3:]]
+                )
+                for p in s.procs
+            ]
+            for s in sides
         },
         "processes": {
             s.label: {
@@ -1139,15 +703,19 @@ def main(argv: list[str] | None = None) -> int:
             }
             for s in sides
         },
+        "long_prompt_tokens": prompt_tokens,
         "same_answer": same,
         "answers": [body for _, body in answers],
         "duration_s": time.monotonic() - t_start,
         "logs": str(workdir),
         "failures": failures,
     }
-    figures = figures_of(plan, rounds)
-    goals = goals_of(figures)
-    text = report(plan, meta, figures, goals)
+    meta["placement"] = reporting.placement_of(rounds)
+    for label in labels:
+        meta["placement"].setdefault(label, [])
+    figures = reporting.figures_of(plan, rounds, labels, reference)
+    goals = reporting.goals_of(figures, GOALS)
+    text = reporting.report(plan, meta, figures, goals, labels, reference)
     print(text)
     if args.json:
         args.json.write_text(
@@ -1170,6 +738,6 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["_loadgen"]:
-        print(json.dumps(loadgen_child(json.loads(sys.argv[2]))), flush=True)
+        print(json.dumps(bench_vllm_load.run(json.loads(sys.argv[2]))), flush=True)
     else:
         sys.exit(main())

@@ -538,7 +538,11 @@ async def run_stream(args: argparse.Namespace) -> dict:
 
     t_open = time.monotonic()
     try:
-        await asyncio.wait_for(asyncio.gather(*(open_one() for _ in range(args.streams))), 90)
+        # Every stream's first token within the ramp's bound (90 s unless the caller says).
+        ramp_timeout = getattr(args, "ramp_timeout", 90)
+        await asyncio.wait_for(
+            asyncio.gather(*(open_one() for _ in range(args.streams))), ramp_timeout
+        )
         ramp = time.monotonic() - t_open
         if args.progress:
             log(f"{args.streams} streams flowing after {ramp:.1f} s")
