@@ -238,9 +238,10 @@ class Settings:
         flag="--max-body-memory-mb",
         kind="positive",
         unit=MIB,
-        help="request bodies held in memory across all requests at once, in MiB; past it a "
-        "request is refused with 503 body_memory_exhausted (multipart uploads go to disk "
-        "and do not count)",
+        help="request bodies held in memory across all requests at once, in MiB, with their "
+        "parsed JSON and WebSocket messages (in assembly and parsed); past it a request is "
+        "refused with 503 body_memory_exhausted (multipart uploads go to disk and do not "
+        "count)",
     )
     body_timeout: float = option(
         30.0,

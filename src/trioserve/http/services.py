@@ -28,7 +28,7 @@ from .bodies.uploads import Uploads
 from .bodies.validation import invalid, parse_json
 from .exchange import Exchange, ServerState
 from .lifecycle import Generations, Registry, RequestHandle
-from .memory import MemoryBudget, body_budget
+from .memory import MemoryBudget, body_budget, held_by
 from .observe import Observer
 from .responses_store import ResponseStore
 from .writers.stream import Writer
@@ -201,6 +201,7 @@ class Services:
     async def json_body(self, exchange: Exchange) -> dict[str, Any]:
         raw = await exchange.read_body(self.settings.max_body_bytes, self.settings.body_timeout)
         body = parse_json(raw)
+        exchange.memory.take(held_by(body))  # the parsed body, beside the bytes read
         if not isinstance(body, dict):
             raise invalid([{"loc": "$", "msg": "the body must be a JSON object"}])
         return body

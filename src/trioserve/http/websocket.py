@@ -16,6 +16,7 @@ import logging
 import re
 from collections.abc import Mapping
 from functools import partial
+from sys import getsizeof
 from time import perf_counter
 from typing import Any
 
@@ -32,6 +33,7 @@ from .bodies.responses import ResponseGeneration, parse_response
 from .channel import Receive, Send
 from .exchange import new_request_id
 from .lifecycle import RequestHandle
+from .memory import Holding, held_by
 from .routes.responses import prepared
 from .services import Services
 from .writers.responses import ResponsesWebSocketWriter, new_response_id
@@ -194,16 +196,24 @@ class WebSocketConnection:
                     None, HTTPError(400, "binary messages are not supported", "binary_message")
                 )
                 continue
+            # The message as text and as parsed, in the body budget until it is handled
+            # (a request's, until that request has ended: its task releases it).
+            memory = Holding(self.services.body_budget)
             try:
-                await self._on_text(nursery, text)
+                memory.take(getsizeof(text))
+                await self._on_text(nursery, text, memory)
+            except HTTPError as spent:  # the body budget (the message not even parsed)
+                await self.send_error(None, spent)
             except Exception:
                 # A message no check foresaw ends with an error of its own, not the socket
                 # and the other requests on it (one traceback: it is a bug to fix).
                 log.exception("error handling a WebSocket message; the socket goes on")
                 error = HTTPError(500, "internal error handling this message", "internal_error")
                 await self.send_error(None, error)
+            finally:
+                memory.release()
 
-    async def _on_text(self, nursery: trio.Nursery, text: str) -> None:
+    async def _on_text(self, nursery: trio.Nursery, text: str, memory: Holding) -> None:
         try:
             message = orjson.loads(text)  # the rules of HTTP bodies (validation.parse_json)
         except orjson.JSONDecodeError as exc:
@@ -214,6 +224,11 @@ class WebSocketConnection:
             return
         kind = message.get("type")
         client_id = message.get("id")
+        try:
+            memory.take(held_by(message))
+        except HTTPError as spent:  # the body budget: 503 body_memory_exhausted
+            await self.send_error(client_id if isinstance(client_id, str) else None, spent)
+            return
         if kind == "ping":
             # Echoed as sent when it is a plain value; a list or an object (any depth:
             # json.dumps of one nested 1,000 deep raised) is not an id.
@@ -276,7 +291,9 @@ class WebSocketConnection:
         )
         self.requests[client_id] = handle
         self.running += 1
-        nursery.start_soon(self._run, client_id, handle, slot, generation, timeout, message)
+        nursery.start_soon(
+            self._run, client_id, handle, slot, memory.hand_over(), generation, timeout, message
+        )
 
     def _prepare(self, client_id: str, message: dict[str, Any]) -> Any:
         services = self.services
@@ -328,6 +345,7 @@ class WebSocketConnection:
         client_id: str,
         handle: RequestHandle,
         slot: Slot,
+        memory: Holding,
         generation: Any,
         timeout: float,
         message: dict[str, Any],
@@ -361,6 +379,7 @@ class WebSocketConnection:
             if not self.running:
                 self.idle_since = trio.current_time()
             slot.release()
+            memory.release()
             if self.requests.get(client_id) is handle:
                 del self.requests[client_id]
             if status is None:

@@ -148,6 +148,7 @@ async def serve_frontend(
                         stop_accepting=drain.stop_accepting,
                         graceful_deadline=lambda: trio.current_time() + hard_stop_after(settings),
                         listeners=[inherited_listener(fd) for fd in listen_fds] or None,
+                        memory=app.services.body_budget,
                         task_status=task_status,
                     )
                 # Background responses belong to no connection: they go on until they

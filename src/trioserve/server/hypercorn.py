@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from sys import getsizeof
 from typing import Any
 
 import trio
@@ -28,7 +29,9 @@ from wsproto.events import CloseConnection, Message, Ping
 from wsproto.frame_protocol import CloseReason
 
 from ..config import Settings
+from ..errors import HTTPError
 from ..http import App
+from ..http.memory import Holding, MemoryBudget
 from . import tls
 from .http1.websocket import EVENTS_PER_YIELD, max_message_fragments
 
@@ -41,23 +44,47 @@ class _Handshake(ws_stream.Handshake):
         self.extensions = None
 
 
-class _MessageBuffer(ws_stream.WebsocketBuffer):
-    """hypercorn's message buffer, counting fragments as the built-in server does."""
+class _Config(Config):
+    """hypercorn's settings, and the application's body budget, which WebSocket messages
+    in assembly draw on too (None: not counted)."""
 
-    def __init__(self, max_length: int) -> None:
+    memory: MemoryBudget | None = None
+
+
+class _BudgetSpent(Exception):
+    """A message in assembly found the body budget spent."""
+
+
+class _MessageBuffer(ws_stream.WebsocketBuffer):
+    """hypercorn's message buffer, counting fragments as the built-in server does, and
+    its bytes in the body budget until the message is handed over."""
+
+    def __init__(self, max_length: int, memory: MemoryBudget | None) -> None:
         super().__init__(max_length)
         self.fragments = 0
         self.max_fragments = max_message_fragments(max_length)
+        self.held = Holding(memory)
 
     def extend(self, event: Message) -> None:
         self.fragments += 1
         if self.fragments > self.max_fragments:
             raise ws_stream.FrameTooLargeError()
         super().extend(event)
+        if event.data:
+            try:
+                self.held.take(getsizeof(event.data))
+            except HTTPError:
+                raise _BudgetSpent from None
+
+    def to_message(self) -> dict:
+        message = super().to_message()
+        self.held.release()  # handed over: the app counts the joined message itself
+        return message
 
     def clear(self) -> None:
         super().clear()
         self.fragments = 0
+        self.held.release()
 
 
 class _WSStream(ws_stream.WSStream):
@@ -65,7 +92,15 @@ class _WSStream(ws_stream.WSStream):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.buffer = _MessageBuffer(self.config.websocket_max_message_size)
+        memory = getattr(self.config, "memory", None)
+        self.buffer = _MessageBuffer(self.config.websocket_max_message_size, memory)
+
+    async def handle(self, event: Any) -> None:
+        try:
+            await super().handle(event)
+        finally:
+            if isinstance(event, StreamClosed):
+                self.buffer.clear()  # a message left half-assembled gives its bytes back
 
     async def _handle_events(self) -> None:
         # hypercorn's own loop (0.17), with the checkpoint, the buffer cleared on 1009
@@ -76,11 +111,14 @@ class _WSStream(ws_stream.WSStream):
             if isinstance(event, Message):
                 try:
                     self.buffer.extend(event)
-                except ws_stream.FrameTooLargeError:
+                except (ws_stream.FrameTooLargeError, _BudgetSpent) as refused:
                     self.buffer.clear()
-                    await self._send_wsproto_event(
-                        CloseConnection(code=CloseReason.MESSAGE_TOO_BIG)
+                    code = (
+                        CloseReason.TRY_AGAIN_LATER
+                        if isinstance(refused, _BudgetSpent)
+                        else CloseReason.MESSAGE_TOO_BIG
                     )
+                    await self._send_wsproto_event(CloseConnection(code=code))
                     break
                 if event.message_finished:
                     assert self.app_put is not None
@@ -104,9 +142,13 @@ hypercorn_h2.WSStream = _WSStream  # type: ignore[misc]
 
 
 def hypercorn_config(
-    settings: Settings, hard_stop_after: float, listen_fds: Sequence[int] = ()
+    settings: Settings,
+    hard_stop_after: float,
+    listen_fds: Sequence[int] = (),
+    memory: MemoryBudget | None = None,
 ) -> Config:
-    config = Config()
+    config = _Config()
+    config.memory = memory
     # Inherited listening sockets (a worker of --workers), else bound here.
     config.bind = [f"fd://{fd}" for fd in listen_fds] or [f"{settings.host}:{settings.port}"]
     config.accesslog = None
@@ -142,7 +184,7 @@ async def serve_hypercorn(
         # App speaks ASGI in plain dicts; hypercorn types each message as a TypedDict,
         # which no callable taking dict[str, Any] matches.
         app,  # type: ignore[arg-type]
-        hypercorn_config(settings, hard_stop_after, listen_fds),
+        hypercorn_config(settings, hard_stop_after, listen_fds, app.services.body_budget),
         shutdown_trigger=stop_accepting.wait,
         task_status=task_status,
     )

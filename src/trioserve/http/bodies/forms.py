@@ -21,7 +21,7 @@ from python_multipart.multipart import MultipartParser, MultipartState, parse_op
 
 from ...errors import HTTPError
 from ..exchange import Exchange, body_too_large
-from ..memory import Holding
+from ..memory import Holding, held_by
 from .media import Media
 from .uploads import Uploads, open_upload
 from .validation import invalid, parse_json, structure
@@ -100,6 +100,7 @@ async def read_body(
             raise HTTPError(400, f"malformed form body: {exc}", "invalid_form") from None
         return Body(kind, dict(pairs))
     value = parse_json(raw)
+    exchange.memory.take(held_by(value))  # the parsed body, beside the bytes read
     if not isinstance(value, dict):
         raise invalid([{"loc": "$", "msg": "the body must be a JSON object"}])
     return Body(kind, value)

@@ -19,6 +19,7 @@ import trio
 from ...errors import ClientGone, HttpProtocolError
 from ...http.admission import KeyShare, KeyShares
 from ...http.channel import HttpHandler
+from ...http.memory import MemoryBudget
 from . import hangups
 from . import protocol as http1
 from .config import (
@@ -54,9 +55,17 @@ class Throttled:
 class Shared:
     """State shared by all connections of one server."""
 
-    def __init__(self, config: Http1Config, ssl_context: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        config: Http1Config,
+        ssl_context: ssl.SSLContext | None = None,
+        memory: MemoryBudget | None = None,
+    ) -> None:
         self.config = config
         self.ssl_context = ssl_context
+        #: The application's body budget, which WebSocket messages in assembly draw on
+        #: too (None: not counted).
+        self.memory = memory
         self.terminating = False
         #: Connections waiting for their next request, with the time they are closed at
         #: (the keep-alive timeout; enforced by :func:`_close_idle`, not a timer each).

@@ -57,6 +57,7 @@ import trio
 
 from ...errors import ClientGone, HttpProtocolError
 from ...http.channel import HttpHandler
+from ...http.memory import MemoryBudget
 from .config import ACCEPT_BACKOFF, TURN_AWAY_LINGER, TURN_AWAY_LINGERING, Http1Config
 from .connection import Connection, Shared, error_response
 from .exchange import HttpExchange
@@ -232,6 +233,7 @@ async def serve_http1(
     stop_accepting: trio.Event,
     graceful_deadline: Callable[[], float] = lambda: math.inf,
     listeners: list[trio.SocketListener] | None = None,
+    memory: MemoryBudget | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` on ``host:port`` until ``stop_accepting`` is set and every connection
@@ -240,8 +242,10 @@ async def serve_http1(
     With ``ssl_context``, every connection speaks TLS (``tls.server_context``).
     ``listeners``: accept on these (listening sockets another process made, shared by
     ``--workers``) instead of binding ``host:port``; they are closed when accepting stops.
+    ``memory``: the budget WebSocket messages in assembly are counted in (the app's body
+    budget).
     """
-    shared = Shared(config or Http1Config(), ssl_context)
+    shared = Shared(config or Http1Config(), ssl_context, memory)
     bound_here = listeners is None
     if listeners is None:
         listeners = await trio.open_tcp_listeners(port, host=host)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from sys import getsizeof
 from typing import Any
 
 import trio
@@ -11,8 +12,9 @@ import wsproto.events as ws_events
 from wsproto.utilities import LocalProtocolError as WSLocalProtocolError
 from wsproto.utilities import RemoteProtocolError as WSRemoteProtocolError
 
-from ...errors import ClientGone
+from ...errors import ClientGone, HTTPError
 from ...http.channel import HOLD_FOR_KEY
+from ...http.memory import Holding
 from . import protocol as http1
 from .connection import Connection, asgi_scope, only_gone
 from .protocol import Request
@@ -25,6 +27,9 @@ log = logging.getLogger("trioserve.http1")
 FRAGMENT_COST = 64
 #: Events handled from one read before the other tasks get to run.
 EVENTS_PER_YIELD = 16
+#: The close code of a message refused because the server's body budget is spent
+#: (RFC 6455's registry: "Try Again Later").
+TRY_AGAIN_LATER = 1013
 
 
 def max_message_fragments(limit: int) -> int:
@@ -46,6 +51,8 @@ class WebSocketSession:
         self._write_lock = trio.Lock()
         self._message: list[str | bytes] = []
         self._message_size = 0
+        #: What the message in assembly holds of the server's body budget (its parts).
+        self._assembly = Holding(connection.shared.memory)
         self._fragments = 0
         self._heard = True
         #: An HTTP answer to the handshake the app is sending (websocket.http.response).
@@ -100,8 +107,17 @@ class WebSocketSession:
             # wraps it in a group (the ping task's write).
             if not only_gone(exc):
                 log.exception("error in ASGI websocket application")
+        finally:
+            self._assembly.release()  # a message left half-assembled, however it ended
         if not self.closed:
             await self._close(1011 if self.accepted else None)
+
+    async def _end(self, code: int) -> dict[str, Any]:
+        """Close with ``code`` for a message the server will not hold; the app learns
+        the socket is gone."""
+        self.close_code = code
+        await self._close(code)
+        return {"type": "websocket.disconnect", "code": code}
 
     async def _write(self, event: Any) -> None:
         data = self.ws.send(event)
@@ -154,12 +170,17 @@ class WebSocketSession:
                     # piece of payload does (a Python object each, once).
                     self._fragments += 1
                     if self._message_size > limit or self._fragments > max_fragments:
-                        self.close_code = 1009
-                        await self._close(1009)
-                        return {"type": "websocket.disconnect", "code": 1009}
+                        return await self._end(1009)
+                    if event.data:
+                        try:
+                            self._assembly.take(getsizeof(event.data))
+                        except HTTPError:  # the server's body budget is spent: later
+                            return await self._end(TRY_AGAIN_LATER)
                     if event.message_finished:
                         parts, self._message, self._message_size = self._message, [], 0
                         self._fragments = 0
+                        # The app counts the joined message itself.
+                        self._assembly.release()
                         # (A message's parts are all str, or all bytes, as wsproto gives.)
                         if isinstance(event, ws_events.TextMessage):
                             return {"type": "websocket.receive", "text": "".join(parts)}  # type: ignore[arg-type]
