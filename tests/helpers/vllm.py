@@ -136,3 +136,68 @@ async def stream_logprobs(url: str, path: str, body: dict[str, Any]) -> Any:
                     piece = piece["content"] or []
                 merged = merge_logprobs(merged, piece)
     return merged
+
+
+#: What vLLM's server adds to an answer when asked (``return_token_ids``,
+#: ``prompt_logprobs``), on the response (chat's prompt) or on each choice.
+DETAILS = ("prompt_token_ids", "prompt_logprobs")
+
+
+def details(answer: dict[str, Any]) -> dict[str, Any]:
+    """A JSON answer's text, logprobs, token ids and prompt details, by where they are."""
+    out: dict[str, Any] = {key: answer.get(key) for key in DETAILS}
+    out["usage"] = essentials(answer)["usage"]
+    out["choices"] = [
+        {
+            "text": c["message"]["content"] if "message" in c else c["text"],
+            "finish_reason": c["finish_reason"],
+            "logprobs": _content(c.get("logprobs")),
+            "token_ids": c.get("token_ids"),
+            **{key: c.get(key) for key in DETAILS},
+        }
+        for c in answer["choices"]
+    ]
+    return out
+
+
+async def stream_details(url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The same, read from an SSE stream: the chunks' text, logprobs and token ids
+    joined, the prompt's token ids where they first came (chat: on the chunk;
+    completions: on the choice)."""
+    body = {"model": MODEL, **body, "stream": True}
+    text: list[str] = []
+    logprobs: Any = None
+    token_ids: list[int] | None = None
+    prompt: dict[str, Any] = {}
+    finish = None
+    async with client(url) as http, http.stream("POST", path, json=body) as response:
+        assert response.status_code == 200, await response.aread()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("prompt_token_ids") is not None:
+                prompt.setdefault("prompt_token_ids", chunk["prompt_token_ids"])
+            for choice in chunk["choices"]:
+                text.append(choice.get("delta", {}).get("content") or choice.get("text") or "")
+                finish = choice.get("finish_reason") or finish
+                if choice.get("prompt_token_ids") is not None:
+                    prompt.setdefault("prompt_token_ids", choice["prompt_token_ids"])
+                if choice.get("token_ids") is not None:
+                    token_ids = [*(token_ids or ()), *choice["token_ids"]]
+                piece = choice.get("logprobs")
+                if piece is not None:
+                    if "content" in piece:
+                        piece = piece["content"] or []
+                    logprobs = merge_logprobs(logprobs, piece)
+    return {
+        "text": "".join(text),
+        "finish_reason": finish,
+        "logprobs": logprobs,
+        "token_ids": token_ids,
+        **prompt,
+    }
+
+
+def _content(logprobs: Any) -> Any:
+    return logprobs["content"] if isinstance(logprobs, dict) and "content" in logprobs else logprobs

@@ -55,7 +55,6 @@ async def test_a_client_gone_while_waiting_for_n_choices_aborts_each_once(fronte
     [
         ({"n": 17}, "must be between 1 and 16"),
         ({"n": 0}, "must be between 1 and 16"),
-        ({"n": 2, "logprobs": 1}, "logprobs"),
     ],
 )
 async def test_what_n_does_not_serve_is_a_422_at_n(frontend, extra, message):

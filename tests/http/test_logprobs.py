@@ -13,6 +13,7 @@ from trio_websocket import open_websocket_url
 
 from tests.helpers.frontends import start_frontend
 from tests.helpers.waiting import HANG_GUARD
+from trioserve.http.writers.openai import merge_logprobs
 from trioserve.protocol import ModelCard, Submit, Usage
 from trioserve.sdk import Output, serve_engine
 
@@ -110,6 +111,27 @@ async def test_streamed_chunks_carry_their_own_logprobs(frontend, http_server, p
     else:
         assert [p["tokens"] for p in pieces] == [[token] for token in TOKENS]
         assert [p["text_offset"] for p in pieces] == [[0], [3], [5]]
+
+
+@pytest.mark.parametrize(("path", "body", "asked"), [(*CHAT, True), (*COMPLETION, 2)])
+async def test_each_of_n_choices_carries_its_own_logprobs(frontend, path, body, asked):
+    request = {**body, "logprobs": asked, "n": 2}
+    async with frontend.client() as client:
+        answer = (await client.post(path, json=request)).json()
+        streamed: dict[int, Any] = {}
+        async with client.stream("POST", path, json={**request, "stream": True}) as response:
+            async for line in response.aiter_lines():
+                if line.startswith("data: {"):
+                    for choice in json.loads(line[6:])["choices"]:
+                        piece = choice["logprobs"]
+                        if piece is not None:
+                            piece = piece.get("content", piece)
+                            streamed[choice["index"]] = merge_logprobs(
+                                streamed.get(choice["index"]), piece
+                            )
+    assert [c["logprobs"] for c in answer["choices"]] == [whole(path)] * 2
+    merged = whole(path)
+    assert streamed == {i: merged.get("content", merged) for i in (0, 1)}
 
 
 async def test_websocket_chunks_carry_their_logprobs(frontend):

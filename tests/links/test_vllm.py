@@ -155,13 +155,60 @@ async def test_what_the_direct_path_does_not_serve_is_a_400_before_any_add(nurse
         {"lora_request": {"name": "x"}},
         {"n": 0},
         {"max_tokens": 10_000},
-        {"echo": True},
-        {"prompt_logprobs": 1},
-        {"return_token_ids": True},
+        {"priority": "high"},
+        {"priority": 2**63},
     ):
         with pytest.raises(TextInputError):
             await client.prepare(completion("x", "Hi", **params), "completion")
     assert core.added == []
+
+
+def decoded(fmt: str, shape: list[int], values: list) -> codec.WireArray:
+    """An array as the codec decodes one (its raw bytes in place)."""
+    sent = codec.WireArray.of(fmt, shape, values)
+    return codec.WireArray(sent.dtype, sent.shape, sent.data.data)
+
+
+async def test_echo_token_ids_and_prompt_logprobs_come_with_the_first_item(nursery, model):
+    core = RecordingCore()
+    client = await served(nursery, core, model)
+    message = completion(
+        "e", "Grüße", max_tokens=5, echo=True, return_token_ids=True, prompt_logprobs=1, priority=3
+    )
+    prepared = await client.prepare(message, "completion")
+    sub = client.submit(prepared, "completion")
+    [request] = core.added
+    assert request.priority == 3 and request.sampling_params.prompt_logprobs == 1
+    prompt = request.prompt_token_ids
+    rows = len(prompt) - 1  # every prompt token but the first, with its top one
+    top = [[token, 7] for token in prompt[1:]]
+    tensors = codec.PromptLogprobs(
+        decoded("q", [rows, 2], [i for row in top for i in row]),
+        decoded("f", [rows, 2], [-2.0, -1.0] * rows),
+        decoded("q", [rows], [5] * rows),
+    )
+    sink = core.sinks[request.request_id]
+    sink.output(codec.EngineCoreOutput(request.request_id, [], new_prompt_logprobs_tensors=tensors))
+    answer = model.encode(" Köln", add_special_tokens=False)
+    sink.output(codec.EngineCoreOutput(request.request_id, answer[:1]))
+    sink.output(
+        codec.EngineCoreOutput(
+            request.request_id, answer[1:], finish_reason=codec.FinishReason.LENGTH
+        )
+    )
+    items = []
+    while batch := await sub.receive_batch():
+        items += batch
+    first, *rest = items
+    # A completion's echo is its prompt: none when the token ids are returned (vLLM's).
+    assert "".join(i.data or "" for i in items) == model.decode(answer)
+    assert first.prompt_token_ids == prompt
+    assert [i for item in items for i in item.token_ids or ()] == answer
+    assert first.prompt_logprobs[0] is None and len(first.prompt_logprobs) == len(prompt)
+    position = first.prompt_logprobs[1]
+    assert list(position) == [str(prompt[1]), "7"]
+    assert position[str(prompt[1])]["rank"] == 5 and position["7"]["rank"] == 1
+    assert all(i.prompt_token_ids is None and i.prompt_logprobs is None for i in rest)
 
 
 async def test_the_engine_lost_fails_every_request_once_and_the_link_is_out_of_service(

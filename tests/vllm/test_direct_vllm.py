@@ -6,6 +6,7 @@ last, kills it."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -20,9 +21,17 @@ import httpx
 import pytest
 import trio
 
-from tests.helpers.vllm import client, essentials, post_json, stream_essentials
+from tests.helpers.vllm import (
+    client,
+    details,
+    essentials,
+    post_json,
+    stream_details,
+    stream_essentials,
+)
 from tests.helpers.vllm_session import MODEL, ROOT, START_GUARD, VLLM_OPTIONS, Vllm, vllm_env
 from tests.helpers.waiting import HANG_GUARD
+from trioserve.http.writers.openai import merge_logprobs
 
 pytestmark = pytest.mark.integration
 
@@ -111,6 +120,129 @@ async def test_streamed_answers_match_vllm_serve(vllm: Vllm, direct: Direct, pat
     ours = await stream_essentials(direct.url, path, body)
     theirs = await stream_essentials(vllm.reference_url, path, body)
     assert ours == theirs
+
+
+TEXT = "Grüße aus Köln 日本語 🙂"
+CONTINUED = [
+    {"role": "user", "content": "Tell a story"},
+    {"role": "assistant", "content": "Once upon a time"},
+]
+#: vLLM's additions to an answer, served from the frontend's token ids: (path, body,
+#: whether vLLM streams it too; it refuses prompt_logprobs > 0 streamed).
+DETAIL_CASES = [
+    (COMPLETIONS, completion(TEXT, max_tokens=8, temperature=0, echo=True), True),
+    (COMPLETIONS, completion(TEXT, max_tokens=8, temperature=0, echo=True, logprobs=2), True),
+    (
+        COMPLETIONS,
+        completion(TEXT, max_tokens=6, temperature=0, echo=True, logprobs=1, return_token_ids=True),
+        True,
+    ),
+    (COMPLETIONS, completion(TEXT, max_tokens=6, temperature=0, prompt_logprobs=2), False),
+    (COMPLETIONS, completion("Hi", max_tokens=6, temperature=0, return_token_ids=True), True),
+    (CHAT, chat(TEXT, max_tokens=8, temperature=0, return_token_ids=True), True),
+    (
+        CHAT,
+        chat("Hi", max_tokens=6, temperature=0, prompt_logprobs=1, logprobs=True, top_logprobs=2),
+        False,
+    ),
+    (CHAT, {"messages": CONTINUED, "max_tokens": 8, "temperature": 0, "echo": True}, True),
+    (CHAT, chat("Hi", max_tokens=6, temperature=0, echo=True, top_logprobs=0), True),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "streamed"), DETAIL_CASES)
+async def test_echo_prompt_logprobs_and_token_ids_match_vllm_serve(
+    vllm: Vllm, direct: Direct, path, body, streamed
+) -> None:
+    ours = await post_json(direct.url, path, body)
+    theirs = await post_json(vllm.reference_url, path, body)
+    assert theirs.status_code == 200 and ours.status_code == 200, ours.text
+    expected = details(theirs.json())
+    assert any(expected.values()), theirs.json()
+    assert details(ours.json()) == expected
+    if streamed:
+        ours_streamed = await stream_details(direct.url, path, body)
+        assert ours_streamed == await stream_details(vllm.reference_url, path, body)
+
+
+#: Logprobs (chat: logprobs and top_logprobs; completions: a count).
+LOGPROB_CASES = [
+    (CHAT, chat("Hello", max_tokens=12, temperature=0, logprobs=True)),
+    (CHAT, chat(TEXT, max_tokens=12, temperature=0, logprobs=True, top_logprobs=3)),
+    (COMPLETIONS, completion("日本語", max_tokens=24, temperature=0, logprobs=0)),
+    (COMPLETIONS, completion("The quick", max_tokens=12, temperature=0, logprobs=2)),
+    (
+        COMPLETIONS,
+        completion(
+            "The quick", max_tokens=8, temperature=0, logprobs=1, return_tokens_as_token_ids=True
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), LOGPROB_CASES)
+async def test_logprobs_match_vllm_serve(vllm: Vllm, direct: Direct, path, body) -> None:
+    ours = await post_json(direct.url, path, body)
+    theirs = await post_json(vllm.reference_url, path, body)
+    assert theirs.status_code == 200 and ours.status_code == 200, ours.text
+    expected = details(theirs.json())
+    assert expected["choices"][0]["logprobs"], theirs.json()
+    assert details(ours.json()) == expected
+    ours_streamed = await stream_details(direct.url, path, body)
+    assert ours_streamed == await stream_details(vllm.reference_url, path, body)
+
+
+N_CASES = [
+    (CHAT, chat("Sample twice", max_tokens=16, temperature=1.0, seed=7, n=2)),
+    (COMPLETIONS, completion("Three times", max_tokens=12, temperature=0.8, seed=3, n=3)),
+    (CHAT, chat("Two", max_tokens=6, temperature=0.9, seed=1, n=2, logprobs=True, top_logprobs=2)),
+    (COMPLETIONS, completion("Two", max_tokens=6, temperature=0.9, seed=2, n=2, logprobs=1)),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), N_CASES)
+async def test_n_choices_match_vllm_serve(vllm: Vllm, direct: Direct, path, body) -> None:
+    """n choices are n engine requests, choice i seeded with seed + i (vLLM's own parallel
+    sampling): the same choices as vllm serve, usage as it counts it, JSON and SSE."""
+    ours = await post_json(direct.url, path, body)
+    theirs = await post_json(vllm.reference_url, path, body)
+    assert theirs.status_code == 200 and ours.status_code == 200, ours.text
+    assert len(ours.json()["choices"]) == body["n"]
+    assert details(ours.json()) == details(theirs.json())
+    assert await _streamed_choices(direct.url, path, body) == await _streamed_choices(
+        vllm.reference_url, path, body
+    )
+
+
+async def _streamed_choices(url: str, path: str, body: dict[str, Any]) -> dict[int, Any]:
+    texts: dict[int, str] = {}
+    finishes: dict[int, str | None] = {}
+    logprobs: dict[int, Any] = {}
+    request = {"model": MODEL, **body, "stream": True}
+    async with client(url) as http, http.stream("POST", path, json=request) as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if line.startswith("data: {"):
+                for choice in json.loads(line[6:])["choices"]:
+                    i = choice["index"]
+                    delta = choice.get("delta", {}).get("content") or choice.get("text") or ""
+                    texts[i] = texts.get(i, "") + delta
+                    finishes[i] = choice.get("finish_reason") or finishes.get(i)
+                    piece = choice.get("logprobs")
+                    if piece is not None:
+                        piece = piece.get("content", piece)
+                        logprobs[i] = merge_logprobs(logprobs.get(i), piece)
+    return {i: (texts[i], finishes[i], logprobs.get(i)) for i in texts}
+
+
+async def test_greedy_n_choices_are_refused_as_vllm_serve_refuses_them(
+    vllm: Vllm, direct: Direct
+) -> None:
+    body = completion("Greedy", max_tokens=8, temperature=0, n=2)
+    ours = await post_json(direct.url, COMPLETIONS, body)
+    theirs = await post_json(vllm.reference_url, COMPLETIONS, body)
+    assert theirs.status_code == ours.status_code == 400, ours.text
+    assert "greedy" in ours.json()["error"]["message"]
 
 
 @pytest.mark.parametrize("include", [False, True])

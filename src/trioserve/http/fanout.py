@@ -223,7 +223,10 @@ class _StreamingMember(WriterBase):
                 if out:
                     await self.stream.send(b"".join(out))
                 raise engine_error(item)
-            if item.data:
+            if item.logprobs is not None or item.token_ids is not None:
+                text = text_of(item.data or "")
+                out.append(fmt.delta_with_logprobs(text, item.logprobs, SSE_EVENT, item))
+            elif item.data:
                 out.append(fmt.delta(text_of(item.data), SSE_EVENT))
             if item.finish_reason is not None:
                 out += (b"data: " + chunk + b"\n\n" for chunk in fmt.flush())

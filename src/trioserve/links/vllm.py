@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import attrs
 import trio
 
 from .. import metrics
@@ -41,7 +42,14 @@ from ..errors import EngineLostError, TextInputError
 from ..protocol import ErrorInfo, ModelCard, OutputItem, Submit, Usage
 from ..text.assets import ModelText
 from ..text.detokenizer import IncrementalDetokenizer
-from ..text.logprob_format import Position, chat_logprobs, completion_logprobs, position
+from ..text.logprob_format import (
+    Position,
+    chat_logprobs,
+    completion_logprobs,
+    position,
+    prompt_logprobs_answer,
+)
+from ..text.logprobs import token_id_placeholder
 from ..text.prompts import Prompt, chat_prompt, completion_prompt
 from ..text.sampling import EngineLimits, Sampling, lower
 from ..text.template import ChatOptions
@@ -58,11 +66,6 @@ UNSERVED = {
     "mm_processor_kwargs": "multimodal inputs",
     "prompt_embeds": "prompt embeddings",
 }
-
-
-#: What vLLM computes for these but the writers have no field for yet: a 400, not an
-#: answer without them.
-NOT_RELAYED = ("echo", "prompt_logprobs", "return_token_ids")
 
 
 class VllmText:
@@ -83,13 +86,6 @@ class VllmText:
         for name, what in UNSERVED.items():
             if params.get(name) is not None:
                 raise TextInputError(f"{what} are not served on the direct vLLM path", param=name)
-        for name in NOT_RELAYED:
-            if params.get(name):
-                raise TextInputError(
-                    f"{name} is not served on the direct vLLM path yet (--vllm-path shared "
-                    "refuses it too)",
-                    param=name,
-                )
         limits = self.limits
         if message.task == "chat":
             options = ChatOptions(
@@ -123,7 +119,31 @@ class VllmText:
             limits=limits,
             stream=bool(params.get("stream", False)),
         )
-        return Prepared(message, self, (prompt, sampling))
+        echo = None
+        if sampling.echo:
+            echo = _echoed(message, prompt, sampling)
+        return Prepared(message, self, (prompt, sampling, echo))
+
+
+def _echoed(message: Submit, prompt: Prompt, sampling: Sampling) -> str:
+    """What an ``echo`` answer begins with, as vLLM's serving layer has it: a completion's
+    prompt (none when token ids are returned), or a chat's last message if it has the
+    answer's role (``assistant``; without a generation prompt, the last message's own),
+    its text parts joined by newlines."""
+    if message.task != "chat":
+        return "" if sampling.return_token_ids else prompt.text or ""
+    messages = list(message.inputs.get("messages") or ())
+    if not messages or not isinstance(messages[-1], dict):
+        return ""
+    last = messages[-1]
+    generation_prompt = message.params.get("add_generation_prompt", True)
+    role = "assistant" if generation_prompt else last.get("role")
+    if last.get("role") != role:
+        return ""
+    content = last.get("content")
+    if isinstance(content, list):
+        return "\n".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return content if isinstance(content, str) else ""
 
 
 class VllmLink:
@@ -258,11 +278,11 @@ class VllmLink:
         message = prepared.message
         if message.request_id in self._streams:
             raise ValueError(f"request id {message.request_id!r} is already in flight")
-        prompt, sampling = prepared.payload
+        prompt, sampling, echo = prepared.payload
         sub = Subscription(self, message.request_id, buffer, on_failure)
         self._counter += 1
         engine_id = f"{self._prefix}{self._counter}"
-        stream = _Stream(self, sub, engine_id, message.task, prompt, sampling)
+        stream = _Stream(self, sub, engine_id, message.task, prompt, sampling, echo)
         request = codec.EngineCoreRequest(
             request_id=engine_id,
             prompt_token_ids=prompt.token_ids,
@@ -273,7 +293,7 @@ class VllmLink:
             lora_request=None,
             cache_salt=message.params.get("cache_salt"),
             data_parallel_rank=None,
-            priority=int(message.params.get("priority") or 0),
+            priority=sampling.priority,
         )
         self.client.add(request, stream)  # raises EngineLostError / EngineOverloadedError
         self._streams[message.request_id] = stream
@@ -307,18 +327,30 @@ class VllmLink:
 
 class _Stream:
     """One request's outputs: token ids in, :class:`OutputItem` out (an
-    :class:`~trioserve.enginecore.client.OutputSink`)."""
+    :class:`~trioserve.enginecore.client.OutputSink`).
+
+    The first item carries what the request asked about its prompt (its token ids, its
+    logprobs, the echoed text and its logprobs), as vLLM's serving layer sends them with
+    the first output that has tokens: by then the prompt's logprobs, which come with the
+    prefill's chunks, are all in."""
 
     __slots__ = (
         "as_ids",
         "chat",
         "detokenizer",
+        "echo",
+        "echo_only",
         "ended",
         "engine_id",
+        "first",
         "link",
         "logprobs",
+        "num_prompt_logprobs",
         "offset",
+        "prompt_ids",
+        "prompt_rows",
         "prompt_tokens",
+        "return_ids",
         "sampled",
         "seq",
         "sub",
@@ -333,12 +365,14 @@ class _Stream:
         task: str,
         prompt: Prompt,
         sampling: Sampling,
+        echo: str | None,
     ) -> None:
         self.link = link
         self.sub: Subscription | None = sub
         self.engine_id = engine_id
         self.ended = False
         self.chat = task == "chat"
+        self.prompt_ids = prompt.token_ids
         self.prompt_tokens = len(prompt.token_ids)
         self.detokenizer: IncrementalDetokenizer = sampling.detokenizer(
             link.text.model, prompt.token_ids
@@ -346,8 +380,14 @@ class _Stream:
         params = sampling.params
         self.logprobs = params.get("logprobs") is not None
         self.top = int(params.get("logprobs") or 0)
+        self.num_prompt_logprobs: int | None = params.get("prompt_logprobs")
+        self.prompt_rows: list[tuple[list[int], list[float], int]] = []
         self.sampled: list[int] = []  # token ids so far (logprob strings' context)
         self.as_ids = sampling.tokens_as_token_ids
+        self.echo = echo  # None: no echo
+        self.echo_only = sampling.echo_only
+        self.return_ids = sampling.return_token_ids
+        self.first = True  # the first item (the prompt's details) is still to leave
         self.offset = 0  # a completion's text_offset, carried across deltas
         self.seq = 0
 
@@ -359,24 +399,29 @@ class _Stream:
         sub = self.sub
         if sub is None:
             return
+        if output.new_prompt_logprobs_tensors is not None:
+            self._add_prompt_rows(output.new_prompt_logprobs_tensors)
         ids = output.new_token_ids
         detok = self.detokenizer
+        before = len(detok.token_ids)
         stop_string = detok.update(ids, reason == codec.FinishReason.STOP)
+        kept = detok.token_ids[before:]  # this step's ids, after a stop string's cut
+        head = None
+        if self.first and (ids or reason is not None):
+            head = self._prompt_details()  # (before the step's logprobs: text offsets)
         logprobs = None
-        if self.logprobs and output.new_logprobs is not None:
+        if self.logprobs and output.new_logprobs is not None and not self.echo_only:
             logprobs = self._logprobs(output.new_logprobs, len(detok.token_ids))
         self.seq += 1
         if stop_string is not None and reason is None:
             # The frontend's own end: one ABORT, a 200 with finish_reason "stop".
-            item = self._final(detok.next_text(True), "stop", logprobs, stop_string)
+            item = self._item(detok.next_text(True), logprobs, kept, head, "stop", stop_string)
             sub.conclude(item)
             return
         if reason is None:
             text = detok.next_text(False)
-            if text or logprobs:
-                sub.deliver(
-                    OutputItem(sub.request_id, self.seq, data=text or None, logprobs=logprobs)
-                )
+            if text or logprobs or head is not None or (self.return_ids and kept):
+                sub.deliver(self._item(text, logprobs, kept, head, None))
             return
         if reason == codec.FinishReason.ERROR:
             sub.deliver(
@@ -392,28 +437,83 @@ class _Stream:
         stopped = output.stop_reason
         if stop_string is not None:
             name, stopped = "stop", stop_string
-        sub.deliver(self._final(detok.next_text(True), name, logprobs, stopped))
+        sub.deliver(self._item(detok.next_text(True), logprobs, kept, head, name, stopped))
 
-    def _final(
-        self, text: str, reason: str, logprobs: Any, stop_reason: str | int | None
+    def _item(
+        self,
+        text: str,
+        logprobs: Any,
+        token_ids: list[int],
+        head: _PromptDetails | None,
+        reason: str | None,
+        stop_reason: str | int | None = None,
     ) -> OutputItem:
         assert self.sub is not None
-        usage = Usage(self.prompt_tokens, self.detokenizer.num_output_tokens())
-        return OutputItem(
-            self.sub.request_id,
-            self.seq,
-            data=text or None,
-            usage=usage,
-            finish_reason=reason,
-            logprobs=logprobs,
-            stop_reason=stop_reason,
-        )
+        if self.echo_only:
+            text = ""  # the one token generated is not shown
+        item = OutputItem(self.sub.request_id, self.seq)
+        if head is not None:
+            self.first = False
+            text = head.text + text
+            logprobs = _joined(head.logprobs, logprobs)
+            item.prompt_token_ids = self.prompt_ids if self.return_ids else None
+            item.prompt_logprobs = head.prompt_logprobs
+        item.data = text or None
+        item.logprobs = logprobs
+        if self.return_ids:
+            item.token_ids = token_ids
+        if reason is not None:
+            item.finish_reason = reason
+            item.usage = Usage(self.prompt_tokens, self.detokenizer.num_output_tokens())
+            item.stop_reason = stop_reason
+        return item
 
     def lost(self, reason: str) -> None:
         self.ended = True
         sub = self.sub
         if sub is not None:
             sub.fail(EngineLostError(f"vLLM's EngineCore is lost: {reason}"), EndReason.ENGINE_LOST)
+
+    def _add_prompt_rows(self, tensors: codec.PromptLogprobs) -> None:
+        """One prefill chunk's prompt logprobs: per prompt position after the first, the
+        prompt's token and the top ones, their logprobs, and the prompt token's rank."""
+        self.prompt_rows += zip(
+            tensors.logprob_token_ids.tolist(),
+            tensors.logprobs.tolist(),
+            tensors.selected_token_ranks.tolist(),
+            strict=False,
+        )
+
+    def _prompt_positions(self, as_token_ids: bool) -> list[Position]:
+        model = self.link.text.model
+        num = self.num_prompt_logprobs or 0
+        positions: list[Position] = []
+        context: list[int] = []  # the prompt's tokens with logprobs (not the first)
+        for row_ids, row_values, rank in self.prompt_rows:
+            positions.append(
+                position(model, row_ids, row_values, rank, num, context, as_token_ids=as_token_ids)
+            )
+            context.append(row_ids[0])
+        return positions
+
+    def _prompt_details(self) -> _PromptDetails:
+        """What the first item adds: the echo and its logprobs (a completion's prompt
+        tokens, the first with none: vLLM's ``_create_completion_logprobs``), and the
+        prompt's logprobs (``prompt_logprobs``)."""
+        positions = self._prompt_positions(False)
+        prompt_logprobs = None
+        if self.num_prompt_logprobs is not None:
+            prompt_logprobs = prompt_logprobs_answer(positions)
+        text, logprobs = self.echo or "", None
+        if self.echo is not None and self.logprobs and not self.chat and self.prompt_ids:
+            first = self.prompt_ids[0]
+            model = self.link.text.model
+            spelled = token_id_placeholder(first) if self.as_ids else model.decode([first])
+            if self.as_ids:
+                positions = self._prompt_positions(True)
+            logprobs = completion_logprobs(self.prompt_ids, [spelled, *positions], self.top, 0)
+            self.offset = logprobs["text_offset"][-1] + len(logprobs["tokens"][-1])
+        return _PromptDetails(text, logprobs, prompt_logprobs)
 
     def _logprobs(self, lists: codec.Logprobs, kept: int) -> Any:
         """This step's tokens' logprobs in the OpenAI shape of the task, as vLLM's serving
@@ -444,6 +544,25 @@ class _Stream:
         out = completion_logprobs(sampled, positions, self.top, self.offset)
         self.offset = out["text_offset"][-1] + len(out["tokens"][-1])
         return out
+
+
+@attrs.frozen
+class _PromptDetails:
+    """What a request's first item adds about its prompt (:meth:`_Stream._prompt_details`)."""
+
+    text: str
+    logprobs: Any
+    prompt_logprobs: list[Any] | None
+
+
+def _joined(first: Any, then: Any) -> Any:
+    """Two runs of logprobs of one answer as one (chat's lists, completions' maps of
+    parallel lists)."""
+    if first is None or then is None:
+        return then if first is None else first
+    if isinstance(first, dict):
+        return {key: first[key] + then[key] for key in first}
+    return first + then
 
 
 class VllmLinks:

@@ -163,6 +163,16 @@ class OutputItem:
     #: the stop string it matched (str) or the stop token it generated (int), as vLLM's
     #: ``stop_reason``; sent with the final item.
     stop_reason: str | int | None = None
+    #: The ids of this item's tokens, when the request asked for them
+    #: (``return_token_ids``). Set by links that have the ids (the direct vLLM path), not
+    #: on trioserve's wire.
+    token_ids: list[int] | None = None
+    #: With a request's first item, when it asked: the prompt's token ids
+    #: (``return_token_ids``), and its log probabilities (``prompt_logprobs``) as vLLM
+    #: answers them, ``[null, {"<id>": {"logprob", "rank", "decoded_token"}}, …]`` (the
+    #: first prompt token has none). Not on trioserve's wire either.
+    prompt_token_ids: list[int] | None = None
+    prompt_logprobs: list[Any] | None = None
 
     @property
     def final(self) -> bool:

@@ -8,6 +8,8 @@ them, then laid out by ``_create_chat_logprobs`` (chat: a list of entries with `
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Any
 
 from .assets import ModelText
@@ -71,16 +73,28 @@ def chat_logprobs(
 
 
 def completion_logprobs(
-    token_ids: list[int], positions: list[Position], num_logprobs: int, initial_offset: int = 0
+    token_ids: list[int],
+    positions: Sequence[Position | str],
+    num_logprobs: int,
+    initial_offset: int = 0,
 ) -> dict[str, Any]:
     """The ``logprobs`` of completion tokens: ``text_offset`` from ``initial_offset`` on
-    (a stream carries it across deltas: the last offset plus the last token's length)."""
+    (a stream carries it across deltas: the last offset plus the last token's length). A
+    position given as a string is a token with no logprobs, spelled so (an echoed
+    prompt's first token: ``null`` logprob and top logprobs)."""
     offsets: list[int] = []
-    token_logprobs: list[float] = []
+    token_logprobs: list[float | None] = []
     tokens: list[str] = []
-    tops: list[dict[str, float]] = []
+    tops: list[dict[str, float] | None] = []
     last_len = 0
     for token_id, step in zip(token_ids, positions, strict=True):
+        if isinstance(step, str):
+            tokens.append(step)
+            token_logprobs.append(None)
+            tops.append(None)
+            offsets.append(initial_offset if not offsets else offsets[-1] + last_len)
+            last_len = len(step)
+            continue
         logprob, _, text = step[token_id]
         tokens.append(text)
         token_logprobs.append(max(logprob, MIN_LOGPROB))
@@ -99,3 +113,22 @@ def completion_logprobs(
         "tokens": tokens,
         "top_logprobs": tops,
     }
+
+
+def prompt_logprobs_answer(positions: list[Position]) -> list[dict[str, Any] | None]:
+    """A prompt's ``prompt_logprobs`` as vLLM answers them: ``None`` for the first token,
+    then per position each token id (as a string) with its logprob (``-inf`` as -9999.0,
+    vLLM's ``clamp_prompt_logprobs``), rank and string, the prompt's own token first."""
+    out: list[dict[str, Any] | None] = [None]
+    for step in positions:
+        out.append(
+            {
+                str(token_id): {
+                    "logprob": MIN_LOGPROB if logprob == -math.inf else logprob,
+                    "rank": rank,
+                    "decoded_token": text,
+                }
+                for token_id, (logprob, rank, text) in step.items()
+            }
+        )
+    return out

@@ -158,6 +158,16 @@ class Sampling:
     n: int = 1
     #: Whether token strings in logprobs are ``token_id:N`` (``return_tokens_as_token_ids``).
     tokens_as_token_ids: bool = False
+    #: Whether the answer begins with the prompt (``echo``: a completion's prompt, a
+    #: chat's last message when it is the answer's role), and whether it is only that
+    #: (``echo`` with ``max_tokens`` 0: one token is generated, and not shown).
+    echo: bool = False
+    echo_only: bool = False
+    #: Whether the answer carries the prompt's and its own token ids (``return_token_ids``).
+    return_token_ids: bool = False
+    #: The request's place in a priority scheduler's queue (lower first; vLLM's
+    #: ``priority``, which its FCFS scheduler ignores).
+    priority: int = 0
 
     def choice(self, index: int) -> dict[str, Any]:
         """The params of choice ``index``: its own seed (``seed + index``) if seeded."""
@@ -358,7 +368,15 @@ def lower(
     sp["_all_stop_token_ids"] = sorted(all_stop)
     if bad_words:
         sp["_bad_words_token_ids"] = bad_words_token_ids(model, bad_words)
-    return Sampling(sp, n, r.bool_("return_tokens_as_token_ids", False))
+    return Sampling(
+        sp,
+        n,
+        r.bool_("return_tokens_as_token_ids", False),
+        echo=echo,
+        echo_only=not chat and echo and requested == 0,
+        return_token_ids=r.bool_("return_token_ids", False),
+        priority=r.int_("priority") or 0,
+    )
 
 
 def _logprobs(r: _Reader, chat: bool, stream: bool, echo: bool) -> tuple[int | None, int | None]:

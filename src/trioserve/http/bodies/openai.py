@@ -370,6 +370,7 @@ class Generation:
         # (and 0 == False: hence the identity tests).
         asked = self.submit.params.get("logprobs")
         fmt.with_logprobs = asked is not None and asked is not False
+        fmt.with_token_ids = bool(self.submit.params.get("return_token_ids"))
         if self.agents is not None:
             fmt.parsers = self.agents.parser
             fmt.parser = self.agents.parser()
@@ -410,8 +411,6 @@ def parse_generation(
     n = req.n or 1
     if n > 1 and streamed:
         raise invalid([{"loc": "$.n", "msg": "n > 1 is not served over the WebSocket yet"}])
-    if n > 1 and submit.params.get("logprobs") not in (None, False):
-        raise invalid([{"loc": "$.n", "msg": "n > 1 with logprobs is not served yet"}])
     include_usage = bool(options and options.include_usage)
     return Generation(submit, capability, bool(req.stream), include_usage, n, agents)
 

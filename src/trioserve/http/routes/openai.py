@@ -49,10 +49,7 @@ async def _generate(services: Services, exchange: Exchange, capability: str) -> 
             if stream is not None:
                 await stream.finish(collected)
                 return
-            choices = [
-                ("".join(c.text), c.finish_reason, c.usage, c.stop_reason) for c in collected
-            ]
-            await exchange.respond(200, fmt.complete_choices(choices), JSON_HEADERS)
+            await exchange.respond(200, fmt.complete_choices(collected), JSON_HEADERS)
 
         await run_group(services, exchange, submits, capability, timeout, answer, stream=stream)
         return

@@ -8,10 +8,12 @@ from __future__ import annotations
 import functools
 import json
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
-from ...protocol import Usage
+import attrs
+
+from ...protocol import OutputItem, Usage
 from ...text.agents import (
     Answer,
     Event,
@@ -55,6 +57,36 @@ def merge_logprobs(merged: Any, piece: Any) -> Any:
     return merged  # an engine that mixed shapes: keep what was sound
 
 
+@attrs.define
+class TokenDetails:
+    """What vLLM's server adds to an answer when asked, from the items of engines that
+    have the token ids (the direct vLLM path): the answer's token ids and the prompt's
+    (``return_token_ids``), the prompt's logprobs (``prompt_logprobs``)."""
+
+    token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
+    prompt_logprobs: list[Any] | None = None
+
+    def add(self, item: OutputItem) -> None:
+        if item.token_ids is not None:
+            self.token_ids = [*(self.token_ids or ()), *item.token_ids]
+        if item.prompt_token_ids is not None:
+            self.prompt_token_ids = item.prompt_token_ids
+        if item.prompt_logprobs is not None:
+            self.prompt_logprobs = item.prompt_logprobs
+
+
+class Answered(Protocol):
+    """One choice's whole answer, as the writers collect it (``writers.stream.Collected``)."""
+
+    text: list[str]
+    finish_reason: str | None
+    usage: Usage | None
+    logprobs: Any
+    details: TokenDetails | None
+    stop_reason: str | int | None
+
+
 class StreamFormat:
     """Renders one request's chunks and final body. Pre-encodes everything but the text.
 
@@ -86,6 +118,9 @@ class StreamFormat:
         #: Whether the request asked for log probabilities: its deltas carry them, and
         #: take :meth:`delta_with_logprobs` (writers give such streams no fast path).
         self.with_logprobs = False
+        #: Whether the request asked for token ids (``return_token_ids``): its deltas
+        #: carry them, built whole as with logprobs.
+        self.with_token_ids = False
         #: The parser of this stream's text (tool calls, reasoning), and how to make one
         #: for each choice of a whole body; None: the text is the answer as it comes.
         #: A parsed stream's deltas are built whole (no fast path either).
@@ -159,10 +194,16 @@ class StreamFormat:
         return self._head + _dumps([choice]) + b"}"
 
     def delta_with_logprobs(
-        self, text: str, logprobs: Any, frame: tuple[bytes, bytes] = (b"", b"")
+        self,
+        text: str,
+        logprobs: Any,
+        frame: tuple[bytes, bytes] = (b"", b""),
+        item: OutputItem | None = None,
     ) -> bytes:
         """A delta chunk with the engine's log probabilities of its tokens (in the
-        OpenAI shape of the task: see docs/protocol.md), built whole."""
+        OpenAI shape of the task: see docs/protocol.md), and ``item``'s token ids where
+        it has them (as vLLM streams them: the choice's ``token_ids``; the prompt's with
+        the first, on the chunk for chat, on the choice for completions), built whole."""
         if self.parser is not None:
             before, after = frame
             return b"".join(before + chunk + after for chunk in self.chunks(text, logprobs))
@@ -173,16 +214,26 @@ class StreamFormat:
             choice: dict[str, Any] = {
                 "index": self.index,
                 "delta": delta,
-                "logprobs": {"content": logprobs},
+                "logprobs": None if logprobs is None else {"content": logprobs},
             }
         else:
             choice = {"index": self.index, "text": text, "logprobs": logprobs}
         choice["finish_reason"] = None
         if self.kind != "chat":
             choice["stop_reason"] = None
+        head = self._head
+        if item is not None:
+            if item.token_ids is not None:
+                choice["token_ids"] = item.token_ids
+            if item.prompt_token_ids is not None:
+                if self.kind == "chat":
+                    head = head[: -len(b'"choices":')]
+                    head += b'"prompt_token_ids":' + _dumps(item.prompt_token_ids) + b',"choices":'
+                else:
+                    choice["prompt_token_ids"] = item.prompt_token_ids
         self.started = True
         before, after = frame
-        return b"".join((before, self._head, _dumps([choice]), b"}", after))
+        return b"".join((before, head, _dumps([choice]), b"}", after))
 
     def finish(self, reason: str, stop_reason: str | int | None = None) -> bytes:
         """The chunk that ends the stream (after :meth:`flush`'s): ``tool_calls`` is the
@@ -201,24 +252,22 @@ class StreamFormat:
     def usage(self, usage: Usage | None) -> bytes:
         return self._head + b'[],"usage":' + _dumps(usage_dict(usage)) + b"}"
 
-    def complete_choices(
-        self, choices: list[tuple[str, str | None, Usage | None, str | int | None]]
-    ) -> bytes:
-        """The whole non-streaming body of ``n`` choices, each (text, finish reason,
-        usage, stop reason): the prompt counted once, as vLLM does, the completions
-        summed."""
-        first = choices[0][2]
+    def complete_choices(self, choices: Sequence[Answered]) -> bytes:
+        """The whole non-streaming body of ``n`` choices: the prompt counted once, as
+        vLLM does, the completions summed."""
+        first = choices[0].usage
         usage = None
         if first is not None:
-            completion = sum(c[2].completion_tokens for c in choices if c[2] is not None)
+            completion = sum(c.usage.completion_tokens for c in choices if c.usage is not None)
             usage = Usage(first.prompt_tokens, completion)
-        return self._body(
-            [
-                self._choice(i, text, finish, None, stopped)
-                for i, (text, finish, _, stopped) in enumerate(choices)
-            ],
-            usage,
-        )
+        out = [
+            self._choice(i, "".join(c.text), c.finish_reason, c.logprobs, c.stop_reason)
+            for i, c in enumerate(choices)
+        ]
+        extra: dict[str, Any] = {}
+        for choice, answered in zip(out, choices, strict=True):
+            extra = self._details(choice, answered.details)
+        return self._body(out, usage, extra)
 
     def complete(
         self,
@@ -227,10 +276,30 @@ class StreamFormat:
         usage: Usage | None,
         logprobs: Any = None,
         stop_reason: str | int | None = None,
+        details: TokenDetails | None = None,
     ) -> bytes:
         """The whole non-streaming response body (``logprobs``: every delta's, merged
-        with :func:`merge_logprobs`; ``stop_reason``: vLLM's, as in :meth:`finish`)."""
-        return self._body([self._choice(0, text, finish_reason, logprobs, stop_reason)], usage)
+        with :func:`merge_logprobs`; ``stop_reason``: vLLM's, as in :meth:`finish`;
+        ``details``: see :meth:`_details`)."""
+        choice = self._choice(0, text, finish_reason, logprobs, stop_reason)
+        return self._body([choice], usage, self._details(choice, details))
+
+    def _details(self, choice: dict[str, Any], details: TokenDetails | None) -> dict[str, Any]:
+        """Put what vLLM adds where it puts them: the token ids on the choice, the
+        prompt's on the choice for completions; for chat, returned for the response."""
+        if details is None:
+            return {}
+        if details.token_ids is not None:
+            choice["token_ids"] = details.token_ids
+        prompt = {
+            "prompt_logprobs": details.prompt_logprobs,
+            "prompt_token_ids": details.prompt_token_ids,
+        }
+        prompt = {key: value for key, value in prompt.items() if value is not None}
+        if self.kind == "chat":
+            return prompt
+        choice.update(prompt)
+        return {}
 
     def _choice(
         self,
@@ -262,7 +331,12 @@ class StreamFormat:
             "stop_reason": stop_reason,
         }
 
-    def _body(self, choices: list[dict[str, Any]], usage: Usage | None) -> bytes:
+    def _body(
+        self,
+        choices: list[dict[str, Any]],
+        usage: Usage | None,
+        extra: dict[str, Any] | None = None,
+    ) -> bytes:
         return _dumps(
             {
                 "id": self.id,
@@ -271,6 +345,7 @@ class StreamFormat:
                 "model": self.model,
                 "choices": choices,
                 "usage": usage_dict(usage),
+                **(extra or {}),
             }
         )
 

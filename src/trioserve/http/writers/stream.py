@@ -18,7 +18,7 @@ from ...errors import EngineItemError, HTTPError, WriterRefused
 from ...protocol import OutputItem, Usage
 from .. import error_bodies
 from ..exchange import JSON_HEADERS, Exchange
-from .openai import StreamFormat, merge_logprobs
+from .openai import StreamFormat, TokenDetails, merge_logprobs
 
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -97,6 +97,7 @@ class JSONWriter(WriterBase):
         self.fmt = fmt
         self._parts: list[str] = []
         self._logprobs: Any = None
+        self._details: TokenDetails | None = None
 
     async def write(self, batch: list[OutputItem]) -> bool:
         parts = self._parts
@@ -107,11 +108,17 @@ class JSONWriter(WriterBase):
                 parts.append(text_of(item.data))
             if item.logprobs is not None:
                 self._logprobs = merge_logprobs(self._logprobs, item.logprobs)
+            if item.token_ids is not None or item.prompt_logprobs is not None:
+                if self._details is None:
+                    self._details = TokenDetails()
+                self._details.add(item)
             if item.finish_reason is not None:
                 text = "".join(parts)
-                body = self.fmt.complete(
-                    text, item.finish_reason, item.usage, self._logprobs, item.stop_reason
-                )
+                fmt = self.fmt
+                body = fmt.complete(
+                    text, item.finish_reason, item.usage, self._logprobs, item.stop_reason,
+                    self._details,
+                )  # fmt: skip
                 await self.exchange.respond(200, body, JSON_HEADERS)
                 return True
         return False
@@ -173,10 +180,9 @@ class SSEWriter(WriterBase):
             if item.error is not None:
                 failure = engine_error(item)
                 break
-            if item.logprobs is not None:
-                out.append(
-                    fmt.delta_with_logprobs(text_of(item.data or ""), item.logprobs, SSE_EVENT)
-                )
+            if item.logprobs is not None or item.token_ids is not None:
+                text = text_of(item.data or "")
+                out.append(fmt.delta_with_logprobs(text, item.logprobs, SSE_EVENT, item))
             elif item.data:
                 text = text_of(item.data)
                 out.append(fmt.delta(text, SSE_EVENT))
@@ -210,7 +216,10 @@ class SSEWriter(WriterBase):
         own status). (Bound methods, not closures: every open stream holds its sink.)
         """
         exchange = self.exchange
-        if not exchange.writes_now or self.fmt.with_logprobs or self.fmt.parser is not None:
+        fmt = self.fmt
+        if not exchange.writes_now or fmt.with_logprobs or fmt.with_token_ids:
+            return None
+        if fmt.parser is not None:
             return None
         return self._send_now if exchange.started else self._start_now
 
@@ -293,8 +302,18 @@ class Collected:
     finish_reason: str | None = None
     usage: Usage | None = None
     stop_reason: str | int | None = None
+    #: The answer's logprobs, merged (:func:`merge_logprobs`), and what vLLM adds when
+    #: asked (:class:`TokenDetails`), where the items carry them.
+    logprobs: Any = None
+    details: TokenDetails | None = None
 
     def add(self, item: OutputItem) -> None:
+        if item.logprobs is not None:
+            self.logprobs = merge_logprobs(self.logprobs, item.logprobs)
+        if item.token_ids is not None or item.prompt_logprobs is not None:
+            if self.details is None:
+                self.details = TokenDetails()
+            self.details.add(item)
         data = item.data
         if data:
             self.size += len(data)
