@@ -245,6 +245,59 @@ async def test_greedy_n_choices_are_refused_as_vllm_serve_refuses_them(
     assert "greedy" in ours.json()["error"]["message"]
 
 
+def _schema(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+
+
+#: Structured outputs with vLLM's default backend, auto: xgrammar when it takes the
+#: constraint, else guidance, whose refusal is a 400 (xgrammar alone would have ignored
+#: uniqueItems and answered something else).
+STRUCTURED_CASES = [
+    {"response_format": {"type": "json_object"}},
+    {"response_format": _schema({"type": "object", "properties": {"n": {"type": "integer"}}})},
+    {"structured_outputs": {"choice": ["yes", "no", "maybe"]}},
+    {"structured_outputs": {"regex": "[a-z]{3}[0-9]+"}},
+    {"structured_outputs": {"grammar": 'root ::= "a" | "b"'}},
+    {
+        "response_format": _schema(
+            {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+        )
+    },
+    {"structured_outputs": {"regex": "[a-z"}},
+    {"structured_outputs": {"grammar": "root ::= ("}},
+]
+
+
+@pytest.mark.parametrize("constraint", STRUCTURED_CASES)
+async def test_structured_outputs_match_vllm_serve(vllm: Vllm, direct: Direct, constraint) -> None:
+    body = chat("Answer", max_tokens=24, seed=3, temperature=0.8, **constraint)
+    ours = await post_json(direct.url, CHAT, body)
+    theirs = await post_json(vllm.reference_url, CHAT, body)
+    assert ours.status_code == theirs.status_code, (ours.text, theirs.text)
+    if theirs.status_code == 200:
+        assert essentials(ours.json()) == essentials(theirs.json())
+    else:
+        assert theirs.status_code == 400
+        assert ours.json()["error"]["message"] == theirs.json()["error"]["message"]
+    after = await post_json(direct.url, COMPLETIONS, completion("Hi", max_tokens=2))
+    assert after.status_code == 200
+
+
+@pytest.mark.parametrize(("priority", "status"), [(5, 200), (-3, 200), (1.5, 400), ("x", 400)])
+async def test_priority_is_taken_as_vllm_serve_takes_it(
+    vllm: Vllm, direct: Direct, priority, status
+) -> None:
+    """vLLM 0.32's FCFS scheduler (the default) accepts any priority and ignores it."""
+    body = completion("Hi", max_tokens=6, temperature=0, priority=priority)
+    ours = await post_json(direct.url, COMPLETIONS, body)
+    theirs = await post_json(vllm.reference_url, COMPLETIONS, body)
+    assert theirs.status_code == ours.status_code == status, ours.text
+    if status == 200:
+        assert essentials(ours.json()) == essentials(theirs.json())
+    else:
+        assert "priority" in ours.json()["error"]["message"]
+
+
 @pytest.mark.parametrize("include", [False, True])
 async def test_a_stop_string_ends_with_stop_and_one_abort(vllm: Vllm, direct: Direct, include):
     greedy = completion("Stop", max_tokens=60, temperature=0, ignore_eos=True)

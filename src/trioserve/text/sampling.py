@@ -24,7 +24,6 @@ message.
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
@@ -34,6 +33,7 @@ from ..errors import PromptTooLongError, TextInputError
 from .assets import ModelText
 from .detokenizer import IncrementalDetokenizer
 from .stops import hold_back
+from .structured import structured_outputs
 
 #: vLLM's constants (``vllm/sampling_params.py``, ``vllm/envs.py``).
 SAMPLING_EPS = 1e-5
@@ -317,7 +317,7 @@ def lower(
             raise _fail("allowed_token_ids is not None and empty!", "allowed_token_ids")
         if any(not 0 <= i < vocab for i in allowed):
             raise _fail("allowed_token_ids contains out-of-vocab token id!", "allowed_token_ids")
-    structured = structured_outputs(params, limits)
+    structured = structured_outputs(params, limits.structured_outputs_backend)
 
     # -- __post_init__, then the input processor's updates -------------------------------
     stop_token_ids = list(dict.fromkeys(stop_token_ids))
@@ -564,128 +564,3 @@ def bad_words_token_ids(model: ModelText, bad_words: list[str]) -> list[list[int
                         "bad_words",
                     )
     return found
-
-
-#: The constraint fields of vLLM's ``StructuredOutputsParams``.
-_CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
-_OPTIONS = ("disable_any_whitespace", "disable_additional_properties", "whitespace_pattern")
-
-
-def structured_outputs(params: dict[str, Any], limits: EngineLimits) -> dict[str, Any] | None:
-    """The ``structured_outputs`` value for the engine, from ``structured_outputs`` and
-    ``response_format`` (vLLM's ``structured_outputs_from_response_format``), with its
-    ``_backend`` set as vLLM's processor sets it. With backend ``auto``, vLLM picks xgrammar
-    when xgrammar accepts the constraint, else guidance or outlines; without xgrammar in the
-    frontend, this picks xgrammar (a constraint it refuses ends with the engine's error
-    output, not a wedged engine)."""
-    given = params.get("structured_outputs")
-    response_format = params.get("response_format")
-    if given is not None and not isinstance(given, dict):
-        raise _fail("structured_outputs must be an object", "structured_outputs")
-    so: dict[str, Any] = {}
-    if given:
-        unknown = set(given) - set(_CONSTRAINTS) - set(_OPTIONS)
-        if unknown:
-            raise _fail(
-                f"unknown structured_outputs fields: {sorted(unknown)}", "structured_outputs"
-            )
-        so.update(given)
-    if response_format is not None:
-        if not isinstance(response_format, dict) or not isinstance(
-            response_format.get("type"), str
-        ):
-            raise _fail("response_format must be an object with a 'type'", "response_format")
-        kind = response_format["type"]
-        if kind == "json_object":
-            so["json_object"] = True
-        elif kind == "json_schema":
-            schema = response_format.get("json_schema")
-            if not isinstance(schema, dict):
-                raise _fail(
-                    "When response_format type is 'json_schema', the 'json_schema' field "
-                    "must be provided.",
-                    "response_format",
-                )
-            so["json"] = schema.get("schema", schema.get("json_schema"))
-        elif kind in ("structural_tag",):
-            so["structural_tag"] = json.dumps(response_format)
-        elif kind != "text":
-            raise _fail(f"unsupported response_format type {kind!r}", "response_format")
-    if not so:
-        return None
-    count = sum(so.get(k) is not None for k in _CONSTRAINTS)
-    if count > 1:
-        raise _fail(
-            "You can only use one kind of structured outputs constraint but multiple are "
-            f"specified: {so}",
-            "structured_outputs",
-        )
-    if count < 1:
-        raise _fail(
-            f"You must use one kind of structured outputs constraint but none are specified: {so}",
-            "structured_outputs",
-        )
-    choice, grammar, schema = so.get("choice"), so.get("grammar"), so.get("json")
-    if choice is not None and (
-        not isinstance(choice, list) or not all(isinstance(c, str) for c in choice)
-    ):
-        raise _fail("structured_outputs.choice must be a list of strings", "structured_outputs")
-    if choice == []:
-        raise _fail(f"Choice '{choice}' cannot be an empty list", "structured_outputs")
-    for name in ("regex", "grammar", "structural_tag", "whitespace_pattern"):
-        if so.get(name) is not None and not isinstance(so[name], str):
-            raise _fail(f"structured_outputs.{name} must be a string", "structured_outputs")
-    if isinstance(grammar, str) and not grammar.strip():
-        raise _fail("structured_outputs.grammar cannot be an empty string", "structured_outputs")
-    if schema is not None and not isinstance(schema, (str, dict)):
-        raise _fail("structured_outputs.json must be a schema", "structured_outputs")
-    if isinstance(schema, str) and not schema.strip():
-        raise _fail("structured_outputs.json cannot be an empty string", "structured_outputs")
-    if so.get("json_object") is False:
-        raise _fail(
-            "structured_outputs.json_object must be True if set; omit structured_outputs to "
-            "disable structured outputs",
-            "structured_outputs",
-        )
-    if so.get("regex") and "\x00" in so["regex"]:
-        raise _fail(
-            "structured_outputs.regex must not contain a NUL character ('\\x00')",
-            "structured_outputs",
-        )
-    tag = so.get("structural_tag")
-    if isinstance(tag, str) and not tag.strip():
-        raise _fail(
-            "structured_outputs.structural_tag cannot be an empty string", "structured_outputs"
-        )
-    if isinstance(schema, str):
-        try:
-            json.loads(schema)
-        except ValueError:
-            raise _fail("Invalid JSON grammar specification.", "structured_outputs") from None
-    backend = limits.structured_outputs_backend
-    out = {k: so.get(k) for k in _CONSTRAINTS}
-    if choice and backend in ("auto", "xgrammar"):
-        # vLLM's xgrammar validation hands the engine a grammar for the choices.
-        out["choice"], out["grammar"] = None, choice_as_grammar(choice)
-    out.update(
-        disable_any_whitespace=bool(so.get("disable_any_whitespace", False)),
-        disable_additional_properties=bool(so.get("disable_additional_properties", False)),
-        whitespace_pattern=so.get("whitespace_pattern"),
-        _backend="xgrammar" if backend == "auto" else backend,
-        _backend_was_auto=backend == "auto",
-    )
-    return out
-
-
-def choice_as_grammar(choice: list[str]) -> str:
-    """vLLM's ``choice_as_grammar``: the choices as an EBNF alternation."""
-    escapes = {"\\": r"\\", '"': r"\"", "\n": r"\n", "\r": r"\r", "\t": r"\t"}
-
-    def escape(ch: str) -> str:
-        if ch in escapes:
-            return escapes[ch]
-        if ord(ch) < 0x20 or ord(ch) == 0x7F:
-            return f"\\u{ord(ch):04x}"
-        return ch
-
-    return "root ::= " + " | ".join('"' + "".join(map(escape, c)) + '"' for c in choice)
