@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from trioserve.errors import PromptTooLongError, TextInputError
-from trioserve.text.assets import ModelText
+from trioserve.text.assets import ModelText, SamplingDefaults
 from trioserve.text.sampling import EngineLimits, lower
 
 LIMITS = EngineLimits(max_model_len=100)
@@ -26,6 +26,34 @@ def test_generation_config_defaults_apply_under_the_request(harder: ModelText):
     # vllm's --generation-config vllm: none of the model's defaults
     plain = chat(harder, limits=EngineLimits(100, generation_config="vllm")).params
     assert (plain["temperature"], plain["top_k"], plain["max_tokens"]) == (1.0, 0, 90)
+
+
+def test_override_generation_config_goes_over_the_models_and_caps_max_tokens(
+    harder: ModelText,
+):
+    override = {"temperature": 0.3, "top_k": None, "max_new_tokens": 20}
+    limits = EngineLimits(100, override_generation_config=override)
+    p = chat(harder, limits=limits).params
+    assert (p["temperature"], p["top_k"], p["top_p"], p["max_tokens"]) == (0.3, 0, 0.9, 20)
+    # vLLM's serving classes cap every request at the override's max_new_tokens.
+    assert chat(harder, limits=limits, max_tokens=50).params["max_tokens"] == 20
+    # ...and with --generation-config vllm, the override alone.
+    alone = EngineLimits(100, generation_config="vllm", override_generation_config=override)
+    p = chat(harder, limits=alone).params
+    assert (p["temperature"], p["top_p"], p["max_tokens"]) == (0.3, 1.0, 20)
+
+
+def test_a_generation_config_directory_replaces_the_models_defaults_and_eos(
+    harder: ModelText,
+):
+    folder = SamplingDefaults.from_config(
+        {"temperature": 0.5, "max_new_tokens": 12, "eos_token_id": [harder.eos_token_id, 7]}
+    )
+    limits = EngineLimits(100, generation_config="/some/dir", generation=folder)
+    p = chat(harder, limits=limits).params
+    assert (p["temperature"], p["top_p"], p["max_tokens"]) == (0.5, 1.0, 12)
+    assert chat(harder, limits=limits, max_tokens=50).params["max_tokens"] == 12
+    assert p["stop_token_ids"] == [7]
 
 
 def test_eos_and_the_extra_eos_id(harder: ModelText):

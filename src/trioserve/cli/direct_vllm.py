@@ -11,6 +11,7 @@ error (its link fails them), ``/health`` answers 503, and once the errors are wr
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 from collections.abc import Awaitable, Callable, Sequence
@@ -20,7 +21,7 @@ from typing import Any
 import trio
 
 from ..errors import CommandError
-from ..text.assets import ModelText, ModelTextError
+from ..text.assets import ModelText, ModelTextError, SamplingDefaults
 from ..text.sampling import EngineLimits
 
 log = logging.getLogger("trioserve.cli")
@@ -37,11 +38,35 @@ def vllm_server_options(vllm_args: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--served-model-name", nargs="+", default=None)
     parser.add_argument("--max-logprobs", type=int, default=20)
     parser.add_argument("--generation-config", default="auto")
+    parser.add_argument("--override-generation-config", default=None)
     parser.add_argument("--structured-outputs-config.backend", dest="so_backend", default="auto")
     parser.add_argument("--tokenizer", default=None)
     parser.add_argument("--tokenizer-mode", default="auto")
     known, _ = parser.parse_known_args(list(vllm_args))
     return known
+
+
+def generation_options(options: argparse.Namespace) -> dict[str, Any]:
+    """``--generation-config DIR`` (its ``generation_config.json``: the defaults and EOS
+    ids instead of the model's) and ``--override-generation-config JSON``, for
+    :class:`EngineLimits`; the engine has accepted both by now."""
+    out: dict[str, Any] = {}
+    if options.generation_config not in ("auto", "vllm"):
+        path = Path(options.generation_config) / "generation_config.json"
+        try:
+            config = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise CommandError(f"--generation-config: cannot read {path} ({exc})", 2) from None
+        out["generation"] = SamplingDefaults.from_config(config if isinstance(config, dict) else {})
+    if options.override_generation_config:
+        try:
+            override = json.loads(options.override_generation_config)
+        except ValueError as exc:
+            raise CommandError(f"--override-generation-config is not JSON ({exc})", 2) from None
+        if not isinstance(override, dict):
+            raise CommandError("--override-generation-config must be a JSON object", 2)
+        out["override_generation_config"] = override
+    return out
 
 
 def model_directory(model: str, tokenizer: str | None) -> Path:
@@ -100,6 +125,7 @@ async def serve_direct(
                 max_logprobs=options.max_logprobs,
                 structured_outputs_backend=options.so_backend,
                 generation_config=options.generation_config,
+                **generation_options(options),
             )
             names = options.served_model_name or [model]
             links = VllmLinks(child.client, VllmText(text, limits), names)

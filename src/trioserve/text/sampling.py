@@ -30,7 +30,7 @@ from typing import Any
 import attrs
 
 from ..errors import PromptTooLongError, TextInputError
-from .assets import ModelText
+from .assets import SAMPLING_DEFAULT_FIELDS, ModelText, SamplingDefaults
 from .detokenizer import IncrementalDetokenizer
 from .stops import hold_back
 from .structured import structured_outputs
@@ -82,8 +82,42 @@ class EngineLimits:
     max_logprobs: int = 20
     #: ``--structured-outputs-config.backend`` (vLLM's default ``auto``).
     structured_outputs_backend: str = "auto"
-    #: ``--generation-config``: ``auto`` (the model's defaults) or ``vllm`` (none).
+    #: ``--generation-config``: ``auto`` (the model's defaults), ``vllm`` (none), or a
+    #: directory, whose ``generation_config.json`` is then :attr:`generation`.
     generation_config: str = "auto"
+    #: The defaults and EOS ids of a ``--generation-config`` directory (None: the model's).
+    generation: SamplingDefaults | None = None
+    #: ``--override-generation-config``: generation config fields over the defaults.
+    override_generation_config: dict[str, Any] = attrs.Factory(dict)
+
+    def override_max_tokens(self) -> int | None:
+        """The cap on every request's ``max_tokens`` that vLLM's serving classes take
+        (``override_max_tokens``): a directory's ``max_new_tokens``, else the override's."""
+        if self.generation_config not in ("auto", "vllm"):
+            values = self.generation.values if self.generation is not None else {}
+            return _override(values, self.override_generation_config).get("max_tokens")
+        value = self.override_generation_config.get("max_new_tokens")
+        return value if isinstance(value, int) else None
+
+    def eos_token_ids(self, model: ModelText) -> tuple[int, ...]:
+        """The generation config's EOS ids (the directory's, else the model's, with
+        ``vllm`` too: vLLM's ``try_get_generation_config``)."""
+        defaults = self.generation if self.generation is not None else model.sampling_defaults
+        return defaults.eos_token_ids
+
+
+def _override(values: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with ``override``'s sampling fields over them (``max_new_tokens`` as
+    ``max_tokens``; a null removes the default), as ``get_diff_sampling_param`` merges."""
+    out = dict(values)
+    for name in SAMPLING_DEFAULT_FIELDS:
+        if name in override:
+            key = "max_tokens" if name == "max_new_tokens" else name
+            if override[name] is None:
+                out.pop(key, None)
+            else:
+                out[key] = override[name]
+    return out
 
 
 def _fail(message: str, param: str | None) -> TextInputError:
@@ -191,10 +225,15 @@ class Sampling:
 
 
 def default_sampling(model: ModelText, limits: EngineLimits) -> dict[str, Any]:
-    """vLLM's ``default_sampling_params`` (``get_diff_sampling_param``)."""
+    """vLLM's ``default_sampling_params`` (``get_diff_sampling_param``): none with
+    ``vllm``, else the directory's or the model's, then the override's over them."""
     if limits.generation_config == "vllm":
-        return {}
-    return dict(model.sampling_defaults.values)
+        values: dict[str, Any] = {}
+    elif limits.generation is not None:
+        values = limits.generation.values
+    else:
+        values = model.sampling_defaults.values
+    return _override(values, limits.override_generation_config)
 
 
 def max_tokens_for(
@@ -221,7 +260,8 @@ def max_tokens_for(
         )
     fallback = requested if requested is not None else defaults.get("max_tokens")
     left = max_model_len - prompt_len
-    return left if fallback is None else min(left, fallback)
+    caps = (fallback, limits.override_max_tokens())
+    return min([left, *(cap for cap in caps if cap is not None)])
 
 
 def lower(
@@ -360,7 +400,7 @@ def lower(
     sp["_eos_token_id"] = None if ignore_eos else eos
     if eos is not None:
         all_stop.add(eos)
-    extra_eos = set(model.sampling_defaults.eos_token_ids) - {eos}
+    extra_eos = set(limits.eos_token_ids(model)) - {eos}
     if extra_eos:
         all_stop.update(extra_eos)
         if not ignore_eos:
