@@ -223,7 +223,7 @@ class _StreamingMember(WriterBase):
                 if out:
                     await self.stream.send(b"".join(out))
                 raise engine_error(item)
-            if item.logprobs is not None or item.token_ids is not None:
+            if item.logprobs is not None or item.token_ids or item.prompt_token_ids:
                 text = text_of(item.data or "")
                 out.append(fmt.delta_with_logprobs(text, item.logprobs, SSE_EVENT, item))
             elif item.data:

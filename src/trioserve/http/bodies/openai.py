@@ -370,7 +370,10 @@ class Generation:
         # (and 0 == False: hence the identity tests).
         asked = self.submit.params.get("logprobs")
         fmt.with_logprobs = asked is not None and asked is not False
-        fmt.with_token_ids = bool(self.submit.params.get("return_token_ids"))
+        # (vLLM streams a completion's echo with the prompt's token ids, unasked.)
+        params = self.submit.params
+        echo = self.capability == "completion" and bool(params.get("echo"))
+        fmt.with_token_ids = bool(params.get("return_token_ids")) or echo
         if self.agents is not None:
             fmt.parsers = self.agents.parser
             fmt.parser = self.agents.parser()

@@ -180,7 +180,7 @@ class SSEWriter(WriterBase):
             if item.error is not None:
                 failure = engine_error(item)
                 break
-            if item.logprobs is not None or item.token_ids is not None:
+            if item.logprobs is not None or item.token_ids or item.prompt_token_ids:
                 text = text_of(item.data or "")
                 out.append(fmt.delta_with_logprobs(text, item.logprobs, SSE_EVENT, item))
             elif item.data:

@@ -58,7 +58,7 @@ class WebSocketWriter(WriterBase):
                 if item.data or item.logprobs is not None:
                     for chunk in fmt.chunks(text_of(item.data or ""), item.logprobs):
                         await send(head + chunk.decode() + "}")
-            elif item.logprobs is not None or item.token_ids is not None:
+            elif item.logprobs is not None or item.token_ids or item.prompt_token_ids:
                 text = text_of(item.data or "")
                 chunk = fmt.delta_with_logprobs(text, item.logprobs, item=item)
                 await send(head + chunk.decode() + "}")
