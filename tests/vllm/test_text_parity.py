@@ -25,7 +25,8 @@ from trioserve.text.detokenizer import IncrementalDetokenizer
 from trioserve.text.logprob_format import chat_logprobs, completion_logprobs, position
 from trioserve.text.logprobs import token_strings
 from trioserve.text.prompts import chat_prompt
-from trioserve.text.sampling import EngineLimits, choice_as_grammar, lower
+from trioserve.text.sampling import EngineLimits, lower
+from trioserve.text.structured import choice_as_grammar
 from trioserve.text.template import ChatOptions
 
 HERE = Path(__file__).resolve().parent
