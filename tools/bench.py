@@ -54,32 +54,42 @@ All traffic is on 127.0.0.1; every step is bounded in time.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
-import platform
 import re
-import resource
 import shlex
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 
-TOOLS = Path(__file__).resolve().parent
-sys.path.insert(0, str(TOOLS))
+import loadgen  # (tools/loadgen.py: the response parser)
+from toolkit.machine import machine, source_code, source_state
+from toolkit.processes import (
+    FRONTEND_CORE,
+    LOAD_CORE,
+    URL_RE,
+    CpuQuota,
+    Proc,
+    free_port,
+    pin_prefix,
+    raise_fd_limit,
+    run_json_tool,
+    spawn,
+    wait_for_log,
+    wait_healthy,
+)
+from toolkit.progress import Progress
+from toolkit.reports import DASH, cell, ratios, write_docs
 
-import loadgen  # noqa: E402  (tools/loadgen.py: the response parser)
+TOOLS = Path(__file__).resolve().parent
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 #: Tokens/s per stream of the capacity levels: 2,560 events/s apart at 512 streams.
@@ -96,9 +106,6 @@ def markers(plan: Plan) -> tuple[str, str]:
     return BEGIN, END
 
 
-DASH = "\u2013"
-URL_RE = re.compile(r"Running on (http://127\.0\.0\.1:\d+)")
-FRONTEND_CORE, LOAD_CORE = 0, 1
 #: Tokens per answer in the TTFT scenario: one (the first event is also the last: the
 #: finish and [DONE] leave with it), and a short stream (the first token alone, as in
 #: any real stream).
@@ -115,161 +122,7 @@ def keep_up_itl_ms(rate: float) -> float:
     return KEEP_UP_ITL_PERIODS * 1000 / rate + KEEP_UP_ITL_SLACK_MS
 
 
-# -- processes ------------------------------------------------------------------------------
-
-
-def pin_prefix(core: int, pin: bool) -> list[str]:
-    return ["taskset", "-c", str(core)] if pin else []
-
-
-def _raise_fd_limit() -> None:
-    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen
-    log_path: Path
-    url: str = ""
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def log_tail(self, size: int = 3000) -> str:
-        with contextlib.suppress(OSError):
-            return self.log_path.read_text(errors="replace")[-size:]
-        return ""
-
-    def stop(self, graceful: bool = False) -> None:
-        if self.popen.poll() is None:
-            # Killed, its workers (--workers) go too: they would drain on their own while
-            # the next frontend is measured. Found before the supervisor goes (then they
-            # are orphans), killed after it (else it would start others).
-            workers = [] if graceful else loadgen.process_tree(self.pid)[1:]
-            self.popen.send_signal(signal.SIGTERM if graceful else signal.SIGKILL)
-            for pid in workers:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-            try:
-                self.popen.wait(10)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(10)
-
-
-class CpuQuota:
-    """A cgroup with a CPU quota (``share`` of one core), that a process enters and leaves.
-
-    cgroup v2 (``cpu.max``) or v1 (the ``cpu`` controller); :meth:`create` returns None
-    where neither is writable (not root, no controller). The period is 10 ms, so a capped
-    process waits at most that long for its share (a 100 ms period would show as stalls
-    in the inter-token latency).
-    """
-
-    PERIOD_US = 10_000
-
-    def __init__(self, base: Path, path: Path, share: float) -> None:
-        self.base, self.path, self.share = base, path, share
-
-    def set_share(self, share: float) -> None:
-        """Change the quota to ``share`` of a core."""
-        quota = max(1000, int(share * self.PERIOD_US))
-        if (self.path / "cpu.max").exists():
-            (self.path / "cpu.max").write_text(f"{quota} {self.PERIOD_US}")
-        else:
-            (self.path / "cpu.cfs_quota_us").write_text(str(quota))
-        self.share = share
-
-    @classmethod
-    def create(cls, share: float) -> CpuQuota | None:
-        name = f"trioserve-bench-{os.getpid()}"
-        quota = max(1000, int(share * cls.PERIOD_US))
-        for base, files in (
-            (Path("/sys/fs/cgroup"), {"cpu.max": f"{quota} {cls.PERIOD_US}"}),
-            (
-                Path("/sys/fs/cgroup/cpu"),
-                {"cpu.cfs_period_us": str(cls.PERIOD_US), "cpu.cfs_quota_us": str(quota)},
-            ),
-        ):
-            path = base / name
-            try:
-                if base == Path("/sys/fs/cgroup"):
-                    if not (base / "cgroup.controllers").exists():
-                        continue
-                    (base / "cgroup.subtree_control").write_text("+cpu")
-                path.mkdir(exist_ok=True)
-                for file, value in files.items():
-                    (path / file).write_text(value)
-            except OSError:
-                with contextlib.suppress(OSError):
-                    path.rmdir()
-                continue
-            return cls(base, path, share)
-        return None
-
-    def enter(self, pid: int) -> None:
-        """``pid`` and the processes below it (a frontend's workers) enter the cgroup."""
-        for member in loadgen.process_tree(pid):
-            (self.path / "cgroup.procs").write_text(str(member))
-
-    def leave(self, pid: int) -> None:
-        for member in loadgen.process_tree(pid):
-            with contextlib.suppress(OSError):  # the process may have exited
-                (self.base / "cgroup.procs").write_text(str(member))
-
-    def remove(self) -> None:
-        with contextlib.suppress(OSError):
-            self.path.rmdir()
-
-
-def spawn(name: str, command: list[str], workdir: Path) -> Proc:
-    log_path = workdir / f"{name.replace(' ', '_').replace('/', '_')}-{uuid.uuid4().hex[:6]}.log"
-    with open(log_path, "wb") as log_file:
-        popen = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            preexec_fn=_raise_fd_limit,
-        )
-    return Proc(name, popen, log_path)
-
-
-def wait_for_log(proc: Proc, pattern: re.Pattern[str], timeout: float = 30) -> re.Match[str]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        match = pattern.search(proc.log_tail(100_000))
-        if match:
-            return match
-        if proc.popen.poll() is not None:
-            break
-        time.sleep(0.05)
-    raise RuntimeError(f"{proc.name} did not start:\n{proc.log_tail()}")
-
-
-def wait_healthy(proc: Proc, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with (
-            contextlib.suppress(OSError),
-            urllib.request.urlopen(proc.url + "/health", timeout=2) as reply,
-        ):
-            if reply.status == 200:
-                return
-        if proc.popen.poll() is not None:
-            break
-        time.sleep(0.1)
-    raise RuntimeError(f"{proc.name} never became healthy:\n{proc.log_tail()}")
+# -- frontends ------------------------------------------------------------------------------
 
 
 @dataclass
@@ -349,34 +202,6 @@ def start_frontend(spec: FrontendSpec, engine: str, pin: bool, workdir: Path) ->
     proc.url = wait_for_log(proc, URL_RE).group(1)
     wait_healthy(proc)
     return proc
-
-
-def source_state() -> str:
-    """What code a frontend started now would run: git HEAD plus a hash of the package's
-    files as they are on disk (others may be editing the working tree during a run)."""
-    import hashlib
-
-    import trioserve
-
-    package = Path(trioserve.__file__).resolve().parent
-    digest = hashlib.sha1()
-    for path in sorted(package.rglob("*.py")):
-        digest.update(str(path.relative_to(package)).encode())
-        digest.update(path.read_bytes())
-    head = ""
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        head = subprocess.run(
-            ["git", "-C", str(package), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-    return f"{head or 'no git'}+src:{digest.hexdigest()[:10]}"
-
-
-def _code(state: str) -> str:
-    """The package-contents part of :func:`source_state` (commits elsewhere don't count)."""
-    return state.rpartition("+src:")[2]
 
 
 # -- the byte-for-byte check ----------------------------------------------------------------
@@ -547,32 +372,6 @@ def loadgen_args(plan: Plan, step: tuple[str, int], engine_address: str) -> list
     return ["idle", "--engine", engine_address, "--levels", ",".join(map(str, plan.idle_levels))]
 
 
-class Progress:
-    """One status line on stderr, rewritten in place (plain lines when not a terminal)."""
-
-    def __init__(self, total_estimate: float) -> None:
-        self.t0 = time.monotonic()
-        self.total = total_estimate
-        self.tty = sys.stderr.isatty()
-        self.status = ""
-
-    def elapsed(self) -> str:
-        s = int(time.monotonic() - self.t0)
-        return f"{s // 60}:{s % 60:02d}"
-
-    def show(self, status: str) -> None:
-        self.status = status
-        if self.tty:
-            line = (
-                f"[{self.elapsed()} / ~{int(self.total) // 60}:{int(self.total) % 60:02d}] {status}"
-            )
-            print("\r\033[K" + line, end="", file=sys.stderr, flush=True)
-
-    def note(self, text: str) -> None:
-        prefix = "\r\033[K" if self.tty else ""
-        print(f"{prefix}[{self.elapsed()}] {text}", file=sys.stderr, flush=True)
-
-
 def run_loadgen(
     args: list[str],
     frontend: Proc,
@@ -595,34 +394,6 @@ def run_loadgen(
         str(engine.pid),
     ]
     return run_json_tool(command, progress, status, timeout, "loadgen")
-
-
-def run_json_tool(
-    command: list[str], progress: Progress, status: str, timeout: float, name: str
-) -> dict:
-    """Run a measuring process that prints its figures as JSON on its last line, showing
-    ``status`` while it runs and killing it past ``timeout``; {"error": ...} if it fails."""
-    with tempfile.TemporaryFile() as err:
-        popen = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=err, preexec_fn=_raise_fd_limit
-        )
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                out, _ = popen.communicate(timeout=0.5)
-                break
-            except subprocess.TimeoutExpired:
-                progress.show(status)
-                if time.monotonic() > deadline:
-                    popen.kill()
-                    popen.communicate()
-                    return {"error": f"timed out after {timeout:.0f} s"}
-        err.seek(0)
-        stderr = err.read().decode(errors="replace")
-    if popen.returncode != 0:
-        last = stderr.strip().splitlines()[-1:] or ["?"]
-        return {"error": f"{name} exited {popen.returncode}: {last[0]}", "stderr": stderr[-3000:]}
-    return json.loads(out.decode().strip().splitlines()[-1])
 
 
 def summary_of(kind: str, level: int, result: dict) -> str:
@@ -893,29 +664,6 @@ def _field(result: dict | None, name: str) -> float | None:
     return float(value) if value is not None else None
 
 
-def _fmt(value: float, digits: int) -> str:
-    if value is None or math.isnan(value):
-        return "—"
-    return f"{value:,.{digits}f}"
-
-
-def cell(values: list[float], digits: int) -> str:
-    good = [v for v in values if not math.isnan(v)]
-    if not good:
-        return "\u2014"
-    median = statistics.median(good)
-    if len(good) == 1:
-        return _fmt(median, digits)
-    return f"{_fmt(median, digits)} ({_fmt(min(good), digits)}{DASH}{_fmt(max(good), digits)})"
-
-
-def ratios(a: list[float], b: list[float]) -> str:
-    out = []
-    for x, y in zip(a, b, strict=True):
-        out.append(f"{x / y:.2f}" if not (math.isnan(x) or math.isnan(y) or y == 0) else "—")
-    return ", ".join(out)
-
-
 def load_side(rounds: list[dict[str, dict[str, dict]]]) -> dict[str, float]:
     worst: dict[str, float] = {}
     for rnd in rounds:
@@ -935,45 +683,6 @@ def load_side(rounds: list[dict[str, dict[str, dict]]]) -> dict[str, float]:
                     if key in result:
                         worst[key] = max(worst.get(key, 0.0), result[key])
     return worst
-
-
-def machine() -> dict[str, str]:
-    model = ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    mem = ""
-    with contextlib.suppress(OSError):
-        kb = int(Path("/proc/meminfo").read_text().split()[1])
-        mem = f"{kb / 2**20:.0f} GiB"
-    versions = {}
-    for name in (
-        "trio",
-        "hypercorn",
-        "h11",
-        "pyzmq",
-        "msgpack",
-        "fastapi",
-        "starlette",
-        "uvicorn",
-        "uvloop",
-        "httptools",
-        "pydantic",
-        "orjson",
-    ):
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            versions[name] = metadata.version(name)
-    return {
-        "machine": platform.machine(),
-        "cpu": model,
-        "cores": str(os.cpu_count()),
-        "memory": mem,
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "packages": ", ".join(f"{k} {v}" for k, v in versions.items()),
-    }
 
 
 def report(
@@ -1038,7 +747,7 @@ def report(
         f"- Code under test: {', '.join(dict.fromkeys(meta['source_per_round']))}"
         + (
             " (**it changed during the run**: rounds are not comparable)"
-            if len({_code(state) for state in meta["source_per_round"]}) > 1
+            if len({source_code(state) for state in meta["source_per_round"]}) > 1
             else ""
         )
         + ".",
@@ -1079,35 +788,6 @@ def report(
         lines += ["", "Runs that failed:", ""] + [f"- {f}" for f in failures]
     lines.append(end)
     return "\n".join(lines)
-
-
-def publish(
-    text: str,
-    command: str,
-    results: object,
-    json_path: str | None,
-    docs_path: str | None,
-    begin: str,
-    end: str,
-) -> None:
-    """A measuring tool's output: print its table, and write its figures as JSON and its
-    section of the docs (between ``begin`` and ``end``) where asked."""
-    print(text)
-    if json_path:
-        Path(json_path).write_text(json.dumps({"command": command, "results": results}, indent=2))
-    if docs_path:
-        write_docs(Path(docs_path), f"{begin}\n{text}\n{end}", begin, end)
-
-
-def write_docs(path: Path, text: str, begin: str = BEGIN, end: str = END) -> None:
-    """Put ``text`` (which starts with ``begin`` and ends with ``end``) in place of the
-    section between those markers, or at the end of the file if it has none."""
-    doc = path.read_text()
-    if begin in doc and end in doc:
-        doc = doc[: doc.index(begin)] + text + doc[doc.index(end) + len(end) :]
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + text + "\n"
-    path.write_text(doc)
 
 
 # -- main -----------------------------------------------------------------------------------
@@ -1257,7 +937,7 @@ def main() -> int:
         pinning = (
             "none (" + ("--no-pin" if args.no_pin else "fewer than 2 cores or no taskset") + ")"
         )
-    _raise_fd_limit()
+    raise_fd_limit()
     most = max(plan.idle_levels + plan.stream_levels + plan.json_levels)
     most = max(most, plan.capacity_streams) + 64
     specs = frontend_specs(
@@ -1309,7 +989,7 @@ def main() -> int:
         wait_for_log(engine, re.compile("mock engine serving"))
         for r in range(plan.rounds):
             sources.append(source_state())
-            if r and _code(sources[-1]) != _code(sources[-2]):
+            if r and source_code(sources[-1]) != source_code(sources[-2]):
                 progress.note(f"the code under test changed: {sources[-2]} -> {sources[-1]}")
             results: dict[str, dict[str, dict]] = {label: {} for label in labels}
             frontends: list[Proc] = []

@@ -38,14 +38,12 @@ from pathlib import Path
 
 import trio
 
-TOOLS = Path(__file__).resolve().parent
-sys.path.insert(0, str(TOOLS.parent / "src"))
-sys.path.insert(0, str(TOOLS))
+from loadgen import cpu_seconds
+from trioserve.protocol import Ping, encode
+from trioserve.transport.keys import client_keys, write_keypair
+from trioserve.transport.zmtp import ZmtpDealer
 
-from loadgen import cpu_seconds  # noqa: E402
-from trioserve.protocol import Ping, encode  # noqa: E402
-from trioserve.transport.keys import client_keys, write_keypair  # noqa: E402
-from trioserve.transport.zmtp import ZmtpDealer  # noqa: E402
+TOOLS = Path(__file__).resolve().parent
 
 #: Seconds a process has to come up.
 START_TIMEOUT = 20.0

@@ -22,15 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "tools"))
 
 TEXT = (
     "The quick brown fox jumps over the lazy dog. Grüße aus Köln! Café, naïve, façade. "

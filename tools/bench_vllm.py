@@ -72,13 +72,13 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-TOOLS = Path(__file__).resolve().parent
-sys.path.insert(0, str(TOOLS))
+import bench_vllm_load  # (the load child's modes)
+import bench_vllm_procs as procs  # (spawning, pinning, per-thread CPU)
+import loadgen  # (tools/loadgen.py: the prompt)
+from toolkit import machine, processes, reports
+from toolkit.progress import Progress
 
-import bench  # noqa: E402  (tools/bench.py: processes, reporting)
-import bench_vllm_load  # noqa: E402  (the load child's modes)
-import bench_vllm_procs as procs  # noqa: E402  (spawning, pinning, per-thread CPU)
-import loadgen  # noqa: E402  (tools/loadgen.py: the prompt)
+TOOLS = Path(__file__).resolve().parent
 
 BEGIN, END = "<!-- bench-vllm:begin -->", "<!-- bench-vllm:end -->"
 SERVER_CORE, MODEL_CORE = 0, 1
@@ -106,7 +106,7 @@ LONG_TEXT = (
     "日本語のテキストも少しあります。中文测试 漢字 한국어 텍스트. Emoji: 🙂 🚀 ✨ 👩‍💻 👍🏽. "
     '{"key": "value", "list": [1, 2, 3]} 1 2 3 4 5 6 7 8 9 10 100 1000\n'
 )
-DASH = bench.DASH
+DASH = reports.DASH
 
 
 # -- the sides ------------------------------------------------------------------------------
@@ -115,7 +115,7 @@ DASH = bench.DASH
 @dataclass
 class Side:
     label: str
-    procs: list[bench.Proc]
+    procs: list[processes.Proc]
     url: str = ""
     #: (metrics page, counter): the server's own count of generated tokens.
     token_counter: tuple[str, str] = ("", "")
@@ -210,8 +210,8 @@ def start_sides(args: argparse.Namespace, pin: bool, workdir: Path) -> list[Side
         )
         sides.append(Side(DIRECT, [frontend], counted={"frontend": frontend.pid}))
     if SHARED in args.sides:
-        address = f"tcp://127.0.0.1:{bench.free_port()}"
-        metrics = f"http://127.0.0.1:{bench.free_port()}"
+        address = f"tcp://127.0.0.1:{processes.free_port()}"
+        metrics = f"http://127.0.0.1:{processes.free_port()}"
         adapter = procs.spawn(
             "shared-adapter",
             [py, "-m", "trioserve", "engine", "vllm", args.model, "--bind", address]
@@ -226,7 +226,7 @@ def start_sides(args: argparse.Namespace, pin: bool, workdir: Path) -> list[Side
         adapter_ready = (shared, address)
         sides.append(shared)
     if VLLM in args.sides:
-        port = bench.free_port()
+        port = processes.free_port()
         api = procs.spawn(
             "vllm-api-server",
             [py, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model, *vllm_args]
@@ -243,7 +243,7 @@ def start_sides(args: argparse.Namespace, pin: bool, workdir: Path) -> list[Side
         shared, address = adapter_ready
         adapter = shared.procs[0]
         procs_ready = re.compile("vLLM engine serving")
-        bench.wait_for_log(adapter, procs_ready, args.start_timeout)
+        processes.wait_for_log(adapter, procs_ready, args.start_timeout)
         frontend = procs.spawn(
             "shared-frontend",
             # The heartbeat timeout of the direct path's EngineCore client (30 s): this
@@ -255,10 +255,12 @@ def start_sides(args: argparse.Namespace, pin: bool, workdir: Path) -> list[Side
         )
         shared.procs.insert(0, frontend)
         shared.counted = {"frontend": frontend.pid, "adapter": adapter.pid}
-        shared.url = bench.wait_for_log(frontend, bench.URL_RE, 60).group(1)
+        shared.url = processes.wait_for_log(frontend, processes.URL_RE, 60).group(1)
     for side in sides:
         if side.label == DIRECT:
-            side.url = bench.wait_for_log(side.procs[0], bench.URL_RE, args.start_timeout).group(1)
+            side.url = processes.wait_for_log(
+                side.procs[0], processes.URL_RE, args.start_timeout
+            ).group(1)
             side.token_counter = (side.url + "/metrics", "trioserve_generation_tokens_total")
             side.running = (side.url + "/metrics", "trioserve_engine_requests_running")
     for side in sides:
@@ -327,19 +329,19 @@ def build_plan(args: argparse.Namespace) -> Plan:
     )
 
 
-def run_child(spec: dict, pin: bool, progress: bench.Progress, status: str, timeout: float) -> dict:
+def run_child(spec: dict, pin: bool, progress: Progress, status: str, timeout: float) -> dict:
     command = [
-        *bench.pin_prefix(LOAD_CORE, pin),
+        *processes.pin_prefix(LOAD_CORE, pin),
         sys.executable,
         str(Path(__file__).resolve()),
         "_loadgen",
         json.dumps(spec),
     ]
-    return bench.run_json_tool(command, progress, status, timeout, "the load child")
+    return processes.run_json_tool(command, progress, status, timeout, "the load child")
 
 
 def measure_round(
-    r: int, plan: Plan, sides: list[Side], pin: bool, progress: bench.Progress, args
+    r: int, plan: Plan, sides: list[Side], pin: bool, progress: Progress, args
 ) -> tuple[dict[str, dict[str, dict]], list[str]]:
     model = served_name(args)
     results: dict[str, dict[str, dict]] = {side.label: {} for side in sides}
@@ -597,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     else:
         pinning = "none"
-    bench._raise_fd_limit()
+    processes.raise_fd_limit()
     # SIGTERM ends the run as an error would: every process started here is stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     windows = len(plan.json_levels) * (plan.json_duration + plan.json_warmup + 3) + len(
@@ -609,7 +611,7 @@ def main(argv: list[str] | None = None) -> int:
         + plan.abort_count * 2
         + (3 * plan.long_prompt_duration + 15 if plan.long_prompt_tokens else 0)
     )
-    progress = bench.Progress(150 + plan.rounds * len(labels) * per_side)
+    progress = Progress(150 + plan.rounds * len(labels) * per_side)
     progress.note(f"{command}: pinning {pinning}")
     workdir = Path(tempfile.mkdtemp(prefix="trioserve-bench-vllm-"))
     t_start = time.monotonic()
@@ -635,7 +637,7 @@ def main(argv: list[str] | None = None) -> int:
     answers: list[tuple[int, dict]] = []
     # The processes start once and run the code they loaded then: that is the code under
     # test; the working tree per round only says whether someone edited it meanwhile.
-    code = bench.source_state()
+    code = machine.source_state()
     try:
         progress.show(f"starting {len(labels)} sides (vLLM takes a minute or more each)")
         try:
@@ -654,7 +656,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         answers = [chat(side.url, name, {"max_tokens": 16}) for side in sides]
         for r in range(plan.rounds):
-            sources.append(bench.source_state())
+            sources.append(machine.source_state())
             results, failed = measure_round(r, plan, sides, pin, progress, args)
             rounds.append(results)
             failures += failed
@@ -678,7 +680,7 @@ def main(argv: list[str] | None = None) -> int:
         "commit": code,
         "source_per_round": sources,
         "command": command,
-        "machine": bench.machine(),
+        "machine": machine.machine(),
         "vllm": _vllm_version(args.vllm_python),
         "loadavg_start": loadavg_start,
         "loadavg_end": _loadavg(),
@@ -732,7 +734,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     if args.write_docs:
-        bench.write_docs(args.write_docs, text, BEGIN, END)
+        reports.write_docs(args.write_docs, text, BEGIN, END)
     return 1 if failures else 0
 
 

@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import bench
+from toolkit.processes import Proc, raise_fd_limit
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 #: Seconds between two samples of the core each thread is on (the thread's ``processor``
@@ -32,7 +32,7 @@ CORE_SAMPLE_S = 0.25
 
 
 def _child_setup() -> None:
-    bench._raise_fd_limit()
+    raise_fd_limit()
     # Started on every core (this script's pinning is not theirs); pinned once up.
     os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
     # SIGTERM to the child when this script dies, however it dies.
@@ -40,7 +40,7 @@ def _child_setup() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def spawn(name: str, command: list[str], workdir: Path, env: dict[str, str]) -> bench.Proc:
+def spawn(name: str, command: list[str], workdir: Path, env: dict[str, str]) -> Proc:
     """``command`` in a process group of its own (so that its descendants end with it)."""
     log_path = workdir / f"{name.replace(' ', '_')}-{uuid.uuid4().hex[:6]}.log"
     with open(log_path, "wb") as log_file:
@@ -53,10 +53,10 @@ def spawn(name: str, command: list[str], workdir: Path, env: dict[str, str]) -> 
             preexec_fn=_child_setup,
             start_new_session=True,
         )
-    return bench.Proc(name, popen, log_path)
+    return Proc(name, popen, log_path)
 
 
-def stop_group(proc: bench.Proc, grace: float = 30) -> None:
+def stop_group(proc: Proc, grace: float = 30) -> None:
     """SIGTERM (vLLM then shuts its EngineCore down), then SIGKILL to whatever is left of
     the process group this script started it in."""
     if proc.popen.poll() is None:

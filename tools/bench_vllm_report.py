@@ -7,9 +7,9 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import bench
+from toolkit import reports
 
-DASH = bench.DASH
+DASH = reports.DASH
 
 
 @dataclass
@@ -313,7 +313,7 @@ def _range(goal: dict, digits: int = 2) -> str:
     lo, hi = (goal["range"] + [math.nan, math.nan])[:2]
     if math.isnan(lo) or lo == hi:
         return ""
-    return f" (rounds {bench._fmt(lo, digits)}{DASH}{bench._fmt(hi, digits)})"
+    return f" (rounds {reports.fmt(lo, digits)}{DASH}{reports.fmt(hi, digits)})"
 
 
 def report(  # type: ignore[no-untyped-def]
@@ -382,7 +382,7 @@ def report(  # type: ignore[no-untyped-def]
     ]
     for figure in figures.values():
         values = figure["values"]
-        cells = [bench.cell(values[label], figure["digits"]) for label in labels]
+        cells = [reports.cell(values[label], figure["digits"]) for label in labels]
         ratio_cells = [
             ", ".join(f"{x:.2f}" if not math.isnan(x) else "—" for x in figure["ratios"][o])
             for o in others
@@ -396,7 +396,7 @@ def report(  # type: ignore[no-untyped-def]
             said = goal["verdict"]
             shown = said if said == "met" else f"**{said}**"
             lines.append(
-                f"- {label}, {goal['label']}: {bench._fmt(goal['ratio'], 2)}{_range(goal)} "
+                f"- {label}, {goal['label']}: {reports.fmt(goal['ratio'], 2)}{_range(goal)} "
                 f"(goal {goal['target']}): {shown}"
             )
     if meta["failures"]:

@@ -4,7 +4,7 @@ tests/server/http1/test_fuzz.py, from tests/helpers/http1_fuzz.py (the sans-io p
 running server on 127.0.0.1 that must survive each connection, HTTP or WebSocket frames,
 and serve the next request), unseeded, round after round.
 
-    python tools/fuzz_http.py --seconds 600 [--target parser|server|websocket|all]
+    python -m tools.fuzz_http --seconds 600 [--target parser|server|websocket|all]
 
 Stops at the first failure, printing hypothesis's smallest example, and exits 1; exits 0
 when the time is up. Needs the test extras (hypothesis).
@@ -13,13 +13,9 @@ when the time is up. Needs the test extras (hypothesis).
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from tests.helpers.http1_fuzz import (
     check_parser,
     reads,
@@ -27,8 +23,7 @@ from tests.helpers.http1_fuzz import (
     traffic,
     websocket_traffic,
 )
-
-import fuzz_runner
+from tools import fuzz_runner
 
 #: Examples per round: small enough that the time limit is kept to within a round.
 ROUND = {"parser": 2000, "server": 200, "websocket": 200}

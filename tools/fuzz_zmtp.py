@@ -5,7 +5,7 @@ generated, mutated and cut into arbitrary reads: nothing raised but ZmtpProtocol
 within its bounds, exactly, and under CURVE only, what the engine sent delivered),
 unseeded, round after round. No socket: the framer is sans-io.
 
-    python tools/fuzz_zmtp.py --seconds 600 [--target null|curve|all]
+    python -m tools.fuzz_zmtp --seconds 600 [--target null|curve|all]
 
 Stops at the first failure, printing hypothesis's smallest example, and exits 1; exits 0
 when the time is up. Needs the test extras (hypothesis).
@@ -14,13 +14,9 @@ when the time is up. Needs the test extras (hypothesis).
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from tests.helpers.zmtp_fuzz import (
     check_curve,
     check_null_mutated,
@@ -32,8 +28,7 @@ from tests.helpers.zmtp_fuzz import (
     reads,
     stray_frame,
 )
-
-import fuzz_runner
+from tools import fuzz_runner
 
 
 def _null(data: st.DataObject) -> None:

@@ -38,11 +38,10 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-TOOLS = Path(__file__).resolve().parent
-sys.path.insert(0, str(TOOLS))
+import loadgen
+from toolkit import processes, reports
 
-import bench  # noqa: E402  (tools/bench.py: process helpers, write_docs)
-import loadgen  # noqa: E402
+TOOLS = Path(__file__).resolve().parent
 
 BEGIN, END = "<!-- instructions:begin -->", "<!-- instructions:end -->"
 PROMPT = "Count the instructions of one request."
@@ -139,11 +138,11 @@ def measure_frontend(
         f"--callgrind-out-file={out}/callgrind.%p.out",
         "-q",
     ]
-    proc = bench.spawn(name, [*valgrind, *command], workdir)
+    proc = processes.spawn(name, [*valgrind, *command], workdir)
     proc.url = f"http://127.0.0.1:{port}"
     figures: dict[str, float] = {}
     try:
-        bench.wait_healthy(proc, timeout=300)
+        processes.wait_healthy(proc, timeout=300)
         bodies = {
             kind: {"messages": [{"role": "user", "content": PROMPT}], **extra, **ENGINE_KNOBS}
             for kind, extra in KINDS.items()
@@ -174,11 +173,11 @@ def measure_frontend(
 
 
 def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
-    engine_address = f"tcp://127.0.0.1:{bench.free_port()}"
+    engine_address = f"tcp://127.0.0.1:{processes.free_port()}"
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="trioserve-instructions-") as tmp:
         workdir = Path(tmp)
-        engine = bench.spawn(
+        engine = processes.spawn(
             "engine",
             [
                 sys.executable,
@@ -194,7 +193,7 @@ def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
         )
         try:
             for name in ("trioserve", "reference"):
-                port = bench.free_port()
+                port = processes.free_port()
                 common = ["--engine", engine_address, "--host", "127.0.0.1", "--port", str(port)]
                 if name == "trioserve":
                     command = [sys.executable, "-m", "trioserve", "--log-level", "warning", "run"]
@@ -241,7 +240,7 @@ def main() -> None:
     command = f"python tools/instructions.py {shown}"
     results = measure(args)
     text = table(results, command)
-    bench.publish(text, command, results, args.json, args.write_docs, BEGIN, END)
+    reports.publish(text, command, results, args.json, args.write_docs, BEGIN, END)
 
 
 if __name__ == "__main__":

@@ -31,10 +31,9 @@ from typing import cast
 import trio
 import zmq
 
-TOOLS = Path(__file__).resolve().parent
-sys.path.insert(0, str(TOOLS))
+from toolkit import processes, reports
 
-import bench  # noqa: E402  (tools/bench.py: free_port, write_docs)
+TOOLS = Path(__file__).resolve().parent
 
 BEGIN, END = "<!-- wakeups:begin -->", "<!-- wakeups:end -->"
 TCP, ZMQ, ZMQ_TRIO = "TCP loopback", "ZeroMQ DEALER-ROUTER", "ZeroMQ, the caller parked in trio"
@@ -72,7 +71,7 @@ def round_trips(transport: str, gaps_ms: list[float], count: int, progress) -> d
     if transport == TCP:
         listener = socket.create_server(("127.0.0.1", 0))
     else:
-        port = bench.free_port()
+        port = processes.free_port()
     pid = os.fork()
     if pid == 0:  # the echo
         code = 0
@@ -198,7 +197,7 @@ def main() -> None:
 
     results = {t: round_trips(t, gaps_ms, args.count, progress) for t in TRANSPORTS}
     text = table(results, gaps_ms, args.count, command)
-    bench.publish(text, command, results, args.json, args.write_docs, BEGIN, END)
+    reports.publish(text, command, results, args.json, args.write_docs, BEGIN, END)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""tools/fuzz_zmtp.py runs (a smoke run: the properties themselves are
-tests/transport/test_zmtp_fuzz.py)."""
+"""tools/fuzz_zmtp.py runs (``python -m tools.fuzz_zmtp`` from the repository's root; a smoke
+run: the properties themselves are tests/transport/test_zmtp_fuzz.py)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ from pathlib import Path
 
 from tests.helpers.waiting import HANG_GUARD
 
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "fuzz_zmtp.py"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_zmtp_fuzzer_runs_rounds_and_reports_no_failure():
     done = subprocess.run(
-        [sys.executable, str(TOOL), "--seconds", "0.5", "--target", "curve"],
+        [sys.executable, "-m", "tools.fuzz_zmtp", "--seconds", "0.5", "--target", "curve"],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=HANG_GUARD * 3,
