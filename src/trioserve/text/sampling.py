@@ -13,7 +13,8 @@ ids into ``stop_token_ids`` and ``_all_stop_token_ids``) and ``update_from_token
 
 Validation is everything vLLM refuses on the way: the request models' checks, the
 ``SamplingParams._verify_args`` that EngineCore re-runs when it decodes an ADD (where a
-failure kills its input thread: the engine then ignores every request, silently), and
+failure kills its input thread: the engine then ignores every request, silently;
+``sampling_checks.py``), and
 ``SamplingParams.verify`` (vocabulary bounds, logprob limits, structured outputs). Each
 refusal is a :class:`~trioserve.errors.TextInputError` naming the parameter, with vLLM's
 message.
@@ -29,17 +30,16 @@ from typing import Any
 
 import attrs
 
-from ..errors import PromptTooLongError, TextInputError
+from ..errors import PromptTooLongError
 from .assets import SAMPLING_DEFAULT_FIELDS, ModelText, SamplingDefaults
 from .detokenizer import IncrementalDetokenizer
+from .sampling_checks import check_logprob_token_ids, fail, verify_args
 from .stops import hold_back
 from .structured import structured_outputs
 
 #: vLLM's constants (``vllm/sampling_params.py``, ``vllm/envs.py``).
 SAMPLING_EPS = 1e-5
 MIN_TEMPERATURE = 1e-2
-MAX_LOGPROB_TOKEN_IDS = 128
-MAX_N_SEQUENCES = 16384
 MAX_NUM_BAD_WORDS = 128
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 #: ``RequestOutputKind``'s values.
@@ -120,10 +120,6 @@ def _override(values: dict[str, Any], override: dict[str, Any]) -> dict[str, Any
     return out
 
 
-def _fail(message: str, param: str | None) -> TextInputError:
-    return TextInputError(message, param=param)
-
-
 class _Reader:
     """Typed access to a request's parameters: a wrong type is a 400 naming the field."""
 
@@ -140,9 +136,9 @@ class _Reader:
         if type(value) is float and value.is_integer():
             value = int(value)
         if type(value) is not int:
-            raise _fail(f"{name} must be an integer", name)
+            raise fail(f"{name} must be an integer", name)
         if not low <= value <= high:
-            raise _fail(f"{name} must be between {low} and {high}, got {value}", name)
+            raise fail(f"{name} must be between {low} and {high}, got {value}", name)
         return value
 
     def float_(self, name: str) -> float | None:
@@ -150,7 +146,7 @@ class _Reader:
         if value is None:
             return None
         if type(value) not in (int, float):
-            raise _fail(f"{name} must be a number", name)
+            raise fail(f"{name} must be a number", name)
         return float(value)
 
     def bool_(self, name: str, default: bool) -> bool:
@@ -158,7 +154,7 @@ class _Reader:
         if value is None:
             return default
         if type(value) is not bool:
-            raise _fail(f"{name} must be a boolean", name)
+            raise fail(f"{name} must be a boolean", name)
         return value
 
     def strings(self, name: str) -> list[str] | None:
@@ -168,7 +164,7 @@ class _Reader:
         if isinstance(value, str):
             return [value]
         if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
-            raise _fail(f"{name} must be a string or a list of strings", name)
+            raise fail(f"{name} must be a string or a list of strings", name)
         return list(value)
 
     def ints(self, name: str) -> list[int] | None:
@@ -178,7 +174,7 @@ class _Reader:
         if not isinstance(value, list) or not all(
             type(i) is int and INT64_MIN <= i <= INT64_MAX for i in value
         ):
-            raise _fail(f"{name} must be a list of integers", name)
+            raise fail(f"{name} must be a list of integers", name)
         return list(value)
 
 
@@ -281,7 +277,7 @@ def lower(
 
     for name in UNSUPPORTED:
         if params.get(name) not in (None, False):
-            raise _fail(f"{name} is not supported on the token-id path yet", name)
+            raise fail(f"{name} is not supported on the token-id path yet", name)
 
     # -- max_tokens --------------------------------------------------------------------
     if chat and params.get("max_completion_tokens") is not None:
@@ -325,14 +321,14 @@ def lower(
         temperature = MIN_TEMPERATURE  # vLLM raises it, with a warning
     values["temperature"] = temperature
 
-    _verify_args(
+    verify_args(
         n, values, max_tokens, min_tokens, logprobs, prompt_logprobs, stop, stop_token_ids,
         bad_words, r.int_("stream_interval"),
     )  # fmt: skip
     if temperature < SAMPLING_EPS:
         values.update(top_p=1.0, top_k=0, min_p=0.0)
         if n > 1:
-            raise _fail(f"n must be 1 when using greedy sampling, got {n}.", "n")
+            raise fail(f"n must be 1 when using greedy sampling, got {n}.", "n")
 
     # -- SamplingParams.verify (the input processor) -----------------------------------------
     vocab = model.vocab_size
@@ -342,21 +338,21 @@ def lower(
             count = vocab if asked == -1 else asked
             if count > max_logprobs:
                 kind = "sample" if name == "logprobs" else "prompt"
-                raise _fail(
+                raise fail(
                     f"Requested {kind} logprobs of {count}, which is greater than max "
                     f"allowed: {max_logprobs}",
                     name,
                 )
     if logprob_token_ids is not None:
-        _check_logprob_token_ids(logprob_token_ids, logprobs, vocab)
+        check_logprob_token_ids(logprob_token_ids, logprobs, vocab)
     for ids, name in ((stop_token_ids, "stop_token_ids"), (list(logit_bias or ()), "logit_bias")):
         if ids:
             model.check_token_ids(ids, name)
     if allowed is not None:
         if not allowed:
-            raise _fail("allowed_token_ids is not None and empty!", "allowed_token_ids")
+            raise fail("allowed_token_ids is not None and empty!", "allowed_token_ids")
         if any(not 0 <= i < vocab for i in allowed):
-            raise _fail("allowed_token_ids contains out-of-vocab token id!", "allowed_token_ids")
+            raise fail("allowed_token_ids contains out-of-vocab token id!", "allowed_token_ids")
     structured = structured_outputs(params, limits.structured_outputs_backend)
 
     # -- __post_init__, then the input processor's updates -------------------------------
@@ -425,23 +421,21 @@ def _logprobs(r: _Reader, chat: bool, stream: bool, echo: bool) -> tuple[int | N
     prompt_logprobs = r.int_("prompt_logprobs")
     if prompt_logprobs is not None:
         if stream and (prompt_logprobs > 0 or prompt_logprobs == -1):
-            raise _fail(
-                "`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs"
-            )
+            raise fail("`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs")
         if prompt_logprobs < -1:
-            raise _fail("`prompt_logprobs` must be a positive value or -1.", "prompt_logprobs")
+            raise fail("`prompt_logprobs` must be a positive value or -1.", "prompt_logprobs")
     if chat:
         asked = r.bool_("logprobs", False)
         top = r.int_("top_logprobs")
         if top is not None:
             if top < -1:
-                raise _fail("`top_logprobs` must be a positive value or -1.", "top_logprobs")
+                raise fail("`top_logprobs` must be a positive value or -1.", "top_logprobs")
             if (top == -1 or top > 0) and not asked:
-                raise _fail(
+                raise fail(
                     "when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs"
                 )
         if r.get("logprob_token_ids") and not asked:
-            raise _fail(
+            raise fail(
                 "when using `logprob_token_ids`, `logprobs` must be set to true.",
                 "logprob_token_ids",
             )
@@ -461,7 +455,7 @@ def _logit_bias(value: Any) -> dict[int, float] | None:
     if value is None:
         return None
     if not isinstance(value, dict):
-        raise _fail("logit_bias must be an object", "logit_bias")
+        raise fail("logit_bias must be an object", "logit_bias")
     out: dict[int, float] = {}
     bad = []
     for key, bias in value.items():
@@ -471,115 +465,14 @@ def _logit_bias(value: Any) -> dict[int, float] | None:
             bad.append(key)
             continue
         if type(bias) not in (int, float) or not math.isfinite(bias):
-            raise _fail("logit_bias values must be finite numbers", "logit_bias")
+            raise fail("logit_bias values must be finite numbers", "logit_bias")
         out[token] = min(100.0, max(-100.0, float(bias)))
     if bad:
-        raise _fail(
+        raise fail(
             f"logit_bias contains key(s) that cannot be converted to integer token IDs: {bad!r}",
             "logit_bias",
         )
     return out
-
-
-def _verify_args(
-    n: int,
-    values: dict[str, Any],
-    max_tokens: int,
-    min_tokens: int,
-    logprobs: int | None,
-    prompt_logprobs: int | None,
-    stop: list[str],
-    stop_token_ids: list[int],
-    bad_words: list[str],
-    stream_interval: int | None,
-) -> None:
-    """``SamplingParams._verify_args``, message for message."""
-    if n < 1:
-        raise _fail(f"n must be at least 1, got {n}.", "n")
-    if n > MAX_N_SEQUENCES:
-        raise _fail(
-            f"n must be at most {MAX_N_SEQUENCES}, got {n}. To increase this limit, set the "
-            "VLLM_MAX_N_SEQUENCES environment variable.",
-            "n",
-        )
-    for name in ("presence_penalty", "frequency_penalty"):
-        value = values[name]
-        if not -2.0 <= value <= 2.0:
-            raise _fail(f"{name} must be in [-2, 2], got {value}.", name)
-    repetition = values["repetition_penalty"]
-    if not math.isfinite(repetition):
-        raise _fail(
-            f"repetition_penalty must be a finite number, got {repetition}.",
-            "repetition_penalty",
-        )
-    if repetition <= 0.0:
-        raise _fail(
-            f"repetition_penalty must be greater than zero, got {repetition}.",
-            "repetition_penalty",
-        )
-    temperature = values["temperature"]
-    if not math.isfinite(temperature):
-        raise _fail(f"temperature must be a finite number, got {temperature}.", "temperature")
-    if temperature < 0.0:
-        raise _fail(f"temperature must be non-negative, got {temperature}.", "temperature")
-    if temperature > 2.0:
-        raise _fail(f"temperature must be in [0, 2], got {temperature}.", "temperature")
-    top_p = values["top_p"]
-    if not 0.0 < top_p <= 1.0:  # (NaN fails too)
-        raise _fail(f"top_p must be in (0, 1], got {top_p}.", "top_p")
-    top_k = values["top_k"]
-    if not isinstance(top_k, int):
-        raise _fail(f"top_k must be an integer, got {type(top_k).__name__}", "top_k")
-    if top_k < -1:
-        raise _fail(f"top_k must be 0 (disable), or at least 1, got {top_k}.", "top_k")
-    min_p = values["min_p"]
-    if not 0.0 <= min_p <= 1.0:
-        raise _fail(f"min_p must be in [0, 1], got {min_p}.", "min_p")
-    if max_tokens < 1:
-        raise _fail(f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens")
-    if min_tokens < 0:
-        raise _fail(
-            f"min_tokens must be greater than or equal to 0, got {min_tokens}.", "min_tokens"
-        )
-    if min_tokens > max_tokens:
-        raise _fail(
-            f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}.",
-            "min_tokens",
-        )
-    if stream_interval is not None and stream_interval < 1:
-        raise _fail(
-            f"stream_interval must be at least 1, got {stream_interval}.", "stream_interval"
-        )
-    if logprobs is not None and logprobs < -1:
-        raise _fail(f"logprobs must be non-negative or -1, got {logprobs}.", "logprobs")
-    if prompt_logprobs is not None and prompt_logprobs < -1:
-        raise _fail(
-            f"prompt_logprobs must be non-negative or -1, got {prompt_logprobs}.",
-            "prompt_logprobs",
-        )
-    if any(not s for s in stop):
-        raise _fail("stop cannot contain an empty string.", "stop")
-    if any(not w for w in bad_words):
-        raise _fail(
-            f"bad_words cannot contain an empty string. Got bad_words={bad_words}", "bad_words"
-        )
-    del stop_token_ids  # (integers: the reader checked)
-
-
-def _check_logprob_token_ids(ids: list[int], logprobs: int | None, vocab: int) -> None:
-    if len(ids) > MAX_LOGPROB_TOKEN_IDS:
-        raise _fail(
-            f"Requested logprob_token_ids of length {len(ids)}, which is greater than max "
-            f"allowed: {MAX_LOGPROB_TOKEN_IDS}",
-            "logprob_token_ids",
-        )
-    bad = [i for i in ids if not 0 <= i < vocab]
-    if bad:
-        raise _fail(
-            f"token_id(s) {bad} in logprob_token_ids contain out-of-vocab token ids. "
-            f"Vocabulary size: {vocab}",
-            "logprob_token_ids",
-        )
 
 
 def bad_words_token_ids(model: ModelText, bad_words: list[str]) -> list[list[int]]:
@@ -591,14 +484,14 @@ def bad_words_token_ids(model: ModelText, bad_words: list[str]) -> list[list[int
             ids = model.encode(prefix + word.lstrip(), add_special_tokens=False)
             if not ids:
                 if not prefix:
-                    raise _fail(
+                    raise fail(
                         "bad_words entries must tokenize to at least one token.", "bad_words"
                     )
                 continue
             if not prefix or (ids[0] != found[-1][0] and len(ids) == len(found[-1])):
                 found.append(ids)
                 if len(found) > MAX_NUM_BAD_WORDS:
-                    raise _fail(
+                    raise fail(
                         f"Too many bad words after tokenization: {len(found)}. The max "
                         f"number is {MAX_NUM_BAD_WORDS}.",
                         "bad_words",
