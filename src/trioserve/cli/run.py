@@ -25,6 +25,7 @@ import trio
 
 from .. import logs
 from ..config import Settings
+from ..enginecore.client import HEARTBEAT_TIMEOUT
 from ..errors import CommandError
 from ..options import SECONDS, add_options, from_args, option
 from . import agent_flags, preflight
@@ -64,7 +65,8 @@ class RunOptions:
         metavar="N",
         help="frontend processes sharing the port, each with its own engine connections; "
         "a supervisor forwards signals, restarts a worker that dies and serves /metrics "
-        "summed over them (docs/deployment.md); the mock engine is started once for all",
+        "summed over them (docs/deployment.md); the mock engine, or --vllm's EngineCore "
+        "(each worker its client), is started once for all",
     )
     api_key_file: str = option(
         "",
@@ -111,6 +113,16 @@ class RunOptions:
         kind="positive",
         unit=SECONDS,
         help="seconds to wait for the model to load before giving up",
+    )
+    vllm_heartbeat_timeout: float = option(
+        HEARTBEAT_TIMEOUT,
+        group="vllm",
+        kind="positive",
+        unit=SECONDS,
+        help="the direct path: seconds vLLM's EngineCore may leave a heartbeat unanswered "
+        "before it is declared lost (its requests end with 503 engine_lost and the server "
+        "stops); it answers between two engine steps, so raise it where one step can take "
+        "longer (long prompts on slow CPUs). A killed engine is noticed at once regardless",
     )
     mock_tokens_per_second: float = option(
         50.0,
@@ -250,13 +262,6 @@ def run(args: argparse.Namespace) -> int:
     preflight.check_upload_dir(settings.upload_dir)
     preflight.check_tokenizer(settings.tokenizer)
     direct = bool(options.vllm) and not settings.engines and options.vllm_path == "direct"
-    if direct and options.workers > 1:
-        raise CommandError(
-            "--workers with the direct vLLM path is not served yet (each worker would be "
-            "a client of the one EngineCore, which the supervisor does not set up): use "
-            "--vllm-path shared, or one worker",
-            USAGE_ERROR,
-        )
     preflight.check_can_listen(settings.host, settings.port)
     preflight.check_engine_curve(settings)
     status = 0
@@ -291,6 +296,8 @@ def run(args: argparse.Namespace) -> int:
                 cpus=vllm_cpus(options.vllm_cpus),
                 load_timeout=options.vllm_load_timeout,
                 serve=serve,
+                workers=options.workers,
+                heartbeat_timeout=options.vllm_heartbeat_timeout,
             )
             return
         with tempfile.TemporaryDirectory(prefix="trioserve-") as tmp:
@@ -366,6 +373,10 @@ def worker_main() -> int:
     spec = workers.WorkerSpec.read(sys.stdin.buffer)
     logs.configure(spec.log_level, spec.log_format, worker=spec.index)
     tune_gc()
+    if spec.engine is not None:
+        from .direct_vllm import run_direct_worker
+
+        return trio.run(run_direct_worker, spec)
     trio.run(workers.run_worker, spec)
     return 0
 

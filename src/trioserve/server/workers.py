@@ -64,6 +64,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import IO, Any
 
@@ -72,6 +73,8 @@ import trio
 
 from .. import metrics
 from ..config import Settings
+from ..engine import LinkFactory
+from ..http import App
 from . import tls
 from .frontend import hard_stop_after, serve_frontend
 from .http1.serve import host_port
@@ -122,6 +125,10 @@ class WorkerSpec:
     log_level: str = "info"
     #: ``text`` or ``json`` (``logs.configure``).
     log_format: str = "text"
+    #: What the command that started the supervisor set up for its workers beside
+    #: ``settings`` (JSON, read by that command's worker entry point: the direct vLLM
+    #: path's EngineCore, ``cli/direct_vllm.py``); None for engines of ``settings``.
+    engine: dict[str, Any] | None = None
 
     def to_json(self) -> bytes:
         return json.dumps(attrs.asdict(self)).encode() + b"\n"
@@ -137,9 +144,17 @@ class WorkerSpec:
 # -- in the worker --------------------------------------------------------------------------
 
 
-async def run_worker(spec: WorkerSpec) -> None:
+async def run_worker(
+    spec: WorkerSpec,
+    *,
+    links: Sequence[tuple[str, LinkFactory]] = (),
+    on_app: Callable[[App], None] | None = None,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
     """Serve as worker ``spec.index`` until drained (SIGTERM from the supervisor, or the
-    supervisor gone: EOF on stdin). Reports readiness on stdout (:data:`READY_LINE`)."""
+    supervisor gone: EOF on stdin). Reports readiness on stdout (:data:`READY_LINE`), after
+    ``on_app`` has seen the application. ``links``: as ``serve_frontend``'s (engine links
+    the caller made, e.g. to the supervisor's EngineCore)."""
     metrics.aggregate_workers(spec.metrics_dir)
     async with trio.open_nursery() as nursery:
 
@@ -148,6 +163,7 @@ async def run_worker(spec: WorkerSpec) -> None:
                 spec.settings,
                 engine_wait=spec.engine_wait,
                 listen_fds=spec.listen_fds,
+                links=links,
                 task_status=task_status,
             )
             nursery.cancel_scope.cancel()
@@ -156,7 +172,10 @@ async def run_worker(spec: WorkerSpec) -> None:
         nursery.start_soon(_drain_when_orphaned)
         app, _, _ = await nursery.start(frontend)
         app.services.workers = partial(read_workers_up, spec.metrics_dir)
+        if on_app is not None:
+            on_app(app)
         _report_ready()
+        task_status.started()
         log.info("worker %d (pid %d) accepting", spec.index, os.getpid())
 
 
@@ -231,6 +250,7 @@ class Supervisor:
         self._sockets: list[list[socket.socket]] = []
         self._metrics_dir = ""
         self._engine_wait = 0.0
+        self._engine: dict[str, Any] | None = None
         #: When each worker exited unexpectedly, within the window, by index.
         self._exits: dict[int, collections.deque[float]] = {}
         #: Workers that said they are ready and have not exited.
@@ -243,14 +263,17 @@ class Supervisor:
         self,
         *,
         engine_wait: float = 0.0,
+        engine: dict[str, Any] | None = None,
         handle_signals: bool = True,
         task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Bind, start the workers, and supervise them until they have drained.
-        ``task_status`` gets the URLs once every worker is ready. Raises OSError if the
-        address cannot be bound (as a single process does). Cancelled, it stops the
-        workers at once (bounded: :data:`KILL_AFTER`)."""
+        ``task_status`` gets the URLs once every worker is ready. ``engine``: what each
+        worker is told of an engine the caller set up (:attr:`WorkerSpec.engine`). Raises
+        OSError if the address cannot be bound (as a single process does). Cancelled, it
+        stops the workers at once (bounded: :data:`KILL_AFTER`)."""
         self._engine_wait = engine_wait
+        self._engine = engine
         self._sockets = await bind_group(self.settings.host, self.settings.port, self.count)
         self._addresses = [
             (sock.family, sock.type, sock.proto, sock.getsockname()) for sock in self._sockets[0]
@@ -388,6 +411,7 @@ class Supervisor:
             metrics_dir=self._metrics_dir,
             log_level=self.log_level,
             log_format=self.log_format,
+            engine=self._engine,
         )
         assert process.stdin is not None
         # It stays open while the worker runs: EOF tells the worker we are gone.
