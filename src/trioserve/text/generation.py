@@ -1,0 +1,139 @@
+"""One generation of a token-id engine (vLLM's EngineCore) as a client reads it: each
+step's token ids in, the text, log probabilities and end out. Sans-io.
+
+What vLLM's output processor does in its API server, and what both of trioserve's vLLM
+paths share (the direct link, ``links/vllm.py``, and the shared engine,
+``engine_programs/vllm_enginecore.py``), so that they answer the same text:
+
+- the incremental detokenizer (:mod:`~trioserve.text.detokenizer`), streamed text held back
+  while a stop string could still be completing;
+- a stop string matched here ends the request successfully: :attr:`Delta.stopped` tells
+  the caller to abort the engine request (it would generate on), and the answer is
+  ``finish_reason: "stop"``;
+- the engine's own end (``stop``: a stop token or EOS, left out of the text; ``length``;
+  ``abort``; ``repetition``), or :attr:`Delta.error` for its ERROR;
+- log probabilities in the OpenAI shape of the task (chat: entries; completions: parallel
+  lists with ``text_offset`` carried across deltas), only for the tokens kept.
+
+Finish reasons come in by vLLM's names (``FINISH_REASON_NAMES`` of the codec); the caller
+maps the wire's integers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from .assets import ModelText
+from .logprob_format import Position, chat_logprobs, completion_logprobs, position
+from .sampling import Sampling
+
+#: The engine finished on a stop token or EOS (whose text is left out).
+STOP = "stop"
+#: The engine failed the request.
+ERROR = "error"
+
+
+@attrs.define(slots=True)
+class Delta:
+    """What one step adds to the answer."""
+
+    text: str
+    logprobs: Any = None
+    #: Set on the last delta: why the generation ended.
+    finish_reason: str | None = None
+    #: A stop string ended it while the engine still generates: abort the engine request.
+    stopped: bool = False
+    #: The engine failed the request (no text follows).
+    error: bool = False
+
+
+#: One step's log probabilities, row per generated position: the token ids (the sampled
+#: one first, then the top ones), their logprobs, and the sampled token's rank.
+LogprobRows = tuple[Sequence[Sequence[int]], Sequence[Sequence[float]], Sequence[int]]
+
+
+class GenerationText:
+    """One choice of one request: :meth:`step` per engine output, until a delta with a
+    ``finish_reason`` (or ``error``); nothing after it."""
+
+    __slots__ = (
+        "as_ids",
+        "chat",
+        "detokenizer",
+        "logprobs",
+        "model",
+        "offset",
+        "prompt_tokens",
+        "sampled",
+        "top",
+    )
+
+    def __init__(
+        self, model: ModelText, task: str, prompt_token_ids: list[int], sampling: Sampling
+    ) -> None:
+        self.model = model
+        self.chat = task == "chat"
+        self.prompt_tokens = len(prompt_token_ids)
+        self.detokenizer = sampling.detokenizer(model, prompt_token_ids)
+        params = sampling.params
+        self.logprobs = params.get("logprobs") is not None
+        self.top = int(params.get("logprobs") or 0)
+        self.sampled: list[int] = []  # token ids so far (logprob strings' context)
+        self.as_ids = sampling.tokens_as_token_ids
+        self.offset = 0  # a completion's text_offset, carried across deltas
+
+    @property
+    def completion_tokens(self) -> int:
+        """Generated tokens kept (a stop string drops those after it), as vLLM counts
+        them in ``usage``."""
+        return self.detokenizer.num_output_tokens()
+
+    def step(
+        self, new_token_ids: list[int], finish_reason: str | None, rows: LogprobRows | None
+    ) -> Delta | None:
+        """One engine output: its new ids, the engine's finish reason (None while it
+        runs), its logprob rows (None when none were asked for). None: nothing to send
+        yet (text held back, or a character not yet whole)."""
+        detok = self.detokenizer
+        stop_string = detok.update(new_token_ids, finish_reason == STOP)
+        logprobs = None
+        if self.logprobs and rows is not None:
+            logprobs = self._logprobs(rows, len(detok.token_ids))
+        if stop_string is not None and finish_reason is None:
+            return Delta(detok.next_text(True), logprobs, STOP, stopped=True)
+        if finish_reason is None:
+            text = detok.next_text(False)
+            return Delta(text, logprobs) if text or logprobs else None
+        if finish_reason == ERROR:
+            return Delta("", None, ERROR, error=True)
+        reason = STOP if stop_string is not None else finish_reason
+        return Delta(detok.next_text(True), logprobs, reason)
+
+    def _logprobs(self, rows: LogprobRows, kept: int) -> Any:
+        """This step's tokens' logprobs in the OpenAI shape of the task, as vLLM's serving
+        layer lays them out (the tokens a stop string cut are left out)."""
+        positions: list[Position] = []
+        sampled: list[int] = []
+        for row_ids, row_values, rank in zip(*rows, strict=False):
+            if len(self.sampled) >= kept:
+                break
+            step = position(
+                self.model, list(row_ids), list(row_values), rank, self.top, self.sampled,
+                as_token_ids=self.as_ids,
+            )  # fmt: skip
+            positions.append(step)
+            self.sampled.append(row_ids[0])
+            sampled.append(row_ids[0])
+        if not positions:
+            return None
+        if self.chat:
+            return chat_logprobs(sampled, positions, self.top)
+        out = completion_logprobs(sampled, positions, self.top, self.offset)
+        self.offset = out["text_offset"][-1] + len(out["tokens"][-1])
+        return out
+
+
+__all__ = ["ERROR", "STOP", "Delta", "GenerationText", "LogprobRows"]

@@ -1,0 +1,83 @@
+"""One generation's outputs, token ids in, the answer out (text/generation.py): what both
+vLLM paths answer with. Sans-io: engine outputs are fed by hand."""
+
+from __future__ import annotations
+
+from trioserve.text.assets import ModelText
+from trioserve.text.generation import GenerationText
+from trioserve.text.registry import ServedText
+from trioserve.text.requests import prepare
+from trioserve.text.sampling import EngineLimits
+
+TEXT = "Grüße aus Köln! 日本語 🙂 and the lazy dog."
+
+
+def generation(model: ModelText, task: str = "completion", **params: object) -> GenerationText:
+    served = ServedText(model, EngineLimits(4096))
+    inputs: dict[str, object] = {"prompt": "Once"}
+    if task == "chat":
+        inputs = {"messages": [{"role": "user", "content": "Hi"}]}
+    ready = prepare(served, task, inputs, {"max_tokens": 100, **params}, stream=True)
+    return GenerationText(model, task, ready.prompt.token_ids, ready.sampling)
+
+
+def feed(gen: GenerationText, ids: list[int], final: str | None):
+    """One id per step, ``final`` as the last step's finish reason; the deltas."""
+    deltas = []
+    for i, token in enumerate(ids):
+        delta = gen.step([token], final if i == len(ids) - 1 else None, None)
+        if delta is not None:
+            deltas.append(delta)
+            if delta.finish_reason is not None:
+                break
+    return deltas
+
+
+def test_text_streams_whole_characters_and_ends_with_the_engines_reason(plain: ModelText):
+    ids = plain.encode(TEXT, add_special_tokens=False)
+    gen = generation(plain)
+    deltas = feed(gen, ids, "length")
+    assert "".join(d.text for d in deltas) == plain.decode(ids)
+    assert all("\ufffd" not in d.text for d in deltas)
+    assert [d.finish_reason for d in deltas][-1] == "length"
+    assert not deltas[-1].stopped
+    assert gen.completion_tokens == len(ids)
+
+
+def test_a_stop_string_cuts_the_text_and_asks_for_the_engines_abort(plain: ModelText):
+    ids = plain.encode(TEXT, add_special_tokens=False)
+    gen = generation(plain, stop=["Köln"])
+    deltas = feed(gen, ids, None)
+    last = deltas[-1]
+    assert last.finish_reason == "stop" and last.stopped  # the engine still generates
+    assert "".join(d.text for d in deltas) == "Grüße aus "
+    assert gen.completion_tokens < len(ids)  # the tokens after the stop string are dropped
+
+
+def test_the_stop_token_ends_with_stop_and_no_text_of_its_own(plain: ModelText):
+    ids = plain.encode("the lazy dog", add_special_tokens=False)
+    [eos, *_] = plain.sampling_defaults.eos_token_ids
+    gen = generation(plain)
+    deltas = feed(gen, [*ids, eos], "stop")
+    assert deltas[-1].finish_reason == "stop" and not deltas[-1].stopped
+    assert "".join(d.text for d in deltas) == plain.decode(ids)
+
+
+def test_an_engine_error_is_an_error_delta(plain: ModelText):
+    gen = generation(plain)
+    delta = gen.step([], "error", None)
+    assert delta is not None and delta.error and delta.finish_reason == "error"
+
+
+def test_logprobs_come_in_the_tasks_shape(plain: ModelText):
+    ids = plain.encode("the lazy dog", add_special_tokens=False)
+    completion = generation(plain, logprobs=1)
+    chat = generation(plain, "chat", logprobs=True, top_logprobs=1)
+    for gen in (completion, chat):
+        rows = ([[ids[0], ids[1]]], [[-0.5, -1.5]], [1])
+        delta = gen.step([ids[0]], None, rows)
+        assert delta is not None and delta.logprobs is not None  # sent with their step
+    later = completion.step([ids[1]], None, ([[ids[1]]], [[-0.25]], [1]))
+    assert later is not None and later.logprobs["text_offset"][0] > 0  # carried on
+    entries = chat.step([ids[1]], None, ([[ids[1]]], [[-0.25]], [1]))
+    assert entries is not None and entries.logprobs[0]["logprob"] == -0.25
