@@ -17,12 +17,9 @@ error (its link fails them), ``/health`` answers 503, and once the errors are wr
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -30,8 +27,10 @@ import trio
 
 from ..enginecore import codec
 from ..enginecore.client import HEARTBEAT_TIMEOUT, ClientAddresses, open_enginecore_client
+from ..enginecore.server_options import model_directory, vllm_server_options
 from ..errors import CommandError, EngineLostError
-from ..text.assets import ModelText, ModelTextError, SamplingDefaults
+from ..text.assets import ModelText, ModelTextError
+from ..text.engine_options import engine_limits
 from ..text.sampling import EngineLimits
 
 if TYPE_CHECKING:
@@ -48,61 +47,6 @@ LOST_GRACE = 5.0
 #: Seconds a worker waits for the engine to connect to its addresses (it reconnects to
 #: them every 0.1 s): past it, the worker exits and the supervisor restarts it.
 WORKER_CONNECT_TIMEOUT = 20.0
-
-
-def vllm_server_options(vllm_args: Sequence[str]) -> argparse.Namespace:
-    """The few of vLLM's options the frontend must know (names, validation bounds); the
-    rest are the engine's."""
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--served-model-name", nargs="+", default=None)
-    parser.add_argument("--max-logprobs", type=int, default=20)
-    parser.add_argument("--generation-config", default="auto")
-    parser.add_argument("--override-generation-config", default=None)
-    parser.add_argument("--structured-outputs-config.backend", dest="so_backend", default="auto")
-    parser.add_argument("--tokenizer", default=None)
-    parser.add_argument("--tokenizer-mode", default="auto")
-    known, _ = parser.parse_known_args(list(vllm_args))
-    return known
-
-
-def generation_options(options: argparse.Namespace) -> dict[str, Any]:
-    """``--generation-config DIR`` (its ``generation_config.json``: the defaults and EOS
-    ids instead of the model's) and ``--override-generation-config JSON``, for
-    :class:`EngineLimits`; the engine has accepted both by now."""
-    out: dict[str, Any] = {}
-    if options.generation_config not in ("auto", "vllm"):
-        path = Path(options.generation_config) / "generation_config.json"
-        try:
-            config = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise CommandError(f"--generation-config: cannot read {path} ({exc})", 2) from None
-        out["generation"] = SamplingDefaults.from_config(config if isinstance(config, dict) else {})
-    if options.override_generation_config:
-        try:
-            override = json.loads(options.override_generation_config)
-        except ValueError as exc:
-            raise CommandError(f"--override-generation-config is not JSON ({exc})", 2) from None
-        if not isinstance(override, dict):
-            raise CommandError("--override-generation-config must be a JSON object", 2)
-        out["override_generation_config"] = override
-    return out
-
-
-def model_directory(model: str, tokenizer: str | None) -> Path:
-    """Where the model's tokenizer and templates are: the directory given, or vLLM's
-    download of a hub name (made by the engine, which has loaded it by now)."""
-    name = tokenizer or model
-    if os.path.isdir(name):
-        return Path(name)
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(name, local_files_only=True))
-    except Exception as exc:
-        raise CommandError(
-            f"the direct vLLM path reads the tokenizer of {name!r} from a local directory or "
-            f"the Hugging Face cache, and found neither ({exc}); use --vllm-path shared"
-        ) from None
 
 
 @attrs.define
@@ -124,23 +68,17 @@ class WorkerEngine:
 
 
 def _limits(options: argparse.Namespace, ready: codec.EngineCoreReadyResponse) -> EngineLimits:
-    return EngineLimits(
-        max_model_len=ready.max_model_len,
-        max_logprobs=options.max_logprobs,
-        structured_outputs_backend=options.so_backend,
-        generation_config=options.generation_config,
-        **generation_options(options),
-    )
+    return engine_limits(options, ready.max_model_len)
 
 
 async def _load_text(model: str, options: argparse.Namespace) -> ModelText:
-    directory = model_directory(model, options.tokenizer)
+    directory = model_directory(model, options.tokenizer, otherwise="use --vllm-path asyncllm")
     try:
         return await trio.to_thread.run_sync(ModelText.load, directory)
     except ModelTextError as exc:
         raise CommandError(
             f"the direct vLLM path cannot read {directory}'s tokenizer ({exc}); "
-            "use --vllm-path shared"
+            "use --vllm-path asyncllm"
         ) from None
 
 
@@ -168,7 +106,7 @@ def _check_tokenizer_mode(options: argparse.Namespace) -> None:
     if options.tokenizer_mode not in ("auto", "hf"):
         raise CommandError(
             f"--tokenizer-mode {options.tokenizer_mode} is not served on the direct vLLM "
-            "path (its tokenizer is HF's tokenizer.json); use --vllm-path shared",
+            "path (its tokenizer is HF's tokenizer.json); use --vllm-path asyncllm",
             2,
         )
 
