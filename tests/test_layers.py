@@ -173,11 +173,14 @@ ALLOWED: dict[str, set[str]] = {
     "trioserve.enginecore": {"trioserve.errors", "trioserve.transport"},
     "trioserve.config": {"trioserve.options", "trioserve.text"},
     "trioserve.sdk": {"trioserve.errors", "trioserve.protocol", "trioserve.transport"},
+    # The shared vLLM engine is an SDK backend over EngineCore's client and the text layer.
     "trioserve.engine_programs": {
+        "trioserve.enginecore",
         "trioserve.errors",
         "trioserve.options",
         "trioserve.protocol",
         "trioserve.sdk",
+        "trioserve.text",
         "trioserve.transport",
     },
     "trioserve.engine": {

@@ -50,6 +50,7 @@ def test_a_stop_string_cuts_the_text_and_asks_for_the_engines_abort(plain: Model
     deltas = feed(gen, ids, None)
     last = deltas[-1]
     assert last.finish_reason == "stop" and last.stopped  # the engine still generates
+    assert last.stop_reason == "Köln"
     assert "".join(d.text for d in deltas) == "Grüße aus "
     assert gen.completion_tokens < len(ids)  # the tokens after the stop string are dropped
 
@@ -58,8 +59,14 @@ def test_the_stop_token_ends_with_stop_and_no_text_of_its_own(plain: ModelText):
     ids = plain.encode("the lazy dog", add_special_tokens=False)
     [eos, *_] = plain.sampling_defaults.eos_token_ids
     gen = generation(plain)
-    deltas = feed(gen, [*ids, eos], "stop")
+    deltas = []
+    for i, token in enumerate([*ids, eos]):
+        final = i == len(ids)
+        delta = gen.step([token], "stop" if final else None, None, eos if final else None)
+        if delta is not None:
+            deltas.append(delta)
     assert deltas[-1].finish_reason == "stop" and not deltas[-1].stopped
+    assert deltas[-1].stop_reason == eos
     assert "".join(d.text for d in deltas) == plain.decode(ids)
 
 

@@ -79,21 +79,28 @@ async def test_run_vllm_serves_the_model_to_the_openai_client(vllm: Vllm, nurser
 
 
 def _engine_cores(pid: int) -> list[int]:
-    """The children of process ``pid`` that are vLLM's EngineCore (by their title)."""
+    """The descendants of process ``pid`` that are vLLM's EngineCore (by their title): the
+    engine's launcher's child (``trioserve engine vllm`` → launcher → EngineCore)."""
     found: list[int] = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as children:
-            for child in children.read().split():
-                with open(f"/proc/{child}/cmdline", "rb") as cmdline:
-                    if b"EngineCore" in cmdline.read():
-                        found.append(int(child))
+    pending = [pid]
+    while pending:
+        parent = pending.pop()
+        for task in os.listdir(f"/proc/{parent}/task"):
+            with open(f"/proc/{parent}/task/{task}/children") as children:
+                for child in children.read().split():
+                    with open(f"/proc/{child}/cmdline", "rb") as cmdline:
+                        if b"EngineCore" in cmdline.read():
+                            found.append(int(child))
+                        else:
+                            pending.append(int(child))
     return found
 
 
 async def test_run_vllm_stops_with_status_1_when_the_enginecore_dies(vllm: Vllm, nursery) -> None:
-    # vLLM's EngineCore killed behind the adapter (`trioserve engine vllm`): the adapter
-    # used to keep answering pings while every request failed, /health 200 for 30 s and
-    # more. Now it exits when vLLM marks its engine dead, and the run stops with status 1.
+    # vLLM's EngineCore killed behind the shared engine (`trioserve engine vllm`): it used
+    # to keep answering pings while every request failed, /health 200 for 30 s and more.
+    # Now it exits when its EngineCore client loses the engine, and the run stops with
+    # status 1.
     frontend = await Proc.start(
         nursery,
         "run",

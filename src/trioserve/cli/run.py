@@ -91,11 +91,13 @@ class RunOptions:
     vllm_path: str = option(
         "direct",
         group="vllm",
-        choices=("direct", "shared"),
+        choices=("direct", "shared", "asyncllm"),
         help="how this process speaks to vLLM: `direct` (its EngineCore's client, with the "
-        "tokenizer, chat template and detokenizer here: no process in between) or `shared` "
-        "(through `trioserve engine vllm`, vLLM's AsyncLLM; for what the direct path does "
-        "not serve yet: multimodal inputs, LoRA, non-HF tokenizers; docs/engines.md)",
+        "tokenizer, chat template and detokenizer here: no process in between), `shared` "
+        "(through `trioserve engine vllm`, itself EngineCore's client with the same text "
+        "pipeline: for --workers) or `asyncllm` (through `trioserve engine vllm --backend "
+        "asyncllm`, vLLM's AsyncLLM: for what the others do not serve yet, multimodal "
+        "inputs, LoRA, non-HF tokenizers; docs/engines.md)",
     )
     vllm_cpus: str = option(
         "auto",
@@ -337,9 +339,10 @@ def _child_engine(
     common += ["--log-format", args.log_format]
     common_tail = ["--bind", address, "--exit-with-parent", str(os.getpid())]
     if options.vllm:
+        backend = ["--backend", "asyncllm"] if options.vllm_path == "asyncllm" else []
         return ChildEngine(
             f"the vLLM engine for {options.vllm}",
-            [*common, "engine", "vllm", options.vllm, *common_tail, *vllm_args],
+            [*common, "engine", "vllm", options.vllm, *common_tail, *backend, *vllm_args],
             wait=options.vllm_load_timeout,
             progress=True,
             cpus=vllm_cpus(options.vllm_cpus),

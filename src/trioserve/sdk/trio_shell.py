@@ -96,11 +96,19 @@ class TrioEngine:
         wake = self._pump.wake
         try:
             with scope:
+                outputs = self.core.backend.generate(request)
                 try:
-                    async for out in self.core.backend.generate(request):
-                        if not core.output(key, out):
-                            break
-                        wake()
+                    try:
+                        async for out in outputs:
+                            if not core.output(key, out):
+                                break
+                            wake()
+                    finally:
+                        # Its cleanup (an abort of its own engine's request) runs now,
+                        # not when the garbage collector finds the generator.
+                        aclose = getattr(outputs, "aclose", None)
+                        if aclose is not None:
+                            await aclose()
                 except RequestError as exc:
                     core.fail(key, exc)
                 except Exception as exc:

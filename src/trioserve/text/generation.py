@@ -11,7 +11,8 @@ paths share (the direct link, ``links/vllm.py``, and the shared engine,
   the caller to abort the engine request (it would generate on), and the answer is
   ``finish_reason: "stop"``;
 - the engine's own end (``stop``: a stop token or EOS, left out of the text; ``length``;
-  ``abort``; ``repetition``), or :attr:`Delta.error` for its ERROR;
+  ``abort``; ``repetition``), or :attr:`Delta.error` for its ERROR; vLLM's ``stop_reason``
+  with it (the stop string matched here, or the engine's stop token id);
 - log probabilities in the OpenAI shape of the task (chat: entries; completions: parallel
   lists with ``text_offset`` carried across deltas), only for the tokens kept.
 
@@ -48,6 +49,9 @@ class Delta:
     stopped: bool = False
     #: The engine failed the request (no text follows).
     error: bool = False
+    #: With ``finish_reason="stop"``: the stop string matched, or the stop token the engine
+    #: stopped on (its id), as vLLM's ``stop_reason``; None for the end of sequence.
+    stop_reason: str | int | None = None
 
 
 #: One step's log probabilities, row per generated position: the token ids (the sampled
@@ -92,25 +96,33 @@ class GenerationText:
         return self.detokenizer.num_output_tokens()
 
     def step(
-        self, new_token_ids: list[int], finish_reason: str | None, rows: LogprobRows | None
+        self,
+        new_token_ids: list[int],
+        finish_reason: str | None,
+        rows: LogprobRows | None,
+        stop_reason: str | int | None = None,
     ) -> Delta | None:
         """One engine output: its new ids, the engine's finish reason (None while it
-        runs), its logprob rows (None when none were asked for). None: nothing to send
-        yet (text held back, or a character not yet whole)."""
+        runs), its logprob rows (None when none were asked for) and its stop reason (the
+        stop token's id). None: nothing to send yet (text held back, or a character not
+        yet whole)."""
         detok = self.detokenizer
         stop_string = detok.update(new_token_ids, finish_reason == STOP)
         logprobs = None
         if self.logprobs and rows is not None:
             logprobs = self._logprobs(rows, len(detok.token_ids))
         if stop_string is not None and finish_reason is None:
-            return Delta(detok.next_text(True), logprobs, STOP, stopped=True)
+            return Delta(
+                detok.next_text(True), logprobs, STOP, stopped=True, stop_reason=stop_string
+            )
         if finish_reason is None:
             text = detok.next_text(False)
             return Delta(text, logprobs) if text or logprobs else None
         if finish_reason == ERROR:
             return Delta("", None, ERROR, error=True)
-        reason = STOP if stop_string is not None else finish_reason
-        return Delta(detok.next_text(True), logprobs, reason)
+        if stop_string is not None:
+            finish_reason, stop_reason = STOP, stop_string
+        return Delta(detok.next_text(True), logprobs, finish_reason, stop_reason=stop_reason)
 
     def _logprobs(self, rows: LogprobRows, kept: int) -> Any:
         """This step's tokens' logprobs in the OpenAI shape of the task, as vLLM's serving

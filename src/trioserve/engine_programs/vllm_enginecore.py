@@ -1,0 +1,513 @@
+"""The shared vLLM engine on trioserve's own EngineCore client: ``trioserve engine vllm
+MODEL`` (the default backend, ``--backend enginecore``).
+
+One process serves many frontends over trioserve's protocol (the SDK's trio shell) and is
+the one client of a vLLM EngineCore it starts headless as a child (the process tree: this
+engine, vLLM's launcher, EngineCore, its worker; ``enginecore/launcher.py``). A frontend
+that rolls leaves the model loaded; a frontend gone silent has its requests aborted here
+(the SDK). Each submit goes through the same text pipeline as the direct path
+(``trioserve run --vllm``): so the same prompt ids, the same sampling parameters and their
+400s, the same detokenized text, stop strings and logprobs.
+
+- **Prepare** (in a worker thread: a long prompt must not stall other streams): the chat
+  template rendered, the prompt tokenized, the parameters lowered and validated as vLLM
+  validates them (:func:`~trioserve.text.requests.prepare`). A refusal is a 400 naming
+  the parameter, before anything reaches the engine (an invalid ADD wedges EngineCore).
+- **Generate**: one ADD; each step's token ids become text (:class:`~trioserve.text.
+  generation.GenerationText`); a stop string matched here sends one ABORT and ends the
+  request with ``finish_reason: "stop"`` and the string as ``stop_reason``; cancelling
+  ``generate`` (the frontend's abort, an orphaned frontend, the drain's end) sends one
+  ABORT unless the engine had finished.
+- **Figures**: the scheduler's own figures of every step (running, waiting, KV-cache
+  usage) answer pings (routing) and are served, with the requests' ends by finish reason
+  and the tokens, on ``--metrics-port`` under vLLM's own metric names
+  (:class:`EngineFigures`).
+- **Death**: when the client loses EngineCore (its process exits, its sockets close, a
+  heartbeat goes unanswered) every request in flight ends with a 503 ``engine_unavailable``
+  error item, and after :data:`LOST_GRACE` seconds (for those items to leave) the process
+  exits with status 1, so frontends see the engine gone.
+
+What the EngineCore client does not serve (multimodal inputs, LoRA, non-HF tokenizers, a
+server-side chat template) is refused with a clear error naming ``--backend asyncllm``,
+which serves them through vLLM's ``AsyncLLM`` (``vllm_asyncllm.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Sequence
+from functools import partial
+from typing import Any
+
+import attrs
+import trio
+
+from ..enginecore import codec
+from ..enginecore.client import EngineCoreClient
+from ..enginecore.launcher import open_child_engine
+from ..enginecore.server_options import model_directory, vllm_server_options
+from ..errors import (
+    CommandError,
+    EngineLostError,
+    EngineOverloadedError,
+    RequestError,
+    TextInputError,
+)
+from ..protocol import ModelCard, Submit, Usage
+from ..sdk.core import EngineLoad, Output, Stats
+from ..sdk.trio_shell import serve_engine
+from ..text.assets import ModelText, ModelTextError
+from ..text.engine_options import engine_limits
+from ..text.generation import GenerationText
+from ..text.registry import ServedText
+from ..text.requests import prepare
+from ..transport.keys import CurveServerKeys
+from .process import ProcessOptions, exit_with_parent_trio, security
+
+log = logging.getLogger("trioserve.engine.vllm")
+
+#: Seconds the requests of a lost EngineCore have for their error items to leave before
+#: this process exits.
+LOST_GRACE = 1.0
+#: Engine outputs one request may have waiting for its generator (which takes them as
+#: they come, in this process: only a starved event loop gets near it).
+OUTPUT_BACKLOG = 4096
+#: Random bytes after the frontend's request id in vLLM's: two frontends may use one id.
+SUFFIX_BYTES = 6
+#: Where ``--backend asyncllm`` is the answer.
+FALLBACK = "`trioserve engine vllm --backend asyncllm` serves it (docs/engines.md)"
+
+#: Request fields the EngineCore backend does not serve: a 400 naming them.
+UNSERVED = {
+    "lora_request": "LoRA adapters",
+    "lora": "LoRA adapters",
+    "mm_processor_kwargs": "multimodal inputs",
+    "prompt_embeds": "prompt embeddings",
+}
+#: What vLLM computes for these but trioserve's protocol has no field for yet.
+UNRELAYED = ("prompt_logprobs", "echo", "return_token_ids")
+#: vLLM server options that change answers and that this backend does not implement:
+#: refused at start rather than ignored (the answers would differ from vllm serve's).
+UNSERVED_OPTIONS = {
+    "--chat-template": "a server-side chat template",
+    "--chat-template-content-format": "a chat template content format",
+    "--default-chat-template-kwargs": "default chat template arguments",
+    "--trust-request-chat-template": "requests' own chat templates",
+    "--enable-lora": "LoRA adapters",
+    "--lora-modules": "LoRA adapters",
+}
+
+
+def check_options(vllm_args: Sequence[str]) -> argparse.Namespace:
+    """The server options this process reads; :class:`CommandError` (status 2) for one it
+    does not serve."""
+    for arg in vllm_args:
+        name = arg.split("=", 1)[0]
+        if name in UNSERVED_OPTIONS:
+            raise CommandError(
+                f"{name} ({UNSERVED_OPTIONS[name]}) is not served by the EngineCore backend; "
+                + FALLBACK,
+                2,
+            )
+    options = vllm_server_options(vllm_args)
+    if options.tokenizer_mode not in ("auto", "hf"):
+        raise CommandError(
+            f"--tokenizer-mode {options.tokenizer_mode} is not served by the EngineCore "
+            f"backend (its tokenizer is HF's tokenizer.json); {FALLBACK}",
+            2,
+        )
+    return options
+
+
+class EngineFigures:
+    """vLLM's figures of this engine, under vLLM's own Prometheus names: the scheduler's
+    gauges as its last step reported them (``SchedulerStats``: the engine's own count),
+    and the requests' ends by finish reason and the tokens, counted from its outputs as
+    vLLM's output processor counts them."""
+
+    REASONS = codec.FINISH_REASON_NAMES
+
+    def __init__(self, model_name: str) -> None:
+        self.model_name = model_name
+        self.running = 0
+        self.waiting = 0
+        self.kv_cache_usage = 0.0
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+        self.finished = dict.fromkeys(self.REASONS, 0)
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+
+    def on_stats(self, stats: codec.SchedulerStats) -> None:
+        self.running = stats.num_running_reqs
+        self.waiting = stats.num_waiting_reqs + stats.num_skipped_waiting_reqs
+        self.kv_cache_usage = stats.kv_cache_usage
+        self.prefix_cache_queries += stats.prefix_cache_stats.queries
+        self.prefix_cache_hits += stats.prefix_cache_stats.hits
+
+    def load(self) -> EngineLoad:
+        return EngineLoad(self.running, self.waiting, self.kv_cache_usage)
+
+    def collect(self, stats: Stats) -> Any:
+        """Prometheus metric families (``prometheus_client``'s custom collector)."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        labels = ["model_name", "engine"]
+        values = [self.model_name, "0"]
+        for name, doc, value in (
+            ("num_requests_running", "Number of requests in model execution batches.", 0),
+            ("num_requests_waiting", "Number of requests waiting to be processed.", 1),
+            ("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", 2),
+        ):
+            gauge = GaugeMetricFamily(f"vllm:{name}", doc, labels=labels)
+            gauge.add_metric(values, (self.running, self.waiting, self.kv_cache_usage)[value])
+            yield gauge
+        for name, doc, count in (
+            ("prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens),
+            ("generation_tokens", "Number of generation tokens processed.", self.generation_tokens),
+            ("prefix_cache_queries", "Prefix cache queries, in tokens.", self.prefix_cache_queries),
+            ("prefix_cache_hits", "Prefix cache hits, in tokens.", self.prefix_cache_hits),
+        ):
+            counter = CounterMetricFamily(f"vllm:{name}", doc, labels=labels)
+            counter.add_metric(values, count)
+            yield counter
+        success = CounterMetricFamily(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            labels=[*labels, "finished_reason"],
+        )
+        for reason, count in self.finished.items():
+            success.add_metric([*values, reason], count)
+        yield success
+        for name, value in attrs.asdict(stats).items():
+            yield CounterMetricFamily(
+                f"trioserve_engine_{name}", f"{name} (the engine SDK's Stats)", value=value
+            )
+
+
+def refuse_unserved(params: dict[str, Any]) -> None:
+    """A 400 naming a request field this backend does not serve (rather than an answer
+    without it)."""
+    for name, what in UNSERVED.items():
+        if params.get(name) is not None:
+            raise RequestError(
+                400,
+                f"{what} ({name!r}) are not served by this engine; {FALLBACK}",
+                "invalid_request_error",
+            )
+    for name in UNRELAYED:
+        if params.get(name) not in (None, False, 0):
+            raise RequestError(
+                400,
+                f"{name!r} is not relayed by trioserve yet (its answer would lose what vLLM "
+                "computes for it); see docs/engines.md",
+                "invalid_request_error",
+            )
+
+
+class _Outputs:
+    """One request's outputs as the client hands them over (an
+    :class:`~trioserve.enginecore.client.OutputSink`), for its generator to take."""
+
+    __slots__ = ("arrived", "ended", "failure", "pending")
+
+    def __init__(self) -> None:
+        self.pending: list[codec.EngineCoreOutput] = []
+        self.arrived = trio.Event()
+        #: The engine has ended the request (its final output came, or it was lost): no
+        #: abort is owed.
+        self.ended = False
+        self.failure: RequestError | None = None
+
+    def output(self, output: codec.EngineCoreOutput) -> None:
+        if output.finish_reason is not None:
+            self.ended = True
+        if len(self.pending) >= OUTPUT_BACKLOG and self.failure is None:
+            self.failure = RequestError(503, "the engine's outputs backed up", "engine_error")
+        self.pending.append(output)
+        self.arrived.set()
+
+    def lost(self, reason: str) -> None:
+        self.ended = True
+        self.failure = RequestError(
+            503, f"vLLM's EngineCore is lost: {reason}", "engine_unavailable"
+        )
+        self.arrived.set()
+
+    async def take(self) -> list[codec.EngineCoreOutput]:
+        """What has arrived (waiting for something); raises the request's failure."""
+        if not self.pending and self.failure is None:
+            await self.arrived.wait()
+        if self.failure is not None:
+            raise self.failure
+        self.arrived = trio.Event()
+        taken, self.pending = self.pending, []
+        return taken
+
+
+class EngineCoreBackend:
+    """The SDK backend over one connected :class:`EngineCoreClient`. Owns nothing it must
+    close: the client is the caller's (:func:`serve`)."""
+
+    capabilities = ["chat", "completion"]
+
+    def __init__(
+        self,
+        client: EngineCoreClient,
+        served: ServedText,
+        names: Sequence[str],
+        figures: EngineFigures,
+    ) -> None:
+        self.client = client
+        self.served = served
+        self.served_names = list(names)
+        self.engine_id = f"vllm-{self.served_names[0]}"
+        self.models = [ModelCard(name, owned_by="vllm") for name in self.served_names]
+        self.figures = figures
+        client.on_stats = figures.on_stats
+
+    def load(self) -> EngineLoad:
+        return self.figures.load()
+
+    async def generate(self, request: Submit) -> AsyncIterator[Output]:
+        params = request.params
+        refuse_unserved(params)
+        try:
+            prepared = await trio.to_thread.run_sync(
+                partial(
+                    prepare,
+                    self.served,
+                    request.task,
+                    dict(request.inputs),
+                    params,
+                    stream=bool(params.get("stream", False)),
+                ),
+                abandon_on_cancel=True,  # a tokenization runs to its end, alone
+            )
+        except TextInputError as exc:
+            raise RequestError(400, exc.message, "invalid_request_error") from None
+        prompt, sampling = prepared.prompt, prepared.sampling
+        try:
+            sampling_params = codec.sampling_params(sampling.params)
+        except ValueError as exc:  # a type the lowering let through: refused, not sent
+            raise RequestError(400, str(exc), "invalid_request_error") from None
+        engine_id = f"{request.request_id}-{os.urandom(SUFFIX_BYTES).hex()}"
+        outputs = _Outputs()
+        try:
+            self.client.add(
+                codec.EngineCoreRequest(
+                    request_id=engine_id,
+                    prompt_token_ids=prompt.token_ids,
+                    mm_features=None,
+                    sampling_params=sampling_params,
+                    pooling_params=None,
+                    arrival_time=time.time(),
+                    lora_request=None,
+                    cache_salt=params.get("cache_salt"),
+                    data_parallel_rank=None,
+                    priority=sampling.priority,
+                    trace_headers=request.trace_context or None,
+                ),
+                outputs,
+            )
+        except EngineLostError as exc:
+            raise RequestError(503, str(exc), "engine_unavailable") from None
+        except EngineOverloadedError as exc:
+            raise RequestError(503, str(exc), "engine_overloaded") from None
+        text = GenerationText(self.served.text, request.task, prompt.token_ids, sampling)
+        figures = self.figures
+        first = True
+        try:
+            while True:
+                for output in await outputs.take():
+                    if first:
+                        first = False
+                        figures.prompt_tokens += text.prompt_tokens
+                    figures.generation_tokens += len(output.new_token_ids)
+                    reason = output.finish_reason
+                    reason_name = None
+                    if reason is not None:
+                        names = codec.FINISH_REASON_NAMES
+                        reason_name = names[reason] if 0 <= reason < len(names) else "error"
+                    rows = None
+                    lists = output.new_logprobs
+                    if lists is not None:
+                        rows = (
+                            lists.logprob_token_ids.tolist(),
+                            lists.logprobs.tolist(),
+                            lists.sampled_token_ranks.tolist(),
+                        )
+                    delta = text.step(output.new_token_ids, reason_name, rows, output.stop_reason)
+                    if delta is None:
+                        continue
+                    if delta.error:
+                        figures.finished["error"] += 1
+                        raise RequestError(500, "vLLM's engine failed the request")
+                    if delta.finish_reason is None:
+                        yield Output(data=delta.text or None, logprobs=delta.logprobs)
+                        continue
+                    if delta.stopped:  # the engine generates on: this is its one abort
+                        outputs.ended = True
+                        self.client.abort([engine_id])
+                    figures.finished[delta.finish_reason] = (
+                        figures.finished.get(delta.finish_reason, 0) + 1
+                    )
+                    yield Output(
+                        data=delta.text or None,
+                        usage=Usage(text.prompt_tokens, text.completion_tokens),
+                        finish_reason=delta.finish_reason,
+                        logprobs=delta.logprobs,
+                        stop_reason=delta.stop_reason,
+                    )
+                    return
+        finally:
+            if not outputs.ended:  # cancelled (aborted, orphaned, cut off) or failed
+                outputs.ended = True
+                figures.finished["abort"] += 1
+                self.client.abort([engine_id])
+
+
+async def serve(
+    model: str,
+    vllm_args: Sequence[str],
+    process: ProcessOptions,
+    curve: CurveServerKeys | None,
+    *,
+    metrics_port: int | None,
+    load_timeout: float,
+) -> int:
+    """Start EngineCore for ``model``, serve it to frontends on ``process.bind`` until a
+    signal has drained it or the parent is gone (0), or EngineCore is lost (1)."""
+    options = check_options(vllm_args)
+    status = 0
+    parent = process.parent()
+    with trio.CancelScope() as loading:
+        async with trio.open_nursery() as nursery:
+            # While the model loads, a signal (or the parent's end) stops the start; once
+            # it is loaded the signals are the SDK's (its drain). Only one receiver may
+            # own them at a time: the watch has ended before serving begins.
+            watching = trio.CancelScope()
+            watched = trio.Event()
+
+            async def watch() -> None:
+                try:
+                    with watching:
+                        async with trio.open_nursery() as watchers:
+                            watchers.start_soon(_cancel_on_signals, loading)
+                            if parent is not None:
+                                watchers.start_soon(exit_with_parent_trio, parent, loading)
+                finally:
+                    watched.set()
+
+            nursery.start_soon(watch)
+            log.info("loading %s with vLLM (EngineCore, headless)", model)
+            try:
+                async with open_child_engine(model, vllm_args, load_timeout=load_timeout) as child:
+                    watching.cancel()
+                    await watched.wait()
+                    status = await _serve_on(
+                        child.client, model, options, process, curve, metrics_port=metrics_port
+                    )
+            except EngineLostError as exc:
+                if not status:  # lost while it loaded (once serving, it was said then)
+                    log.error("%s; stopping this engine", exc)
+                status = 1
+            finally:
+                watching.cancel()
+    log.log(logging.ERROR if status else logging.INFO, "vLLM engine stopped")
+    return status
+
+
+async def _serve_on(
+    client: EngineCoreClient,
+    model: str,
+    options: Any,
+    process: ProcessOptions,
+    curve: CurveServerKeys | None,
+    *,
+    metrics_port: int | None,
+) -> int:
+    directory = model_directory(model, options.tokenizer, otherwise=FALLBACK)
+    try:
+        text = await trio.to_thread.run_sync(ModelText.load, directory)
+    except ModelTextError as exc:
+        raise CommandError(f"cannot read {directory}'s tokenizer ({exc}); {FALLBACK}") from None
+    limits = engine_limits(options, client.ready.max_model_len)
+    names = options.served_model_name or [model]
+    figures = EngineFigures(names[0])
+    backend = EngineCoreBackend(client, ServedText(text, limits), names, figures)
+    status = 0
+    parent = process.parent()
+    # Shielded from the client's loss (which cancels the body it yields to), so that the
+    # requests in flight can tell their frontends why; stopped LOST_GRACE seconds later.
+    with trio.CancelScope(shield=True):
+        async with trio.open_nursery() as nursery:
+
+            async def serve_frontends(task_status: trio.TaskStatus[Any]) -> None:
+                await serve_engine(
+                    backend,
+                    process.bind,
+                    frontend_timeout=process.frontend_timeout,
+                    log_aborts=process.log_aborts,
+                    curve=curve,
+                    # SIGTERM or SIGINT drains; serving returns once the drain is over.
+                    drain_on_signals=True,
+                    grace_period=process.grace_period,
+                    task_status=task_status,
+                )
+                nursery.cancel_scope.cancel()
+
+            async def stop_when_lost() -> None:
+                await client.lost.wait()
+                nonlocal status
+                status = 1
+                log.error(
+                    "vLLM's EngineCore is dead; stopping this engine (its frontends see it gone)"
+                )
+                await trio.sleep(LOST_GRACE)
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(stop_when_lost)
+            engine = await nursery.start(serve_frontends)
+            if metrics_port is not None:
+                _serve_metrics(metrics_port, figures, engine.stats)
+            if parent is not None:
+                nursery.start_soon(exit_with_parent_trio, parent, nursery.cancel_scope)
+            log.info(
+                "vLLM engine serving %s on %s (%s; EngineCore %s)",
+                ", ".join(names),
+                process.bind,
+                security(curve),
+                client.ready.vllm_version,
+            )
+    return status
+
+
+async def _cancel_on_signals(scope: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("%s while loading: stopping", signal.Signals(signum).name)
+            scope.cancel()
+            return
+
+
+def _serve_metrics(port: int, figures: EngineFigures, stats: Stats) -> None:
+    """vLLM's figures and the SDK's account of the requests it served, on loopback (a
+    registry of their own: nothing else of this process's is exported)."""
+    import prometheus_client
+
+    class Collector:
+        def collect(self) -> Any:
+            return figures.collect(stats)
+
+    registry = prometheus_client.CollectorRegistry(auto_describe=True)
+    registry.register(Collector())
+    server, _thread = prometheus_client.start_http_server(port, addr="127.0.0.1", registry=registry)
+    log.info("metrics on http://127.0.0.1:%d/metrics", server.server_port)
+
+
+__all__ = ["EngineCoreBackend", "EngineFigures", "serve"]
