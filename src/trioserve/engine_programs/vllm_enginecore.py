@@ -19,9 +19,9 @@ that rolls leaves the model loaded; a frontend gone silent has its requests abor
   ``generate`` (the frontend's abort, an orphaned frontend, the drain's end) sends one
   ABORT unless the engine had finished.
 - **Figures**: the scheduler's own figures of every step (running, waiting, KV-cache
-  usage) answer pings (routing) and are served, with the requests' ends by finish reason
-  and the tokens, on ``--metrics-port`` under vLLM's own metric names
-  (:class:`EngineFigures`).
+  usage) answer pings (routing) and are served, with the requests' ends by finish reason,
+  the tokens and vLLM's latency histograms, on ``--metrics-port`` under vLLM's own metric
+  names (``vllm_figures.py``).
 - **Death**: when the client loses EngineCore (its process exits, its sockets close, a
   heartbeat goes unanswered) every request in flight ends with a 503 ``engine_unavailable``
   error item, and after :data:`LOST_GRACE` seconds (for those items to leave) the process
@@ -43,7 +43,6 @@ from collections.abc import AsyncIterator, Sequence
 from functools import partial
 from typing import Any
 
-import attrs
 import trio
 
 from ..enginecore import codec
@@ -58,7 +57,7 @@ from ..errors import (
     TextInputError,
 )
 from ..protocol import ModelCard, Submit, Usage
-from ..sdk.core import EngineLoad, Output, Stats
+from ..sdk.core import EngineLoad, Output
 from ..sdk.trio_shell import serve_engine
 from ..text.assets import ModelText, ModelTextError
 from ..text.engine_options import engine_limits
@@ -67,6 +66,7 @@ from ..text.registry import ServedText
 from ..text.requests import prepare
 from ..transport.keys import CurveServerKeys
 from .process import ProcessOptions, exit_with_parent_trio, security
+from .vllm_figures import EngineFigures, serve_metrics
 
 log = logging.getLogger("trioserve.engine.vllm")
 
@@ -121,72 +121,6 @@ def check_options(vllm_args: Sequence[str]) -> argparse.Namespace:
             2,
         )
     return options
-
-
-class EngineFigures:
-    """vLLM's figures of this engine, under vLLM's own Prometheus names: the scheduler's
-    gauges as its last step reported them (``SchedulerStats``: the engine's own count),
-    and the requests' ends by finish reason and the tokens, counted from its outputs as
-    vLLM's output processor counts them."""
-
-    REASONS = codec.FINISH_REASON_NAMES
-
-    def __init__(self, model_name: str) -> None:
-        self.model_name = model_name
-        self.running = 0
-        self.waiting = 0
-        self.kv_cache_usage = 0.0
-        self.prefix_cache_queries = 0
-        self.prefix_cache_hits = 0
-        self.finished = dict.fromkeys(self.REASONS, 0)
-        self.prompt_tokens = 0
-        self.generation_tokens = 0
-
-    def on_stats(self, stats: codec.SchedulerStats) -> None:
-        self.running = stats.num_running_reqs
-        self.waiting = stats.num_waiting_reqs + stats.num_skipped_waiting_reqs
-        self.kv_cache_usage = stats.kv_cache_usage
-        self.prefix_cache_queries += stats.prefix_cache_stats.queries
-        self.prefix_cache_hits += stats.prefix_cache_stats.hits
-
-    def load(self) -> EngineLoad:
-        return EngineLoad(self.running, self.waiting, self.kv_cache_usage)
-
-    def collect(self, stats: Stats) -> Any:
-        """Prometheus metric families (``prometheus_client``'s custom collector)."""
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-        labels = ["model_name", "engine"]
-        values = [self.model_name, "0"]
-        for name, doc, value in (
-            ("num_requests_running", "Number of requests in model execution batches.", 0),
-            ("num_requests_waiting", "Number of requests waiting to be processed.", 1),
-            ("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", 2),
-        ):
-            gauge = GaugeMetricFamily(f"vllm:{name}", doc, labels=labels)
-            gauge.add_metric(values, (self.running, self.waiting, self.kv_cache_usage)[value])
-            yield gauge
-        for name, doc, count in (
-            ("prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens),
-            ("generation_tokens", "Number of generation tokens processed.", self.generation_tokens),
-            ("prefix_cache_queries", "Prefix cache queries, in tokens.", self.prefix_cache_queries),
-            ("prefix_cache_hits", "Prefix cache hits, in tokens.", self.prefix_cache_hits),
-        ):
-            counter = CounterMetricFamily(f"vllm:{name}", doc, labels=labels)
-            counter.add_metric(values, count)
-            yield counter
-        success = CounterMetricFamily(
-            "vllm:request_success",
-            "Count of successfully processed requests.",
-            labels=[*labels, "finished_reason"],
-        )
-        for reason, count in self.finished.items():
-            success.add_metric([*values, reason], count)
-        yield success
-        for name, value in attrs.asdict(stats).items():
-            yield CounterMetricFamily(
-                f"trioserve_engine_{name}", f"{name} (the engine SDK's Stats)", value=value
-            )
 
 
 def refuse_unserved(params: dict[str, Any]) -> None:
@@ -297,6 +231,7 @@ class EngineCoreBackend:
             raise RequestError(400, str(exc), "invalid_request_error") from None
         engine_id = f"{request.request_id}-{os.urandom(SUFFIX_BYTES).hex()}"
         outputs = _Outputs()
+        arrival = time.time()
         try:
             self.client.add(
                 codec.EngineCoreRequest(
@@ -305,7 +240,7 @@ class EngineCoreBackend:
                     mm_features=None,
                     sampling_params=sampling_params,
                     pooling_params=None,
-                    arrival_time=time.time(),
+                    arrival_time=arrival,
                     lora_request=None,
                     cache_salt=params.get("cache_salt"),
                     data_parallel_rank=None,
@@ -324,9 +259,10 @@ class EngineCoreBackend:
         try:
             while True:
                 for output in await outputs.take():
-                    if first:
+                    if first and output.new_token_ids:
                         first = False
                         figures.prompt_tokens += text.prompt_tokens
+                        figures.time_to_first_token.observe(time.time() - arrival)
                     figures.generation_tokens += len(output.new_token_ids)
                     reason = output.finish_reason
                     reason_name = None
@@ -345,7 +281,7 @@ class EngineCoreBackend:
                     if delta is None:
                         continue
                     if delta.error:
-                        figures.finished["error"] += 1
+                        figures.ended("error")
                         raise RequestError(500, "vLLM's engine failed the request")
                     if delta.finish_reason is None:
                         yield Output(data=delta.text or None, logprobs=delta.logprobs)
@@ -353,9 +289,8 @@ class EngineCoreBackend:
                     if delta.stopped:  # the engine generates on: this is its one abort
                         outputs.ended = True
                         self.client.abort([engine_id])
-                    figures.finished[delta.finish_reason] = (
-                        figures.finished.get(delta.finish_reason, 0) + 1
-                    )
+                    figures.ended(delta.finish_reason)
+                    figures.e2e_latency.observe(time.time() - arrival)
                     yield Output(
                         data=delta.text or None,
                         usage=Usage(text.prompt_tokens, text.completion_tokens),
@@ -367,7 +302,7 @@ class EngineCoreBackend:
         finally:
             if not outputs.ended:  # cancelled (aborted, orphaned, cut off) or failed
                 outputs.ended = True
-                figures.finished["abort"] += 1
+                figures.ended("abort")
                 self.client.abort([engine_id])
 
 
@@ -474,7 +409,7 @@ async def _serve_on(
             nursery.start_soon(stop_when_lost)
             engine = await nursery.start(serve_frontends)
             if metrics_port is not None:
-                _serve_metrics(metrics_port, figures, engine.stats)
+                serve_metrics(metrics_port, figures, engine.stats)
             if parent is not None:
                 nursery.start_soon(exit_with_parent_trio, parent, nursery.cancel_scope)
             log.info(
@@ -495,19 +430,4 @@ async def _cancel_on_signals(scope: trio.CancelScope) -> None:
             return
 
 
-def _serve_metrics(port: int, figures: EngineFigures, stats: Stats) -> None:
-    """vLLM's figures and the SDK's account of the requests it served, on loopback (a
-    registry of their own: nothing else of this process's is exported)."""
-    import prometheus_client
-
-    class Collector:
-        def collect(self) -> Any:
-            return figures.collect(stats)
-
-    registry = prometheus_client.CollectorRegistry(auto_describe=True)
-    registry.register(Collector())
-    server, _thread = prometheus_client.start_http_server(port, addr="127.0.0.1", registry=registry)
-    log.info("metrics on http://127.0.0.1:%d/metrics", server.server_port)
-
-
-__all__ = ["EngineCoreBackend", "EngineFigures", "serve"]
+__all__ = ["EngineCoreBackend", "serve"]
