@@ -95,9 +95,9 @@ class RunOptions:
         help="how this process speaks to vLLM: `direct` (its EngineCore's client, with the "
         "tokenizer, chat template and detokenizer here: no process in between), `shared` "
         "(through `trioserve engine vllm`, itself EngineCore's client with the same text "
-        "pipeline: for --workers) or `asyncllm` (through `trioserve engine vllm --backend "
-        "asyncllm`, vLLM's AsyncLLM: for what the others do not serve yet, multimodal "
-        "inputs, LoRA, non-HF tokenizers; docs/engines.md)",
+        "pipeline) or `asyncllm` (through `trioserve engine vllm --backend asyncllm`, "
+        "vLLM's AsyncLLM: for what the others do not serve yet, multimodal inputs, LoRA, "
+        "non-HF tokenizers; docs/engines.md)",
     )
     vllm_cpus: str = option(
         "auto",
