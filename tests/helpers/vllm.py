@@ -11,7 +11,9 @@ import trio
 from tests.helpers.frontends import Frontend, start_frontend
 from tests.helpers.vllm_session import FRONTEND_TIMEOUT, MODEL, Vllm
 from tests.helpers.waiting import HANG_GUARD
-from trioserve.http.writers.openai import merge_logprobs
+from trioserve.http.bodies.agents import tool_constraint
+from trioserve.http.writers.openai import merge_logprobs, parsed_message
+from trioserve.text.agents import ParserNames, ToolUse, output_parser
 
 #: An answer that runs for seconds on the tiny model.
 MAX_TOKENS = 4000
@@ -151,6 +153,7 @@ def details(answer: dict[str, Any]) -> dict[str, Any]:
         {
             "text": c["message"]["content"] if "message" in c else c["text"],
             "finish_reason": c["finish_reason"],
+            "stop_reason": c["stop_reason"],
             "logprobs": _content(c.get("logprobs")),
             "token_ids": c.get("token_ids"),
             **{key: c.get(key) for key in DETAILS},
@@ -169,7 +172,7 @@ async def stream_details(url: str, path: str, body: dict[str, Any]) -> dict[str,
     logprobs: Any = None
     token_ids: list[int] | None = None
     prompt: dict[str, Any] = {}
-    finish = None
+    finish = stop_reason = None
     async with client(url) as http, http.stream("POST", path, json=body) as response:
         assert response.status_code == 200, await response.aread()
         async for line in response.aiter_lines():
@@ -180,7 +183,8 @@ async def stream_details(url: str, path: str, body: dict[str, Any]) -> dict[str,
                 prompt.setdefault("prompt_token_ids", chunk["prompt_token_ids"])
             for choice in chunk["choices"]:
                 text.append(choice.get("delta", {}).get("content") or choice.get("text") or "")
-                finish = choice.get("finish_reason") or finish
+                if choice.get("finish_reason"):
+                    finish, stop_reason = choice["finish_reason"], choice["stop_reason"]
                 if choice.get("prompt_token_ids") is not None:
                     prompt.setdefault("prompt_token_ids", choice["prompt_token_ids"])
                 if choice.get("token_ids") is not None:
@@ -193,6 +197,7 @@ async def stream_details(url: str, path: str, body: dict[str, Any]) -> dict[str,
     return {
         "text": "".join(text),
         "finish_reason": finish,
+        "stop_reason": stop_reason,
         "logprobs": logprobs,
         "token_ids": token_ids,
         **prompt,
@@ -201,3 +206,67 @@ async def stream_details(url: str, path: str, body: dict[str, Any]) -> dict[str,
 
 def _content(logprobs: Any) -> Any:
     return logprobs["content"] if isinstance(logprobs, dict) and "content" in logprobs else logprobs
+
+
+#: A tool the tiny model is asked to call (tests/vllm/test_tool_calls_vllm.py and
+#: test_direct_vllm.py).
+WEATHER_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    }
+]
+WEATHER_QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+async def forced_call_as_vllm_writes_it(url: str, reference_url: str, choice: Any) -> None:
+    """A forced call (``choice``: ``required`` or a named function) of the hermes format,
+    through trioserve at ``url`` (``--tool-call-parser hermes``), is what vLLM's own
+    server writes under the same constraint: the reference (started without a tool-call
+    parser) is sent the structural tag vLLM's serving layer builds for the request
+    (tests/vllm/test_tool_constraints.py holds trioserve's to it, byte for byte), and
+    the greedy text it writes is trioserve's answer, read by the hermes parser."""
+    body = {"messages": WEATHER_QUESTION, "tools": WEATHER_TOOLS, "max_tokens": 80}
+    body["temperature"] = 0
+    ours = await post_json(url, "/v1/chat/completions", {**body, "tool_choice": choice})
+    assert ours.status_code == 200, ours.text
+    constraint = tool_constraint("hermes", WEATHER_TOOLS, choice, None, {})
+    assert constraint is not None and "structural_tag" in constraint
+    theirs = await post_json(
+        reference_url,
+        "/v1/chat/completions",
+        {
+            **body,
+            "tool_choice": "none",
+            "structured_outputs": constraint,
+            "skip_special_tokens": False,
+        },
+    )
+    assert theirs.status_code == 200, theirs.text
+    text = theirs.json()["choices"][0]["message"]["content"]
+    # Held to the tag: the model's text opens the call's envelope.
+    assert text.startswith('<tool_call>{"name": "get_weather", "arguments": ') or text.startswith(
+        '<tool_call>\n{"name": "get_weather", "arguments": '
+    ), text
+    named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    use = ToolUse(WEATHER_TOOLS, named or choice, named)
+    parser = output_parser(ParserNames("hermes"), use)
+    assert parser is not None
+    expected, _ = parsed_message(parser, text)
+    message = ours.json()["choices"][0]["message"]
+    assert message["content"] == expected["content"]
+    calls = [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]]
+    wanted = [(c["function"]["name"], c["function"]["arguments"]) for c in expected["tool_calls"]]
+    assert calls == wanted
+    assert ours.json()["choices"][0]["finish_reason"] in ("tool_calls", "stop", "length")
+    assert (ours.json()["choices"][0]["finish_reason"] == "length") == (
+        theirs.json()["choices"][0]["finish_reason"] == "length"
+    )

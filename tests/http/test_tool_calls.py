@@ -178,38 +178,103 @@ async def test_tool_choice_none_answers_the_text_and_tells_the_engine_none(front
     assert submits[-1].params["tools"] == TOOLS
 
 
-async def test_required_hands_the_engine_vllms_schema_and_parses_the_array(frontend):
+async def test_required_hands_the_engine_vllms_structural_tag_and_parses_the_call(frontend):
+    # As vLLM 0.32 forces a hermes call: a structural tag holds the model to <tool_call>
+    # envelopes of the declared tools (arguments free: no tool says strict), and the
+    # answer is read by the hermes parser.
     submits = capture_submits(frontend)
-    forced = '[{"name": "get_weather", "parameters": {"city": "Oslo"}}]'
     options = {"disable_any_whitespace": True, "regex": "x+"}  # the constraint is replaced
     answer = await post(
-        frontend,
-        chat("</think>" + forced, tool_choice="required", structured_outputs=options),
+        frontend, chat("</think>" + CALL, tool_choice="required", structured_outputs=options)
     )
     choice = answer["choices"][0]
     assert choice["finish_reason"] == "tool_calls"
     [call] = choice["message"]["tool_calls"]
     assert call["function"]["name"] == "get_weather"
-    assert json.loads(call["function"]["arguments"]) == {"city": "Oslo"}
-    assert submits[-1].params["structured_outputs"]["disable_any_whitespace"] is True
-    assert "regex" not in submits[-1].params["structured_outputs"]
-    schema = submits[-1].params["structured_outputs"]["json"]
-    assert schema["type"] == "array" and schema["minItems"] == 1
-    names = [v["properties"]["name"]["enum"] for v in schema["items"]["anyOf"]]
-    assert names == [["get_weather"], ["get_time"]]
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris, naïve café"}
+    assert choice["message"]["content"] == ""
+    sent = submits[-1].params["structured_outputs"]
+    assert sent["disable_any_whitespace"] is True and "regex" not in sent
+    tag = json.loads(sent["structural_tag"])["format"]
+    assert tag["type"] == "tags_with_separator" and tag["at_least_one"] is True
+    begins = [t["begin"] for t in tag["tags"]]
+    assert '<tool_call>\n{"name": "get_weather", "arguments": ' in begins
+    assert '<tool_call>{"name": "get_time", "arguments": ' in begins
+    assert {t["content"]["json_schema"] for t in tag["tags"]} == {True}
     assert submits[-1].params["tool_choice"] == "none"
     assert submits[-1].params["skip_special_tokens"] is False
 
 
-async def test_a_named_function_is_called_and_ends_stop(frontend):
+async def test_a_named_function_is_called_in_the_formats_syntax_and_ends_stop(frontend):
     submits = capture_submits(frontend)
     choice_of = {"type": "function", "function": {"name": "get_weather"}}
-    answer = await post(frontend, chat('</think>{"city": "Lima"}', tool_choice=choice_of))
+    answer = await post(frontend, chat("</think>" + CALL, tool_choice=choice_of))
+    choice = answer["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    [call] = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    tag = json.loads(submits[-1].params["structured_outputs"]["structural_tag"])["format"]
+    assert tag["stop_after_first"] is True
+    assert {t["begin"].split('"')[3] for t in tag["tags"]} == {"get_weather"}
+
+
+async def test_auto_is_constrained_only_for_a_strict_tool_or_one_call(frontend):
+    submits = capture_submits(frontend)
+    await post(frontend, chat("Sunny."))
+    assert "structured_outputs" not in submits[-1].params
+    strict = [{**TOOLS[0], "function": {**TOOLS[0]["function"], "strict": True}}, TOOLS[1]]
+    await post(frontend, chat("Sunny.", tools=strict))
+    tag = json.loads(submits[-1].params["structured_outputs"]["structural_tag"])["format"]
+    assert tag["type"] == "triggered_tags" and tag["triggers"] == ["<tool_call>"]
+    schemas = [t["content"]["json_schema"] for t in tag["tags"]]
+    assert schemas == [TOOLS[0]["function"]["parameters"]] * 2 + [True, True]
+    await post(frontend, chat("Sunny.", parallel_tool_calls=False))
+    tag = json.loads(submits[-1].params["structured_outputs"]["structural_tag"])["format"]
+    assert tag["stop_after_first"] is True and tag["at_least_one"] is False
+
+
+@pytest.fixture
+async def plain(nursery, http_server):
+    """A frontend without a tool-call format: forced calls take vLLM's generic path."""
+    return await start_frontend(nursery, await start_engine(nursery), server=http_server)
+
+
+async def test_required_without_a_format_hands_the_generic_schema_and_parses_the_array(plain):
+    submits = capture_submits(plain)
+    forced = '[{"name": "get_weather", "parameters": {"city": "Oslo"}}]'
+    answer = await post(plain, chat(forced, tool_choice="required"))
+    choice = answer["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    [call] = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"city": "Oslo"}
+    schema = submits[-1].params["structured_outputs"]["json"]
+    assert schema["type"] == "array" and schema["minItems"] == 1
+    names = [v["properties"]["name"]["enum"] for v in schema["items"]["anyOf"]]
+    assert names == [["get_weather"], ["get_time"]]
+
+
+async def test_a_named_function_without_a_format_is_its_arguments_and_ends_stop(plain):
+    submits = capture_submits(plain)
+    choice_of = {"type": "function", "function": {"name": "get_weather"}}
+    answer = await post(plain, chat('{"city": "Lima"}', tool_choice=choice_of))
     choice = answer["choices"][0]
     assert choice["finish_reason"] == "stop"
     [call] = choice["message"]["tool_calls"]
     assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Lima"}'}
     assert submits[-1].params["structured_outputs"]["json"] == TOOLS[0]["function"]["parameters"]
+
+
+async def test_a_forced_mistral_call_is_its_array_of_name_and_arguments(nursery, http_server):
+    engine = await start_engine(nursery)
+    frontend = await start_frontend(nursery, engine, server=http_server, tool_call_parser="mistral")
+    submits = capture_submits(frontend)
+    forced = '[{"name": "get_weather", "arguments": {"city": "Oslo"}}]'
+    answer = await post(frontend, chat(forced, tool_choice="required"))
+    [call] = answer["choices"][0]["message"]["tool_calls"]
+    assert json.loads(call["function"]["arguments"]) == {"city": "Oslo"}
+    schema = submits[-1].params["structured_outputs"]["json"]
+    assert schema["items"]["anyOf"][0]["required"] == ["name", "arguments"]
 
 
 @pytest.mark.parametrize(

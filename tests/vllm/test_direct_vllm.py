@@ -22,9 +22,12 @@ import pytest
 import trio
 
 from tests.helpers.vllm import (
+    WEATHER_QUESTION,
+    WEATHER_TOOLS,
     client,
     details,
     essentials,
+    forced_call_as_vllm_writes_it,
     post_json,
     stream_details,
     stream_essentials,
@@ -82,7 +85,10 @@ class Direct:
 def direct(vllm: Vllm, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Direct]:
     log = tmp_path_factory.mktemp("direct") / "run.log"
     command = [vllm.python, "-m", "trioserve", "run", "--port", "0", "--vllm"]
-    command += [str(vllm.model_dir), "--vllm-args", shlex.join(VLLM_OPTIONS)]
+    # vLLM's own tool options inside --vllm-args are the frontend's (they parse nothing
+    # without tools: every other test here is unaffected).
+    engine_args = [*VLLM_OPTIONS, "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    command += [str(vllm.model_dir), "--vllm-args", shlex.join(engine_args)]
     with log.open("wb") as out:
         process = subprocess.Popen(
             command, stdout=out, stderr=subprocess.STDOUT, env=vllm_env(), cwd=ROOT,
@@ -374,6 +380,21 @@ async def test_a_client_gone_mid_stream_is_aborted_in_vllms_scheduler(direct: Di
     await _idle(direct)
     after = await direct.metric('trioserve_engine_aborts_total{reason="disconnect"}')
     assert after == before + 1
+
+
+async def test_tools_are_parsed_and_forced_calls_written_as_vllm_writes_them(
+    vllm: Vllm, direct: Direct
+) -> None:
+    body = {"messages": WEATHER_QUESTION, "tools": WEATHER_TOOLS, "max_tokens": 16}
+    auto = await post_json(direct.url, CHAT, {**body, "temperature": 0})
+    assert auto.status_code == 200, auto.text
+    assert auto.json()["choices"][0]["message"]["tool_calls"] == []  # the tiny model calls none
+    # Forced: the frontend hands EngineCore vLLM's structural tag for hermes; the engine
+    # writes what vLLM's own server writes under it, read by the frontend's hermes parser.
+    await forced_call_as_vllm_writes_it(direct.url, vllm.reference_url, "required")
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    await forced_call_as_vllm_writes_it(direct.url, vllm.reference_url, named)
+    await _idle(direct)
 
 
 async def test_the_enginecore_killed_ends_every_request_with_an_error_and_stops_the_server(

@@ -26,23 +26,33 @@ from typing import Any
 import pytest
 
 from tests.helpers.vllm_session import HOW_TO_RUN, vllm_env, vllm_python
-from tests.text.agents.corpus import CORPUS, FORCED, TOOLS
+from tests.text.agents.corpus import CORPUS, FORCED, NATIVE_FORCED, TOOLS
 from trioserve.http.writers.openai import parsed_message
 from trioserve.text.agents import Answer, ParserNames, ToolUse, output_parser
 
 REFERENCE = Path(__file__).with_name("parser_reference.py")
 
-CASES: list[tuple[ParserNames, ToolUse | None, str]] = [
-    (names, ToolUse(TOOLS, "auto") if names.tool_call else None, text)
-    for names, texts in CORPUS.items()
-    for text in texts
-] + FORCED
+CASES: list[tuple[ParserNames, ToolUse | None, str]] = (
+    [
+        (names, ToolUse(TOOLS, "auto") if names.tool_call else None, text)
+        for names, texts in CORPUS.items()
+        for text in texts
+    ]
+    + FORCED
+    + NATIVE_FORCED
+)
 
-#: vLLM 0.32 constrains a forced call (``required``, named) of a parser with an xgrammar
-#: structural tag (hermes has one) in the model's own format by default; trioserve hands
-#: the engine the JSON schema of vLLM's generic path, which is vLLM's answer with this off
-#: (docs/api.md says so): the reference runs with it off.
-REFERENCE_ENV = {"VLLM_ENFORCE_STRICT_TOOL_CALLING": "0"}
+#: A forced call without a tool-call format takes vLLM's generic path (a JSON array, or the
+#: arguments object); vLLM serves forced calls only with a parser, and hermes takes that
+#: path with its structural tags off, so the reference reads FORCED with them off. A
+#: forced call of a format (NATIVE_FORCED) is read with vLLM's defaults: in the format's
+#: own syntax, as ``auto`` (text/agents/structural_tags.py).
+GENERIC_ENV = {"VLLM_ENFORCE_STRICT_TOOL_CALLING": "0"}
+
+
+def reference_env(names: ParserNames, use: ToolUse | None) -> dict[str, str]:
+    return GENERIC_ENV if names.tool_call is None and use is not None else {}
+
 
 _LOST_IN_VLLMS_STREAM = (
     "streamed",
@@ -142,6 +152,26 @@ DIFFERENCES: dict[tuple[str, str], tuple[str, str]] = {
         "a named call's arguments cut off: vLLM's JSON answer calls with them, trioserve's "
         "answers the text (as for any call broken off)",
     ),
+    **{
+        (
+            f"llama3_json+None:{choice}",
+            'Sure. {"name": "get_weather", "parameters": {"city": "Oslo"}}',
+        ): (
+            "whole",
+            "vLLM's llama JSON answer finds a call after text (its structural tag lets the "
+            "model write text first); its stream, and trioserve in both, answer the text",
+        )
+        for choice in ("required", "get_weather")
+    },
+    **{
+        (f"mistral+None:{choice}", '[{"name": "get_weather", "arguments": {"city": "Paris"}}]'): (
+            "whole streamed",
+            "vLLM forces a Mistral call (Hugging Face tokenizer) into this array and then "
+            "answers it as text (its parser looks for [TOOL_CALLS]); trioserve reads the "
+            "array it forced as the call",
+        )
+        for choice in ("required", "get_weather")
+    },
 }
 
 
@@ -173,17 +203,26 @@ def vllm_answers() -> list[dict[str, Any]]:
     python = vllm_python()
     if python is None:
         pytest.skip(HOW_TO_RUN)
-    cases = [reference_case(*case) for case in CASES]
-    result = subprocess.run(
-        [python, str(REFERENCE)],
-        input=json.dumps(cases),
-        capture_output=True,
-        text=True,
-        env={**vllm_env(), **REFERENCE_ENV},
-        timeout=600,
-        check=True,
-    )
-    return json.loads(result.stdout)
+    return reference_answers(python)
+
+
+def reference_answers(python: str) -> list[dict[str, Any]]:
+    """vLLM's answer to every case, each read with its environment (one run each)."""
+    answers: list[dict[str, Any]] = [{} for _ in CASES]
+    for env in (GENERIC_ENV, {}):
+        indices = [i for i, (n, u, _) in enumerate(CASES) if reference_env(n, u) == env]
+        result = subprocess.run(
+            [python, str(REFERENCE)],
+            input=json.dumps([reference_case(*CASES[i]) for i in indices]),
+            capture_output=True,
+            text=True,
+            env={**vllm_env(), **env},
+            timeout=600,
+            check=True,
+        )
+        for i, answer in zip(indices, json.loads(result.stdout), strict=True):
+            answers[i] = answer
+    return answers
 
 
 def ours(names: ParserNames, use: ToolUse | None, text: str) -> tuple[dict, dict]:
@@ -249,12 +288,7 @@ if __name__ == "__main__":  # print the comparison of every case (to write DIFFE
     import sys
 
     python = sys.argv[1]
-    cases = [reference_case(*case) for case in CASES]
-    out = subprocess.run(
-        [python, str(REFERENCE)], input=json.dumps(cases), capture_output=True, text=True,
-        env={**vllm_env(), **REFERENCE_ENV}, check=True,
-    )  # fmt: skip
-    for case, reference in zip(CASES, json.loads(out.stdout), strict=True):
+    for case, reference in zip(CASES, reference_answers(python), strict=True):
         whole, streamed = ours(*case)
         for how, mine in (("whole", whole), ("streamed", streamed)):
             theirs = reference[how]

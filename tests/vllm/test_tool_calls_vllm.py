@@ -1,16 +1,16 @@
 """Tools through trioserve to a real vLLM engine (the shared engine, the SDK's path): a
 request with ``tools`` is served (it was a 400), the tools reach vLLM's chat template,
-and a forced call is held by vLLM's structured outputs to the call's JSON schema, which
-trioserve hands it. Every request ends in vLLM."""
+and a forced call is held by vLLM's structured outputs to the structural tag vLLM's own
+server sets for the hermes format, which trioserve hands it: the engine writes what
+``vllm serve`` writes under it. Every request ends in vLLM."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
 
-from tests.helpers.vllm import frontend_on, post_json, settled
+from tests.helpers.vllm import forced_call_as_vllm_writes_it, frontend_on, post_json, settled
 from tests.helpers.vllm_session import MODEL, Vllm
 
 pytestmark = pytest.mark.integration
@@ -43,29 +43,13 @@ async def test_tools_are_served_and_forced_calls_constrained_by_vllm(vllm: Vllm,
     assert auto.status_code == 200, auto.text  # vLLM's renderer refused tools before
     assert auto.json()["choices"][0]["message"]["tool_calls"] == []  # the tiny model calls none
 
-    # The tiny model's weights are random: held to the call's JSON schema by vLLM's
-    # structured outputs, it writes the array's start and then whitespace (which JSON
-    # allows) until max_tokens; cut off, the call is answered as text (docs/api.md). That
-    # text is the schema's, which the random model would never write by itself.
-    required = await post_json(frontend.url, CHAT, body(tool_choice="required"))
-    assert required.status_code == 200, required.text
-    choice = required.json()["choices"][0]
-    if choice["finish_reason"] == "tool_calls":
-        [call, *_] = choice["message"]["tool_calls"]
-        assert call["function"]["name"] == "get_weather"
-    else:
-        assert choice["finish_reason"] == "length"
-        assert choice["message"]["tool_calls"] == []
-        assert choice["message"]["content"].lstrip().startswith("[")
-
+    # The tiny model's weights are random: held by vLLM's structured outputs to the
+    # structural tag vLLM's own server would set (a <tool_call> envelope of the tool),
+    # it writes exactly what vLLM's server writes under it; cut off by max_tokens, the
+    # call is answered as text (docs/api.md).
+    await forced_call_as_vllm_writes_it(frontend.url, vllm.reference_url, "required")
     named = {"type": "function", "function": {"name": "get_weather"}}
-    forced = await post_json(frontend.url, CHAT, body(tool_choice=named))
-    assert forced.status_code == 200, forced.text
-    choice = forced.json()["choices"][0]
-    if choice["message"]["tool_calls"]:
-        assert json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"])
-    else:
-        assert choice["message"]["content"].lstrip().startswith("{")
+    await forced_call_as_vllm_writes_it(frontend.url, vllm.reference_url, named)
     await settled(vllm)
 
 

@@ -126,3 +126,18 @@ FORCED = [
     (ParserNames(), ToolUse(_TOOLS, "get_weather", named="get_weather"), text)
     for text in ['{"city": "Paris"}', '  {"city": "日本"}', "no object", '{"city": ']
 ]
+
+_NAMED = ToolUse(_TOOLS, "get_weather", named="get_weather")
+#: Forced calls of a format whose vLLM parser reads them in the format's own syntax (the
+#: structural tag, or Mistral's array, holds the model to it): read as ``auto`` reads them.
+NATIVE_FORCED = [
+    (ParserNames(name), use, text)
+    for name, texts in {
+        "hermes": [HERMES[1], HERMES[3], "I will not call anything."],
+        "llama3_json": [LLAMA[1], 'Sure. {"name": "get_weather", "parameters": {"city": "Oslo"}}'],
+        "qwen3_coder": [QWEN3_CODER[1], QWEN3_CODER[3]],
+        "mistral": ['[{"name": "get_weather", "arguments": {"city": "Paris"}}]'],
+    }.items()
+    for text in texts
+    for use in (ToolUse(TOOLS, "required"), _NAMED)
+]

@@ -18,7 +18,7 @@ from trioserve.text.agents import (
     output_parser,
 )
 
-from .corpus import CORPUS, FORCED, TOOLS
+from .corpus import CORPUS, FORCED, NATIVE_FORCED, TOOLS
 
 
 def run(names: ParserNames, use: ToolUse | None, pieces: list[str], **kwargs):
@@ -38,12 +38,16 @@ def cut(text: str, points: list[int]) -> list[str]:
     return [text[a:b] for a, b in itertools.pairwise(edges)]
 
 
-CASES = [
-    (names, use, text)
-    for names, texts in CORPUS.items()
-    for text in texts
-    for use in [ToolUse(TOOLS, "auto")]
-] + FORCED
+CASES = (
+    [
+        (names, use, text)
+        for names, texts in CORPUS.items()
+        for text in texts
+        for use in [ToolUse(TOOLS, "auto")]
+    ]
+    + FORCED
+    + NATIVE_FORCED
+)
 
 
 @pytest.mark.parametrize(("names", "use", "text"), CASES)

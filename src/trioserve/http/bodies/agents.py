@@ -6,8 +6,9 @@ translated into the parser of its answer (``text/agents``) and what the engine i
 The frontend parses the answer, whatever the engine; so the engine is asked only to
 render the tools into the prompt and generate: it is sent ``tool_choice: "none"``
 (vLLM's renderer then keeps the tools for the template and parses nothing), and for a
-forced call (``required``, a named function) the JSON schema that constrains its answer
-to the call(s), as vLLM's own server hands it over (``structured_outputs``).
+forced call (``required``, a named function) the constraint that holds its answer to the
+call(s), as vLLM's own server hands it over (``structured_outputs``: a structural tag in
+the format's own syntax, or a JSON schema; :func:`tool_constraint`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import attrs
 
 from ...text.agents import ParserNames, ToolUse, forced_schema, output_parser
 from ...text.agents.output import OutputParser
+from ...text.agents.structural_tags import STRUCTURAL_TAG_MODELS, mistral_schema, structural_tag
 from .validation import Errors, _json_type
 
 #: Most tools one request may declare (OpenAI's limit): each one's schema is compiled
@@ -106,6 +108,33 @@ def _check_choice(choice: Any, tools: list[dict[str, Any]] | None, errors: Error
     return choice
 
 
+def tool_constraint(
+    tool_call_parser: str | None,
+    tools: list[dict[str, Any]],
+    choice: Any,
+    parallel: bool | None,
+    params: dict[str, Any],
+) -> dict[str, Any] | None:
+    """The structured outputs constraint that holds the model to the calls, as vLLM 0.32's
+    server sets it for the request's tool-call format (``text/agents/structural_tags.py``):
+    a structural tag in the format's own syntax (hermes, llama3_json, qwen3_coder; also
+    for ``auto`` with a strict tool or ``parallel_tool_calls: false``), Mistral's call
+    array, or, without a format, the generic JSON schema of vLLM's generic path; None:
+    no constraint (the request's own, if any, stays)."""
+    if tool_call_parser in STRUCTURAL_TAG_MODELS:
+        given = params.get("structured_outputs")
+        constrained = params.get("response_format") not in (None, {"type": "text"}) or (
+            isinstance(given, dict) and any(given.get(k) is not None for k in CONSTRAINTS)
+        )
+        tag = structural_tag(tool_call_parser, tools, choice, parallel, constrained)
+        return None if tag is None else {"structural_tag": tag}
+    if tool_call_parser == "mistral":
+        schema = mistral_schema(tools, choice)
+    else:
+        schema = forced_schema(tools, choice, parallel)
+    return None if schema is None else {"json": schema}
+
+
 def parse_agent_options(
     body: dict[str, Any], names: ParserNames, params: dict[str, Any]
 ) -> AgentOptions | None:
@@ -144,8 +173,8 @@ def parse_agent_options(
     if tools and choice != "none":
         named = choice["function"]["name"] if isinstance(choice, dict) else None
         tool_use = ToolUse(tools, named or choice, named, parallel is not False)
-        schema = forced_schema(tools, choice, parallel)
-        if schema is not None:
+        constraint = tool_constraint(names.tool_call, tools, choice, parallel, params)
+        if constraint is not None:
             # As vLLM's adjust_request: the call is the answer, whatever format was asked;
             # the client's options of structured outputs (disable_any_whitespace, ...) stay.
             given = params.get("structured_outputs")
@@ -154,7 +183,7 @@ def parse_agent_options(
                 for k, v in (given if isinstance(given, dict) else {}).items()
                 if k not in CONSTRAINTS
             }
-            params["structured_outputs"] = {**options, "json": schema}
+            params["structured_outputs"] = {**options, **constraint}
             params.pop("response_format", None)
         # Tool-call markers are special tokens in some models: keep them in the text.
         params.setdefault("skip_special_tokens", False)

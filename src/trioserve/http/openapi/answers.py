@@ -43,6 +43,11 @@ def _chunk(choice: dict[str, Any], kind: str) -> dict[str, Any]:
     return schema
 
 
+#: vLLM's field: what stopped an answer that ended ``stop`` (docs/api.md).
+_STOP_REASON = {
+    "type": ["string", "integer", "null"],
+    "description": "the stop string matched, or the stop token's id; null otherwise",
+}
 _CHAT_CHOICE = {
     "type": "object",
     "properties": {
@@ -54,6 +59,7 @@ _CHAT_CHOICE = {
         },
         "logprobs": _LOGPROBS,
         "finish_reason": {"type": ["string", "null"]},
+        "stop_reason": _STOP_REASON,
     },
     "required": ["index", "message", "finish_reason"],
 }
@@ -64,6 +70,7 @@ _TEXT_CHOICE = {
         "text": {"type": "string"},
         "logprobs": _LOGPROBS,
         "finish_reason": {"type": ["string", "null"]},
+        "stop_reason": _STOP_REASON,
     },
     "required": ["index", "text", "finish_reason"],
 }
@@ -296,6 +303,7 @@ ANSWERS: dict[str, dict[str, Any]] = {
                 },
                 "logprobs": _LOGPROBS,
                 "finish_reason": {"type": ["string", "null"]},
+                "stop_reason": _STOP_REASON,
             },
             "required": ["index", "delta", "finish_reason"],
         },

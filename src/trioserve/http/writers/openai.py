@@ -402,7 +402,7 @@ def parsed_message(parser: OutputParser, text: str) -> tuple[dict[str, Any], boo
     if calls and content is not None and not content.strip():
         content = None
     if calls and parser.forced:
-        content = ""  # as vLLM answers a forced call
+        content = content or ""  # as vLLM answers a forced call
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if parser.reasoning is not None:
         message["reasoning"] = answer.thinking

@@ -1,6 +1,7 @@
-"""What the model writes when ``tool_choice`` forces a call, as vLLM constrains it: the
-engine is handed a JSON schema (structured outputs, :func:`forced_schema`), so the answer
-is exactly the calls.
+"""What the model writes when ``tool_choice`` forces a call and no tool-call format is
+configured, as vLLM's generic path constrains it: the engine is handed a JSON schema
+(structured outputs, :func:`forced_schema`), so the answer is exactly the calls. (A
+format's forced call is in its own syntax: ``structural_tags.py``.)
 
 - ``"required"``: an array of ``{"name": ..., "parameters": {...}}``, one or more
   (one at most with ``parallel_tool_calls: false``).

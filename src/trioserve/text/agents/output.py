@@ -21,6 +21,7 @@ from .events import (
 from .forced import NamedToolParser, RequiredToolParser
 from .formats import REASONING_PARSERS, TOOL_CALL_IDS, TOOL_CALL_PARSERS, StreamParser
 from .reasoning import thinking_enabled
+from .structural_tags import STRUCTURAL_TAG_MODELS
 
 
 @attrs.frozen
@@ -135,12 +136,19 @@ def output_parser(
     parallel = True
     if tool_use is not None:
         parallel = tool_use.parallel
-        if tool_use.named is not None:
-            tools, named = NamedToolParser(make_id, tool_use.named), True
-        elif tool_use.choice == "required":
-            tools, forced = RequiredToolParser(make_id), True
-        elif names.tool_call is not None:
+        named = tool_use.named is not None
+        forced = named or tool_use.choice == "required"
+        if names.tool_call in STRUCTURAL_TAG_MODELS or (names.tool_call and not forced):
+            # A forced call of these formats is in the format's own syntax (the
+            # structural tag holds it there), read as vLLM reads it: as "auto".
             tools = TOOL_CALL_PARSERS[names.tool_call](make_id, tool_use.tools)
+        elif names.tool_call == "mistral":
+            # Mistral's forced call array (structural_tags.mistral_schema).
+            tools = RequiredToolParser(make_id, key="arguments")
+        elif tool_use.named is not None:
+            tools = NamedToolParser(make_id, tool_use.named)
+        else:
+            tools = RequiredToolParser(make_id)
     if reasoning is None and tools is None:
         return None
     return OutputParser(
