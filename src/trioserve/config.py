@@ -343,7 +343,7 @@ class Settings:
         group="access",
         help="let browsers send cookies/authorization to the --cors-origin origins (not with '*')",
     )
-    #: See App._websocket_origin_allowed.
+    #: See WebSocketHandshakes.origin_allowed (http/websocket_handshake.py).
     ws_allow_any_origin: bool = option(
         False,
         group="access",

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-from time import perf_counter
 from typing import Any
 
 import trio
@@ -16,13 +15,12 @@ import trio
 from ..config import Settings
 from ..engine import EngineClient
 from ..errors import HTTPError
-from . import error_bodies
-from .auth import ApiKeys, header_values, select_subprotocol
-from .channel import HOLD_FOR_KEY, AsgiChannel, Receive, RequestHead, ResponseChannel, Send, head_of
+from .auth import ApiKeys, header_values
+from .channel import AsgiChannel, Receive, RequestHead, ResponseChannel, Send, head_of
 from .cors import CorsPolicy
-from .exchange import JSON_HEADERS, ClientGone, Exchange
+from .exchange import ClientGone, Exchange
 from .memory import Holding
-from .observe import WEBSOCKET_ROUTE, Observer
+from .observe import Observer
 from .openapi.spec import build_spec
 from .routes.table import (
     ANTHROPIC_PATHS,
@@ -34,7 +32,7 @@ from .routes.table import (
     templates,
 )
 from .services import Services
-from .websocket import POLICY_VIOLATION, WebSocketConnection
+from .websocket_handshake import WebSocketHandshakes
 
 log = logging.getLogger("trioserve.http")
 
@@ -76,6 +74,8 @@ class App:
             self.open_paths.add("/metrics")
         self._openapi_json: bytes | None = None
         services.openapi = self._openapi
+        #: WebSocket handshakes, checked before they are accepted.
+        self.websockets = WebSocketHandshakes(services, self.api_keys, self.cors)
 
     def _openapi(self) -> bytes:
         """The description of this server's API (``/openapi.json``), built once."""
@@ -117,101 +117,7 @@ class App:
         elif kind == "lifespan":
             await _lifespan(receive, send)
         elif kind == "websocket":
-            if scope["path"] == WEBSOCKET_ROUTE:
-                await self._websocket(scope, receive, send)
-            else:
-                await self._no_websocket_route(scope, receive, send)
-
-    async def _websocket(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        headers = scope["headers"]
-        protocols = header_values(headers, b"sec-websocket-protocol")
-        arrived = perf_counter()
-        if not self._websocket_origin_allowed(headers):
-            # A browser page of another site opening a socket with the user's network
-            # position and cookies (cross-site WebSocket hijacking).
-            error = HTTPError(
-                403,
-                "this origin may not open a WebSocket here (allow it with --cors-origin, or "
-                "any origin with --ws-allow-any-origin)",
-                "websocket_origin_not_allowed",
-            )
-            await self._refuse_websocket(scope, receive, send, error, arrived)
-            return
-        try:
-            key_index = self.api_keys.authenticate_websocket(
-                header_values(headers, b"authorization"), protocols
-            )
-            hold_for_key = (scope.get("extensions") or {}).get(HOLD_FOR_KEY)
-            if key_index is not None and hold_for_key is not None:
-                hold_for_key(key_index)  # the socket's connection, in its key's share
-            share = self.services.websocket_shares.take(key_index)
-        except HTTPError as error:
-            await self._refuse_websocket(scope, receive, send, error, arrived)
-            return
-        with share:  # until the socket has closed
-            connection = WebSocketConnection(
-                self.services,
-                receive,
-                send,
-                key_index=key_index,
-                subprotocol=select_subprotocol(protocols),
-                client=scope.get("client"),
-                headers={name.lower(): value for name, value in headers},
-            )
-            await connection.serve()
-
-    async def _refuse_websocket(
-        self,
-        scope: dict[str, Any],
-        receive: Receive,
-        send: Send,
-        error: HTTPError,
-        arrived: float,
-    ) -> None:
-        try:
-            await _refuse_websocket(scope, receive, send, error)
-        finally:
-            self.services.observer.ws_socket_done(
-                client=scope.get("client"),
-                socket=None,
-                status=error.status,
-                sent=0,
-                arrived=arrived,
-                end=error.code,
-                requests=0,
-                path=scope["path"],
-            )
-
-    async def _no_websocket_route(
-        self, scope: dict[str, Any], receive: Receive, send: Send
-    ) -> None:
-        """A WebSocket handshake on another path: 404, as an HTTP request there gets, before
-        any upgrade; with API keys, a 401 first without one (unknown paths are not probed)."""
-        error = HTTPError(404, f"no WebSocket route at {scope['path']} (it is /v1/ws)", "not_found")
-        headers = scope["headers"]
-        try:
-            self.api_keys.authenticate_websocket(
-                header_values(headers, b"authorization"),
-                header_values(headers, b"sec-websocket-protocol"),
-            )
-        except HTTPError as refused:
-            error = refused
-        await self._refuse_websocket(scope, receive, send, error, perf_counter())
-
-    def _websocket_origin_allowed(self, headers: list[tuple[bytes, bytes]]) -> bool:
-        """Browsers say where a page came from (``Origin``); other clients send none. A
-        browser may open a socket from an origin ``--cors-origin`` allows, from this
-        server's own origin, or from any with ``--ws-allow-any-origin``."""
-        origins = header_values(headers, b"origin")
-        if not origins:
-            return True
-        if len(origins) > 1:
-            return False
-        origin = origins[0]
-        if self.settings.ws_allow_any_origin or self.cors.allows(origin):
-            return True
-        hosts = header_values(headers, b"host")
-        return len(hosts) == 1 and origin.partition(b"://")[2] == hosts[0].lower()
+            await self.websockets.serve(scope, receive, send)
 
     async def _http(self, exchange: Exchange) -> None:
         gone = False
@@ -276,27 +182,6 @@ class App:
         headers = self.cors.preflight_headers(origin, requested)
         exchange.extra_headers = []
         await exchange.respond(204, b"", headers)
-
-
-async def _refuse_websocket(
-    scope: dict[str, Any], receive: Receive, send: Send, error: HTTPError
-) -> None:
-    """Refuse a WebSocket handshake with ``error`` as a whole HTTP response, where the
-    server can send one (ASGI's ``websocket.http.response`` extension: hypercorn); else
-    by closing before accepting, which servers answer with a 403 and no body."""
-    if (await receive())["type"] != "websocket.connect":
-        return
-    # Shielded, as Exchange._send: a cancelled send can leave hypercorn's state broken.
-    with trio.CancelScope(shield=True):
-        if "websocket.http.response" not in (scope.get("extensions") or {}):
-            await send({"type": "websocket.close", "code": POLICY_VIOLATION})
-            return
-        body = error_bodies.body(error)
-        headers = [*JSON_HEADERS, *error.headers, (b"content-length", b"%d" % len(body))]
-        await send(
-            {"type": "websocket.http.response.start", "status": error.status, "headers": headers}
-        )
-        await send({"type": "websocket.http.response.body", "body": body})
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:
