@@ -211,6 +211,36 @@ async def test_echo_token_ids_and_prompt_logprobs_come_with_the_first_item(nurse
     assert all(i.prompt_token_ids is None and i.prompt_logprobs is None for i in rest)
 
 
+@pytest.mark.parametrize(
+    ("messages", "params", "echoed"),
+    [
+        ([{"role": "user", "content": "Hi"}], {}, ""),
+        ([{"role": "assistant", "content": "Once"}], {}, "Once"),
+        (
+            [
+                {
+                    "role": "assistant",
+                    "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+                }
+            ],
+            {},
+            "a\nb",
+        ),
+        ([{"role": "user", "content": "Go on"}], {"add_generation_prompt": False}, "Go on"),
+    ],
+)
+async def test_a_chat_echo_is_the_last_message_when_it_has_the_answers_role(
+    nursery, model, messages, params, echoed
+):
+    """vLLM's ``echo`` for chat: the answer's role is the assistant's, or without a
+    generation prompt the last message's own."""
+    core = RecordingCore()
+    client = await served(nursery, core, model)
+    message = Submit("c", "m", "chat", {"messages": messages}, {"echo": True, **params})
+    prepared = await client.prepare(message, "chat")
+    assert prepared.payload[2] == echoed
+
+
 async def test_the_engine_lost_fails_every_request_once_and_the_link_is_out_of_service(
     nursery, model
 ):
