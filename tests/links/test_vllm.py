@@ -5,11 +5,13 @@ The real engine's side is tests/vllm/test_direct_vllm.py."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import trio
 
+from tests.helpers.frontends import start_frontend
 from tests.helpers.text_models import build_text_model
 from trioserve.engine import open_engine_client
 from trioserve.enginecore import codec
@@ -264,3 +266,46 @@ async def test_the_schedulers_figures_reach_routing(nursery, model):
     [link] = client.links
     core.on_stats(codec.SchedulerStats(num_running_reqs=3, num_waiting_reqs=2, kv_cache_usage=0.5))
     assert link.load == 5 and link.kv_cache_usage == 0.5
+
+
+async def _answer(nursery, model, body: dict) -> list[dict]:
+    """``body`` through a frontend on the link (the engine answers one token, 5): the
+    JSON answer, or the stream's chunks."""
+    core = RecordingCore()
+    links = VllmLinks(core, VllmText(model, EngineLimits(max_model_len=512)), ["m"])  # type: ignore[arg-type]
+    frontend = await start_frontend(nursery, None, server="builtin", links=[("vllm://m", links)])
+
+    async def engine() -> None:
+        while not core.added:
+            await trio.sleep(0.01)
+        [request] = core.added
+        output = codec.EngineCoreOutput(
+            request.request_id, [5], finish_reason=codec.FinishReason.LENGTH
+        )
+        core.sinks[request.request_id].output(output)  # type: ignore[attr-defined]
+
+    nursery.start_soon(engine)
+    async with frontend.client() as http:
+        if not body.get("stream"):
+            return [(await http.post("/v1/completions", json=body)).json()]
+        async with http.stream("POST", "/v1/completions", json=body) as response:
+            lines = [line async for line in response.aiter_lines()]
+    return [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+
+
+async def test_a_streamed_echo_carries_the_prompts_ids_unasked_a_json_one_only_if_asked(
+    nursery, model
+):
+    """As vLLM's completion serving does: its echo branch streams the prompt's token
+    ids whether or not ``return_token_ids`` asked for them."""
+    body = {"model": "m", "prompt": "Grüße", "echo": True, "max_tokens": 3}
+    prompt = model.encode("Grüße", add_special_tokens=True)
+    [first, *_] = await _answer(nursery, model, {**body, "stream": True})
+    assert first["choices"][0]["prompt_token_ids"] == prompt
+    assert first["choices"][0]["text"].startswith("Grüße")
+    [answer] = await _answer(nursery, model, body)
+    assert "prompt_token_ids" not in answer["choices"][0]
+    [asked] = await _answer(nursery, model, {**body, "return_token_ids": True})
+    assert asked["choices"][0]["prompt_token_ids"] == prompt
+    assert asked["choices"][0]["token_ids"] == [5]
+    assert asked["choices"][0]["text"] == model.decode([5])  # no prompt text, as vLLM's

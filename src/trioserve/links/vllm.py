@@ -51,7 +51,7 @@ from ..text.logprob_format import (
 )
 from ..text.logprobs import token_id_placeholder
 from ..text.prompts import Prompt, chat_prompt, completion_prompt
-from ..text.sampling import OUTPUT_DELTA, EngineLimits, Sampling, lower
+from ..text.sampling import EngineLimits, Sampling, lower
 from ..text.template import ChatOptions
 
 log = logging.getLogger(__name__)
@@ -353,7 +353,6 @@ class _Stream:
         "return_ids",
         "sampled",
         "seq",
-        "streamed",
         "sub",
         "top",
     )
@@ -388,7 +387,6 @@ class _Stream:
         self.echo = echo  # None: no echo
         self.echo_only = sampling.echo_only
         self.return_ids = sampling.return_token_ids
-        self.streamed = params["output_kind"] == OUTPUT_DELTA
         self.first = True  # the first item (the prompt's details) is still to leave
         self.offset = 0  # a completion's text_offset, carried across deltas
         self.seq = 0
@@ -458,9 +456,9 @@ class _Stream:
             self.first = False
             text = head.text + text
             logprobs = _joined(head.logprobs, logprobs)
-            # (A streamed completion's echo carries them unasked: vLLM's echo branch.)
-            streamed_echo = self.echo is not None and not self.chat and self.streamed
-            if self.return_ids or streamed_echo:
+            # (A completion's echo carries them unasked: vLLM's echo branch streams them;
+            # a JSON answer shows them only if asked, StreamFormat.returns_token_ids.)
+            if self.return_ids or (self.echo is not None and not self.chat):
                 item.prompt_token_ids = self.prompt_ids
             item.prompt_logprobs = head.prompt_logprobs
         item.data = text or None

@@ -171,6 +171,16 @@ def choice_as_grammar(choice: list[str]) -> str:
     return "root ::= " + " | ".join('"' + "".join(map(escape, c)) + '"' for c in choice)
 
 
+def sanitized(message: str) -> str:
+    """A library's message as vLLM's server answers it (``sanitize_message``): no memory
+    addresses, traceback lines or file paths, no surrounding whitespace."""
+    message = re.sub(r" at 0x[0-9a-fA-F]+>", ">", message)
+    message = re.sub(r'\n?\s*File "[^"]+", line \d+, in \S+(\n\s+.*)?', "", message)
+    message = re.sub(r"/(?:home|usr|opt|var|tmp|root|lib|mnt|srv)(?:/[\w.\-]+)+", "<path>", message)
+    message = re.sub(r"(?:/[\w\-]+)+/[\w\-]+\.\w+", "<path>", message)
+    return message.strip()
+
+
 def _library(name: str) -> Any:
     try:
         return importlib.import_module(name)
@@ -205,7 +215,7 @@ def choose_backend(so: dict[str, Any], backend: str) -> None:
                         _check_guidance(so, llguidance)
                     backend = "guidance"
     except _Refused as refused:
-        raise _fail(str(refused)) from None
+        raise _fail(sanitized(str(refused))) from None
     so["_backend"] = backend
     so.setdefault("_backend_was_auto", False)
 

@@ -373,7 +373,8 @@ class Generation:
         # (vLLM streams a completion's echo with the prompt's token ids, unasked.)
         params = self.submit.params
         echo = self.capability == "completion" and bool(params.get("echo"))
-        fmt.with_token_ids = bool(params.get("return_token_ids")) or echo
+        fmt.returns_token_ids = bool(params.get("return_token_ids"))
+        fmt.with_token_ids = fmt.returns_token_ids or echo
         if self.agents is not None:
             fmt.parsers = self.agents.parser
             fmt.parser = self.agents.parser()

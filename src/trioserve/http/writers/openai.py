@@ -121,6 +121,9 @@ class StreamFormat:
         #: Whether the request asked for token ids (``return_token_ids``): its deltas
         #: carry them, built whole as with logprobs.
         self.with_token_ids = False
+        #: Whether the request asked for them (``return_token_ids``): a JSON answer shows
+        #: the prompt's only then (a completion's echo streams them unasked, as vLLM's).
+        self.returns_token_ids = False
         #: The parser of this stream's text (tool calls, reasoning), and how to make one
         #: for each choice of a whole body; None: the text is the answer as it comes.
         #: A parsed stream's deltas are built whole (no fast path either).
@@ -293,7 +296,7 @@ class StreamFormat:
             choice["token_ids"] = details.token_ids
         prompt = {
             "prompt_logprobs": details.prompt_logprobs,
-            "prompt_token_ids": details.prompt_token_ids,
+            "prompt_token_ids": details.prompt_token_ids if self.returns_token_ids else None,
         }
         prompt = {key: value for key, value in prompt.items() if value is not None}
         if self.kind == "chat":

@@ -108,7 +108,7 @@ class JSONWriter(WriterBase):
                 parts.append(text_of(item.data))
             if item.logprobs is not None:
                 self._logprobs = merge_logprobs(self._logprobs, item.logprobs)
-            if item.token_ids is not None or item.prompt_logprobs is not None:
+            if item.token_ids is not None or item.prompt_token_ids or item.prompt_logprobs:
                 if self._details is None:
                     self._details = TokenDetails()
                 self._details.add(item)
@@ -310,7 +310,7 @@ class Collected:
     def add(self, item: OutputItem) -> None:
         if item.logprobs is not None:
             self.logprobs = merge_logprobs(self.logprobs, item.logprobs)
-        if item.token_ids is not None or item.prompt_logprobs is not None:
+        if item.token_ids is not None or item.prompt_token_ids or item.prompt_logprobs:
             if self.details is None:
                 self.details = TokenDetails()
             self.details.add(item)
