@@ -167,8 +167,10 @@ async def serve_direct(
         ) as child:
             client = child.client
             if workers > 1:
-                # Read here once, so that a model the workers cannot read is one line.
+                # Read here once, so that what the workers cannot read (the model's text,
+                # a --generation-config) is one line here, not N workers that fail to start.
                 await _load_text(model, options)
+                _limits(options, client.ready)
                 engine = WorkerEngine(
                     [[pair.input, pair.output] for pair in child.pairs],
                     codec.encode_ready_response(client.ready).hex(),
