@@ -365,6 +365,8 @@ async def run_generation(
         registry.remove(handle)
         handle.outcome = outcome
         observer.ended(handle, outcome)
+        if handle.sub is not None:
+            handle.sub.release_owner()  # no cycle left to wait for the garbage collector
 
 
 async def _prepare(

@@ -146,6 +146,9 @@ def _make_converter() -> cattrs.Converter:
 
 converter = _make_converter()
 _packer = msgpack.Packer(use_bin_type=True)
+#: A frame larger than this is packed by a packer of its own: msgpack's keeps its buffer
+#: at the largest size it ever grew to (twice a 16 MiB prompt: 32 MiB held for good).
+PACKER_KEEP_BYTES = 1 << 20
 
 
 def encode(message: Message) -> bytes:
@@ -162,8 +165,16 @@ def encode(message: Message) -> bytes:
         }
         if message.trace_context is not None:
             body["trace_context"] = message.trace_context
-        return _packer.pack([_SUBMIT_TAG, body])
-    return _packer.pack([TAGS[type(message)], converter.unstructure(message)])
+        return _pack([_SUBMIT_TAG, body])
+    return _pack([TAGS[type(message)], converter.unstructure(message)])
+
+
+def _pack(obj: Any) -> bytes:
+    global _packer
+    frame: bytes = _packer.pack(obj)
+    if len(frame) > PACKER_KEEP_BYTES:
+        _packer = msgpack.Packer(use_bin_type=True)  # the grown buffer goes with the old
+    return frame
 
 
 _PLAIN_ITEM_KEYS = frozenset(

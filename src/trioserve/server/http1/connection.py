@@ -256,6 +256,7 @@ class Connection:
             self.unwatch_hangup()  # first: a closed descriptor's number is reused
             self.closed = True
             self.stream.socket.close()
+            self.parser.close()
             if on_hangup is not None:
                 on_hangup()  # whoever watched learns the client is gone
 

@@ -251,6 +251,16 @@ class RequestParser:
 
     # -- events ------------------------------------------------------------------------
 
+    def close(self) -> None:
+        """Nothing more will be received (the connection closed). httptools' parser holds
+        this object's callbacks and this object holds it: a reference cycle that kept
+        every closed connection's parser, and the body bytes it had buffered, until the
+        garbage collector ran. Dropping the parser breaks it."""
+        if not self._stopped:
+            self._stop(CLOSED)
+        if hasattr(self, "_parser"):
+            del self._parser
+
     def receive_data(self, data: bytes) -> None:
         """Parse ``data``; ``b""`` means the client closed its side."""
         if self._stopped:
