@@ -562,6 +562,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--long-prompt-duration", type=float, default=6.0, help="seconds per long-prompt window"
     )
+    parser.add_argument(
+        "--time-budget",
+        type=float,
+        default=0,
+        help="seconds: start no round that would end past it, measured by the last (0: none)",
+    )
     parser.add_argument("--no-pin", action="store_true", help="do not pin processes to cores")
     parser.add_argument("--json", type=Path, help="write every figure here as JSON")
     parser.add_argument(
@@ -635,6 +641,7 @@ def main(argv: list[str] | None = None) -> int:
     failures: list[str] = []
     sources: list[str] = []
     answers: list[tuple[int, dict]] = []
+    rounds_from = 0.0
     # The processes start once and run the code they loaded then: that is the code under
     # test; the working tree per round only says whether someone edited it meanwhile.
     code = machine.source_state()
@@ -656,10 +663,25 @@ def main(argv: list[str] | None = None) -> int:
         )
         answers = [chat(side.url, name, {"max_tokens": 16}) for side in sides]
         for r in range(plan.rounds):
+            elapsed = time.monotonic() - t_start
+            last = (elapsed - rounds_from) / r if r else 0.0
+            if args.time_budget and r and elapsed + last > args.time_budget:
+                failures.append(
+                    f"stopped after {r} of {plan.rounds} rounds: another would end past "
+                    f"--time-budget {args.time_budget:g} s"
+                )
+                break
+            if not r:
+                rounds_from = elapsed
             sources.append(machine.source_state())
             results, failed = measure_round(r, plan, sides, pin, progress, args)
             rounds.append(results)
             failures += failed
+    except (KeyboardInterrupt, SystemExit) as exc:
+        # Interrupted (SIGTERM, Ctrl-C): the rounds done are still reported.
+        if not sides:
+            raise
+        failures.append(f"interrupted ({type(exc).__name__}) after {len(rounds)} round(s)")
     finally:
         for side in sides:
             for proc in side.procs:
@@ -715,6 +737,7 @@ def main(argv: list[str] | None = None) -> int:
     meta["placement"] = reporting.placement_of(rounds)
     for label in labels:
         meta["placement"].setdefault(label, [])
+    plan.rounds = len(rounds)  # those measured (a budget or a signal may stop it early)
     figures = reporting.figures_of(plan, rounds, labels, reference)
     goals = reporting.goals_of(figures, GOALS)
     text = reporting.report(plan, meta, figures, goals, labels, reference)
