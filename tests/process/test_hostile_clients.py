@@ -261,3 +261,64 @@ def test_sockets_flooding_frames_leave_the_others_served(frontend):
             thread.join()
 
     under_attack(frontend, attack, 3 * WS_MESSAGE_KB * 1024 + SLACK)
+
+
+STORE_MB = 1
+
+
+@pytest.fixture(params=["builtin", "hypercorn"])
+def store_frontend(request):
+    started = hostile.Frontend(
+        "--server",
+        request.param,
+        "--api-key",
+        KEY,
+        "--max-body-memory-mb",
+        str(BODY_MEMORY_MB),
+        "--responses-store-mb",
+        str(STORE_MB),
+        "--mock-tokens-per-second",
+        "200",
+    )
+    try:
+        yield started
+    finally:
+        started.stop()
+    assert b"Traceback" not in started.stderr, started.stderr.decode()[-3000:]
+
+
+def test_responses_with_large_echoed_fields_stay_within_the_store_and_body_bounds(
+    store_frontend,
+):
+    """Twenty stored responses with 4 MiB of ``instructions`` each (echoed back, kept
+    with the record): the store keeps what fits its 1 MiB, the bodies in flight are
+    within the body budget, and nothing is left behind once each has been answered (a
+    reference cycle kept every request's 4 MiB until the collector ran: 16 MiB bodies
+    left 17 MiB each). ``user`` past 64 characters is refused."""
+    instructions = "x" * (4 * MIB)
+    statuses = []
+
+    def post(body: dict) -> int:
+        connection = http.client.HTTPConnection("127.0.0.1", store_frontend.port, timeout=60)
+        headers = {"content-type": "application/json", "authorization": f"Bearer {KEY}"}
+        connection.request("POST", "/v1/responses", json.dumps(body), headers)
+        response = connection.getresponse()
+        response.read()
+        connection.close()
+        return response.status
+
+    def attack() -> None:
+        for _ in range(20):
+            statuses.append(
+                post({"input": "hi", "max_output_tokens": 2, "instructions": instructions})
+            )
+        statuses.append(post({"input": "hi", "max_output_tokens": 2, "user": "u" * 4 * MIB}))
+
+    # The store's bound, one request's body in flight (its bytes and its parse, within the
+    # body budget) and its answer (the echo, encoded), beside the slack.
+    under_attack(
+        store_frontend,
+        attack,
+        STORE_MB * MIB + BODY_MEMORY_MB * MIB + 2 * len(instructions) + SLACK,
+    )
+    assert statuses == [200] * 20 + [422]
