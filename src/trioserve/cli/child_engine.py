@@ -10,6 +10,7 @@ from functools import partial
 
 import trio
 
+from ..enginecore.launcher import STOP_TIMEOUT as LAUNCHER_STOP_TIMEOUT
 from .parsers import USAGE_ERROR
 
 log = logging.getLogger("trioserve")
@@ -21,9 +22,10 @@ MOCK_ENGINE_WAIT = 10.0
 VLLM_LOAD_TIMEOUT = 600.0
 #: Seconds between the lines that say the engine is still loading.
 PROGRESS_INTERVAL = 15.0
-#: Seconds a child engine has to stop after SIGTERM before it is killed (vLLM shuts its
-#: EngineCore process down first).
-CHILD_STOP_TIMEOUT = 10.0
+#: Seconds a child engine has to stop after SIGTERM before it is killed: the vLLM engine
+#: first drains, then gives vLLM's launcher up to its own stop timeout before it kills it,
+#: so that nothing of vLLM outlives it.
+CHILD_STOP_TIMEOUT = LAUNCHER_STOP_TIMEOUT + 10.0
 
 
 class ChildEngine:
