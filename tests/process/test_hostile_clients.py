@@ -132,11 +132,6 @@ def under_attack(frontend, attack: Callable[[], None], bound: int) -> None:
 
 
 def test_keyless_chunked_bodies_are_refused_before_they_are_read(frontend):
-    if frontend.server == "hypercorn":
-        # Not held there yet (docs/security.md): hypercorn parses such a body (h11, a
-        # Python object per chunk) on the loop every client shares, after the 401, and
-        # the other client's stream fell behind (slow_client).
-        pytest.xfail("hypercorn parses a refused chunked body on the shared loop")
     connections, refused = 10, []
     head = (
         b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"

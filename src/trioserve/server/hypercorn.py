@@ -6,8 +6,11 @@ Two changes to hypercorn's WebSocket stream, for the bounds the built-in server 
 size check: 64 KiB on the wire became 64 MiB held), and every fragment of a message
 counted, an empty one too, with the frame loop letting other tasks run every
 ``EVENTS_PER_YIELD`` events (one read of empty frames held the loop for everyone).
-Both are set on hypercorn's modules once, when this module is imported, and held to
-hypercorn's behaviour by ``tests/http/test_websocket_framing.py``.
+And its HTTP/1.1 event loop yields every ``EVENTS_PER_YIELD`` events too, and stops
+parsing a body once the answer is sent and the connection closing (a refused body in
+2-byte chunks held the loop for everyone). All are set on hypercorn's modules once, when
+this module is imported, and held to hypercorn's behaviour by
+``tests/http/test_websocket_framing.py`` and ``tests/process/test_hostile_clients.py``.
 """
 
 from __future__ import annotations
@@ -17,12 +20,15 @@ from collections.abc import Sequence
 from sys import getsizeof
 from typing import Any
 
+import h11
+import hypercorn.protocol as hypercorn_protocol
 import trio
 from hypercorn.config import Config
+from hypercorn.events import Closed, Updated
 from hypercorn.protocol import h2 as hypercorn_h2
 from hypercorn.protocol import h11 as hypercorn_h11
 from hypercorn.protocol import ws_stream
-from hypercorn.protocol.events import StreamClosed
+from hypercorn.protocol.events import Body, Data, EndBody, StreamClosed
 from hypercorn.trio import serve
 from wsproto.connection import ConnectionState
 from wsproto.events import CloseConnection, Message, Ping
@@ -136,6 +142,61 @@ class _WSStream(ws_stream.WSStream):
                 await self.send(StreamClosed(stream_id=self.stream_id))
 
 
+class _H11Protocol(hypercorn_h11.H11Protocol):
+    """hypercorn's HTTP/1.1 protocol, its event loop letting other tasks run every
+    ``EVENTS_PER_YIELD`` events. One read of a body in 2-byte chunks is ten thousand h11
+    events, all handled before anything else ran: a request refused from its head (no
+    key) was answered only once its body's reads had all been parsed, and ten such
+    clients held the loop long enough that another client's stream ended slow_client.
+    With the checkpoint the refusal is answered, its connection closes and what is left
+    of the body is never parsed."""
+
+    async def _handle_events(self) -> None:
+        # hypercorn's own loop (0.17), with the checkpoint.
+        handled = 0
+        while True:
+            handled += 1
+            if handled % EVENTS_PER_YIELD == 0:
+                await trio.lowlevel.checkpoint()
+                if self.stream is None or self.connection.our_state in _CLOSING:
+                    break  # answered and closing (or closed): nothing more to parse
+            if self.connection.they_are_waiting_for_100_continue:
+                await self._send_h11_event(
+                    h11.InformationalResponse(
+                        status_code=100, headers=self.config.response_headers("h11")
+                    )
+                )
+            try:
+                event = self.connection.next_event()
+            except h11.RemoteProtocolError as error:
+                if self.connection.our_state in {h11.IDLE, h11.SEND_RESPONSE}:
+                    await self._send_error_response(error.error_status_hint)
+                await self.send(Closed())
+                break
+            if isinstance(event, h11.Request):
+                await self.send(Updated(idle=False))
+                await self._check_protocol(event)
+                await self._create_stream(event)
+            elif event is h11.PAUSED:
+                await self.can_read.clear()
+                await self.can_read.wait()
+            elif (
+                isinstance(event, h11.ConnectionClosed)
+                or event is h11.NEED_DATA
+                or self.stream is None
+            ):
+                break
+            elif isinstance(event, h11.Data):
+                await self.stream.handle(Body(stream_id=hypercorn_h11.STREAM_ID, data=event.data))
+            elif isinstance(event, h11.EndOfMessage):
+                await self.stream.handle(EndBody(stream_id=hypercorn_h11.STREAM_ID))
+            elif isinstance(event, Data):
+                await self.stream.handle(event)  # WebSocket pass through
+
+
+_CLOSING = (h11.MUST_CLOSE, h11.CLOSED)
+
+hypercorn_protocol.H11Protocol = _H11Protocol  # type: ignore[misc]
 ws_stream.Handshake = _Handshake  # type: ignore[misc]
 hypercorn_h11.WSStream = _WSStream  # type: ignore[misc]
 hypercorn_h2.WSStream = _WSStream  # type: ignore[misc]
