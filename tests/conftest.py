@@ -10,6 +10,7 @@ import pytest
 import trio
 
 from tests.helpers.frontends import Frontend, start_engine, start_frontend
+from tests.helpers.nginx import nginx_binary
 from trioserve.config import Settings
 from trioserve.sdk import TrioEngine
 
@@ -36,6 +37,14 @@ def http_server() -> str:
     """The HTTP server of the frontends a test starts: the built-in one, unless the test
     is parametrized over ``SERVERS`` (every test of tests/http is, by its conftest)."""
     return "builtin"
+
+
+@pytest.fixture
+def nginx() -> str:
+    """nginx, for the tests behind a load balancer, or a skip saying how to get it. A
+    synchronous fixture: a skip raised inside a trio test or fixture reaches pytest through
+    pytest-trio, which drops its reason."""
+    return nginx_binary()
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import openai
 import pytest
 
 from tests.helpers.frontends import start_engine, start_frontend
-from trioserve.engine_programs.mock import MockBackend
+from trioserve.engine_programs.mock import DEFAULT_MAX_TOKENS, MockBackend
 from trioserve.protocol import Submit
 from trioserve.sdk.core import RequestError
 
@@ -73,15 +73,19 @@ async def test_answer_tokens_end_answers_stop_where_max_tokens_leaves_room():
     texts, reason = await steps(backend, max_tokens=2)
     assert (len(texts), reason) == (2, "length")
     plain = MockBackend(ttft_ms=0, tokens_per_second=0)
-    assert (await steps(plain))[1] == "length"
+    # Without max_tokens nothing cuts the answer: it ends as a model's would.
+    texts, reason = await steps(plain)
+    assert (len(texts), reason) == (DEFAULT_MAX_TOKENS, "stop")
+    texts, reason = await steps(plain, max_tokens=40)
+    assert (len(texts), reason) == (40, "length")  # what the client asked for, and cut
 
 
-async def test_the_openai_sdks_responses_stream_completes_on_a_mock_that_ends_stop(nursery):
-    engine = await start_engine(nursery, answer_tokens=5)
+async def test_the_openai_sdks_responses_stream_completes_on_the_default_mock(nursery):
+    engine = await start_engine(nursery)
     frontend = await start_frontend(nursery, engine, server="builtin")
     client = openai.AsyncOpenAI(base_url=f"{frontend.url}/v1", api_key="unused", max_retries=0)
     async with client.responses.stream(model="mock", input="hello there") as stream:
         final = await stream.get_final_response()
     assert final.status == "completed"
-    assert len(final.output_text.split()) == 5
+    assert len(final.output_text.split()) == DEFAULT_MAX_TOKENS
     await client.close()

@@ -34,7 +34,7 @@ async def read_until_contains(response: httpx.Response, needle: str, count: int)
 
 
 @pytest.fixture
-async def proxied(nursery, tmp_path, engine):
+async def proxied(nursery, tmp_path, engine, nginx):
     frontend = await start_frontend(nursery, engine, server="builtin", sse_keepalive=0.1)
     port = free_port()
     # proxy_buffering is left on (nginx's default).

@@ -83,3 +83,30 @@ async def test_ctrl_c_with_a_stream_in_flight_gives_it_the_rest_of_the_grace_per
     assert log.index("listener closed; 1 request(s) in flight") < log.index(
         "drain deadline: ended 1 request(s) still in flight"
     )
+
+
+async def test_two_signals_read_together_are_one_drain_and_a_skip(nursery):
+    # SIGTERM and SIGINT sent back to back reach the server in one read of its signals: the
+    # first read begins the drain, the second is the operator's "stop now", never a second
+    # drain (whose lines came twice: issue 29.8).
+    frontend, url = await start_frontend_process(
+        nursery, "--drain-delay", FOREVER, "--graceful-timeout", FOREVER
+    )
+    body = {"prompt": "x", "max_tokens": 1_000_000, "stream": True}
+    async with (
+        httpx.AsyncClient(base_url=url, timeout=HANG_GUARD) as client,
+        client.stream("POST", "/v1/completions", json=body) as response,
+    ):
+        chunks = response.aiter_text()
+        assert "data: " in await anext(chunks)  # streaming
+        frontend.signal(signal.SIGTERM)
+        frontend.signal(signal.SIGINT)
+        rest = "".join([chunk async for chunk in chunks])
+    assert '"code":"server_shutting_down"' in rest  # the skip ended it, not a drain's wait
+    assert await frontend.wait() == 0
+    log = frontend.output.decode()
+    # Which of the two it read first is the kernel's business; one began the drain.
+    began = log.count("draining: readiness is now 503") + log.count("Ctrl-C: readiness")
+    assert began == 1, log
+    assert log.count("second signal: ending what is left now") == 1
+    assert log.count("listener closed; 1 request(s) in flight") == 1

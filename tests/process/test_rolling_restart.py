@@ -19,7 +19,7 @@ from tests.helpers.rolling import roll_under_load
 pytestmark = pytest.mark.integration
 
 
-async def test_rolling_restart_through_nginx_drops_nothing(nursery, tmp_path):
+async def test_rolling_restart_through_nginx_drops_nothing(nursery, tmp_path, nginx):
     engine_port = free_port()
     await start_engine_process(nursery, engine_port)
     outcome = await roll_under_load(

@@ -424,7 +424,7 @@ def test_workers_must_be_a_positive_number(count, capsys):
     assert "--workers" in capsys.readouterr().err
 
 
-async def test_a_rolling_restart_of_workers_through_nginx_drops_nothing(nursery, tmp_path):
+async def test_a_rolling_restart_of_workers_through_nginx_drops_nothing(nursery, tmp_path, nginx):
     engine_port = free_port()
     await start_engine_process(nursery, engine_port)
     outcome = await roll_under_load(

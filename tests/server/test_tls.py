@@ -97,7 +97,6 @@ async def test_json_and_sse_over_tls(nursery, engine, certs, http_server):
 async def test_http2_through_alpn_on_hypercorn_and_http1_on_our_server(
     nursery, engine, certs, http_server
 ):
-    pytest.importorskip("h2")
     frontend = await tls_frontend(nursery, engine, certs, http_server)
     async with client(frontend, certs.client_context(), http2=True) as http:
         answer = await http.post("/v1/chat/completions", json={**CHAT, "stream": True})

@@ -13,7 +13,9 @@ from tests.helpers.vllm_session import MODEL, Vllm
 pytestmark = pytest.mark.integration
 
 
-async def test_rolling_restart_with_vllm_untouched_drops_nothing(vllm: Vllm, nursery, tmp_path):
+async def test_rolling_restart_with_vllm_untouched_drops_nothing(
+    vllm: Vllm, nursery, tmp_path, nginx
+):
     before = await settled(vllm)
     body = {"model": MODEL, "max_tokens": 32, "temperature": 0, "ignore_eos": True}
     outcome = await roll_under_load(nursery, tmp_path, vllm.address, body)

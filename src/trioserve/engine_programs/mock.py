@@ -27,10 +27,12 @@ that names one ends with a 400 error item (:data:`FAULT_INJECTION_OFF`):
   request's ``stop`` strings cut it as vLLM cuts an answer (``include_stop_str_in_output``
   too), and the string it stopped at is the final item's ``stop_reason``.
 
-Without ``mock_answer``, an answer runs to ``max_tokens`` (default
-:data:`DEFAULT_MAX_TOKENS`) and ends ``length``; an engine made with ``answer_tokens=N``
-(``trioserve run --mock-answer-tokens N``) ends its answers ``stop`` after N tokens
-instead, as a model that reaches its end of sequence, where ``max_tokens`` leaves room.
+Without ``mock_answer``, an answer whose request sets ``max_tokens`` runs to it and ends
+``length``; one without ``max_tokens`` is :data:`DEFAULT_MAX_TOKENS` tokens long and ends
+``stop``, as a model that reaches its end of sequence (so a client's happy path, the openai
+SDK's ``responses.stream(...).get_final_response()`` say, sees a complete answer). An engine
+made with ``answer_tokens=N`` (``trioserve run --mock-answer-tokens N``) ends every answer
+``stop`` after N tokens, where ``max_tokens`` leaves room.
 
 A prefix cache, simulated (``prefix_cache`` blocks, off by default): a text prompt is read
 in blocks of :data:`PREFIX_BLOCK_WORDS` words, each known by a hash of everything up to its
@@ -74,6 +76,7 @@ WORDS = tuple(
     ).split()
 )
 
+#: An answer's length when the request sets no ``max_tokens`` (it then ends ``stop``).
 DEFAULT_MAX_TOKENS = 16
 #: Characters of a scripted answer (``mock_answer``) per token.
 ANSWER_CHARS_PER_TOKEN = 4
@@ -481,16 +484,18 @@ class MockBackend:
         """What the request produces, one output per step, and its finish reason."""
         task, inputs = request.task, request.inputs
         if task in TEXT_TASKS:
-            max_tokens = params.get("max_tokens")
-            if max_tokens is None:
-                max_tokens = DEFAULT_MAX_TOKENS
+            requested = params.get("max_tokens")
+            max_tokens = DEFAULT_MAX_TOKENS if requested is None else requested
             if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
                 raise RequestError(400, "max_tokens must be a positive integer", "invalid_request")
             if "mock_answer" in params:
-                return _scripted(params, params.get("max_tokens"))
+                return _scripted(params, requested)
             prompt = prompt_text(request)
             reason = "length"
-            if self.answer_tokens and self.answer_tokens <= max_tokens:
+            if requested is None:
+                # Nothing cuts the answer: it ends where the model would end it.
+                max_tokens, reason = self.answer_tokens or DEFAULT_MAX_TOKENS, "stop"
+            elif self.answer_tokens and self.answer_tokens <= max_tokens:
                 max_tokens, reason = self.answer_tokens, "stop"
             # Lazy: a long generation (10 million tokens in the slow-client tests) costs
             # nothing until it runs.
