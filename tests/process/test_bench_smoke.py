@@ -6,6 +6,7 @@ measuring instrument (bench.py, loadgen.py, reference_server.py) from rotting.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -16,6 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.waiting import HANG_GUARD
 
 pytestmark = pytest.mark.integration
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
@@ -115,13 +118,13 @@ def test_a_frontends_process_tree_holds_its_workers():
     # sh, its sleep, and another sh with a sleep of its own: four processes.
     parent = subprocess.Popen(["sh", "-c", "sleep 30 & sh -c 'sleep 30 & wait' & wait"])
     try:
-        for _ in range(400):  # until the last one has started (a hang guard, not a timing)
-            if len(tree := loadgen.process_tree(parent.pid)) == 4:
-                break
+        deadline = time.monotonic() + HANG_GUARD  # until the last one has started
+        while len(tree := loadgen.process_tree(parent.pid)) < 4 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert tree[0] == parent.pid and len(set(tree)) == 4
         assert loadgen.rss_bytes(parent.pid) > loadgen.rss_bytes(tree[-1])
     finally:
         for pid in reversed(loadgen.process_tree(parent.pid)):
-            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # a sleep whose sh was killed
+                os.kill(pid, signal.SIGKILL)
         parent.wait()
