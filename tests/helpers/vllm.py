@@ -22,6 +22,19 @@ LONG = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": MAX_TOKENS, 
 #: Ceiling on waiting for vLLM to settle (a hang guard, not a measurement).
 SETTLE_GUARD = 120.0
 
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+
+def chat(content: str, **params: Any) -> dict[str, Any]:
+    """A chat completion's body: one user message, and ``params``."""
+    return {"messages": [{"role": "user", "content": content}], **params}
+
+
+def completion(prompt: str, **params: Any) -> dict[str, Any]:
+    """A completion's body: ``prompt``, and ``params``."""
+    return {"prompt": prompt, **params}
+
 
 async def figures(vllm: Vllm) -> dict[str, float]:
     return await trio.to_thread.run_sync(vllm.metrics)

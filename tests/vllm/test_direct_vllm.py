@@ -22,9 +22,13 @@ import pytest
 import trio
 
 from tests.helpers.vllm import (
+    CHAT,
+    COMPLETIONS,
     WEATHER_QUESTION,
     WEATHER_TOOLS,
+    chat,
     client,
+    completion,
     details,
     essentials,
     forced_call_as_vllm_writes_it,
@@ -37,18 +41,6 @@ from tests.helpers.waiting import HANG_GUARD
 from trioserve.http.writers.openai import merge_logprobs
 
 pytestmark = pytest.mark.integration
-
-CHAT = "/v1/chat/completions"
-COMPLETIONS = "/v1/completions"
-
-
-def chat(content: str, **params: Any) -> dict[str, Any]:
-    return {"messages": [{"role": "user", "content": content}], **params}
-
-
-def completion(prompt: str, **params: Any) -> dict[str, Any]:
-    return {"prompt": prompt, **params}
-
 
 CASES = [
     (CHAT, chat("Hello", max_tokens=24, temperature=0)),

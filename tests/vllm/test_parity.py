@@ -16,7 +16,11 @@ import trio
 import trio_websocket
 
 from tests.helpers.vllm import (
+    CHAT,
+    COMPLETIONS,
+    chat,
     client,
+    completion,
     essentials,
     frontend_on,
     post_json,
@@ -27,18 +31,6 @@ from tests.helpers.vllm_session import MODEL, Vllm
 from tests.helpers.waiting import HANG_GUARD
 
 pytestmark = pytest.mark.integration
-
-CHAT = "/v1/chat/completions"
-COMPLETIONS = "/v1/completions"
-
-
-def chat(content: str, **params: Any) -> dict[str, Any]:
-    return {"messages": [{"role": "user", "content": content}], **params}
-
-
-def completion(prompt: str, **params: Any) -> dict[str, Any]:
-    return {"prompt": prompt, **params}
-
 
 #: Greedy and sampled requests, each parameter of the mapping exercised at least once.
 CASES = [

@@ -10,12 +10,11 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.vllm import forced_call_as_vllm_writes_it, frontend_on, post_json, settled
+from tests.helpers.vllm import CHAT, forced_call_as_vllm_writes_it, frontend_on, post_json, settled
 from tests.helpers.vllm_session import MODEL, Vllm
 
 pytestmark = pytest.mark.integration
 
-CHAT = "/v1/chat/completions"
 TOOLS = [
     {
         "type": "function",
