@@ -43,8 +43,8 @@ from ..protocol import ErrorInfo, ModelCard, OutputItem, Submit, Usage
 from ..text.assets import ModelText
 from ..text.detokenizer import IncrementalDetokenizer
 from ..text.logprob_format import (
+    AnswerLogprobs,
     Position,
-    chat_logprobs,
     completion_logprobs,
     position,
     prompt_logprobs_answer,
@@ -335,6 +335,7 @@ class _Stream:
     prefill's chunks, are all in."""
 
     __slots__ = (
+        "answer_logprobs",
         "as_ids",
         "chat",
         "detokenizer",
@@ -346,12 +347,10 @@ class _Stream:
         "link",
         "logprobs",
         "num_prompt_logprobs",
-        "offset",
         "prompt_ids",
         "prompt_rows",
         "prompt_tokens",
         "return_ids",
-        "sampled",
         "seq",
         "sub",
         "top",
@@ -382,13 +381,14 @@ class _Stream:
         self.top = int(params.get("logprobs") or 0)
         self.num_prompt_logprobs: int | None = params.get("prompt_logprobs")
         self.prompt_rows: list[tuple[list[int], list[float], int]] = []
-        self.sampled: list[int] = []  # token ids so far (logprob strings' context)
         self.as_ids = sampling.tokens_as_token_ids
+        self.answer_logprobs = AnswerLogprobs(
+            link.text.model, chat=self.chat, top=self.top, as_token_ids=self.as_ids
+        )
         self.echo = echo  # None: no echo
         self.echo_only = sampling.echo_only
         self.return_ids = sampling.return_token_ids
         self.first = True  # the first item (the prompt's details) is still to leave
-        self.offset = 0  # a completion's text_offset, carried across deltas
         self.seq = 0
 
     def output(self, output: codec.EngineCoreOutput) -> None:
@@ -411,7 +411,13 @@ class _Stream:
             head = self._prompt_details()  # (before the step's logprobs: text offsets)
         logprobs = None
         if self.logprobs and output.new_logprobs is not None and not self.echo_only:
-            logprobs = self._logprobs(output.new_logprobs, len(detok.token_ids))
+            lists = output.new_logprobs
+            rows = (
+                lists.logprob_token_ids.tolist(),
+                lists.logprobs.tolist(),
+                lists.sampled_token_ranks.tolist(),
+            )
+            logprobs = self.answer_logprobs.step(rows, len(detok.token_ids))
         self.seq += 1
         if stop_string is not None and reason is None:
             # The frontend's own end: one ABORT, a 200 with finish_reason "stop".
@@ -515,38 +521,8 @@ class _Stream:
             if self.as_ids:
                 positions = self._prompt_positions(True)
             logprobs = completion_logprobs(self.prompt_ids, [spelled, *positions], self.top, 0)
-            self.offset = logprobs["text_offset"][-1] + len(logprobs["tokens"][-1])
+            self.answer_logprobs.offset = logprobs["text_offset"][-1] + len(logprobs["tokens"][-1])
         return _PromptDetails(text, logprobs, prompt_logprobs)
-
-    def _logprobs(self, lists: codec.Logprobs, kept: int) -> Any:
-        """This step's tokens' logprobs in the OpenAI shape of the task, as vLLM's serving
-        layer lays them out (the tokens a stop string cut are left out)."""
-        model = self.link.text.model
-        positions: list[Position] = []
-        sampled: list[int] = []
-        rows = zip(
-            lists.logprob_token_ids.tolist(),
-            lists.logprobs.tolist(),
-            lists.sampled_token_ranks.tolist(),
-            strict=False,
-        )
-        for row_ids, row_values, rank in rows:
-            if len(self.sampled) >= kept:
-                break
-            step = position(
-                model, row_ids, row_values, rank, self.top, self.sampled,
-                as_token_ids=self.as_ids,
-            )  # fmt: skip
-            positions.append(step)
-            self.sampled.append(row_ids[0])
-            sampled.append(row_ids[0])
-        if not positions:
-            return None
-        if self.chat:
-            return chat_logprobs(sampled, positions, self.top)
-        out = completion_logprobs(sampled, positions, self.top, self.offset)
-        self.offset = out["text_offset"][-1] + len(out["tokens"][-1])
-        return out
 
 
 @attrs.frozen

@@ -22,13 +22,12 @@ maps the wire's integers.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
 from .assets import ModelText
-from .logprob_format import Position, chat_logprobs, completion_logprobs, position
+from .logprob_format import AnswerLogprobs, LogprobRows
 from .sampling import Sampling
 
 #: The engine finished on a stop token or EOS (whose text is left out).
@@ -54,40 +53,25 @@ class Delta:
     stop_reason: str | int | None = None
 
 
-#: One step's log probabilities, row per generated position: the token ids (the sampled
-#: one first, then the top ones), their logprobs, and the sampled token's rank.
-LogprobRows = tuple[Sequence[Sequence[int]], Sequence[Sequence[float]], Sequence[int]]
-
-
 class GenerationText:
     """One choice of one request: :meth:`step` per engine output, until a delta with a
     ``finish_reason`` (or ``error``); nothing after it."""
 
-    __slots__ = (
-        "as_ids",
-        "chat",
-        "detokenizer",
-        "logprobs",
-        "model",
-        "offset",
-        "prompt_tokens",
-        "sampled",
-        "top",
-    )
+    __slots__ = ("answer_logprobs", "detokenizer", "logprobs", "prompt_tokens")
 
     def __init__(
         self, model: ModelText, task: str, prompt_token_ids: list[int], sampling: Sampling
     ) -> None:
-        self.model = model
-        self.chat = task == "chat"
         self.prompt_tokens = len(prompt_token_ids)
         self.detokenizer = sampling.detokenizer(model, prompt_token_ids)
         params = sampling.params
         self.logprobs = params.get("logprobs") is not None
-        self.top = int(params.get("logprobs") or 0)
-        self.sampled: list[int] = []  # token ids so far (logprob strings' context)
-        self.as_ids = sampling.tokens_as_token_ids
-        self.offset = 0  # a completion's text_offset, carried across deltas
+        self.answer_logprobs = AnswerLogprobs(
+            model,
+            chat=task == "chat",
+            top=int(params.get("logprobs") or 0),
+            as_token_ids=sampling.tokens_as_token_ids,
+        )
 
     @property
     def completion_tokens(self) -> int:
@@ -110,7 +94,7 @@ class GenerationText:
         stop_string = detok.update(new_token_ids, finish_reason == STOP)
         logprobs = None
         if self.logprobs and rows is not None:
-            logprobs = self._logprobs(rows, len(detok.token_ids))
+            logprobs = self.answer_logprobs.step(rows, len(detok.token_ids))
         if stop_string is not None and finish_reason is None:
             return Delta(
                 detok.next_text(True), logprobs, STOP, stopped=True, stop_reason=stop_string
@@ -123,29 +107,6 @@ class GenerationText:
         if stop_string is not None:
             finish_reason, stop_reason = STOP, stop_string
         return Delta(detok.next_text(True), logprobs, finish_reason, stop_reason=stop_reason)
-
-    def _logprobs(self, rows: LogprobRows, kept: int) -> Any:
-        """This step's tokens' logprobs in the OpenAI shape of the task, as vLLM's serving
-        layer lays them out (the tokens a stop string cut are left out)."""
-        positions: list[Position] = []
-        sampled: list[int] = []
-        for row_ids, row_values, rank in zip(*rows, strict=False):
-            if len(self.sampled) >= kept:
-                break
-            step = position(
-                self.model, list(row_ids), list(row_values), rank, self.top, self.sampled,
-                as_token_ids=self.as_ids,
-            )  # fmt: skip
-            positions.append(step)
-            self.sampled.append(row_ids[0])
-            sampled.append(row_ids[0])
-        if not positions:
-            return None
-        if self.chat:
-            return chat_logprobs(sampled, positions, self.top)
-        out = completion_logprobs(sampled, positions, self.top, self.offset)
-        self.offset = out["text_offset"][-1] + len(out["tokens"][-1])
-        return out
 
 
 __all__ = ["ERROR", "STOP", "Delta", "GenerationText", "LogprobRows"]

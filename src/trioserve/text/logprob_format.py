@@ -132,3 +132,47 @@ def prompt_logprobs_answer(positions: list[Position]) -> list[dict[str, Any] | N
             }
         )
     return out
+
+
+#: One step's log probabilities, row per generated position: the token ids (the sampled
+#: one first, then the top ones), their logprobs, and the sampled token's rank.
+LogprobRows = tuple[Sequence[Sequence[int]], Sequence[Sequence[float]], Sequence[int]]
+
+
+class AnswerLogprobs:
+    """One answer's logprobs, step by step, in the OpenAI shape of its task, as vLLM's
+    serving layer lays them out: the token strings in the context of the answer so far, a
+    completion's ``text_offset`` carried across steps."""
+
+    __slots__ = ("as_ids", "chat", "model", "offset", "sampled", "top")
+
+    def __init__(self, model: ModelText, *, chat: bool, top: int, as_token_ids: bool) -> None:
+        self.model = model
+        self.chat = chat
+        self.top = top
+        self.as_ids = as_token_ids
+        self.sampled: list[int] = []  # token ids so far (logprob strings' context)
+        self.offset = 0  # a completion's text_offset (after an echoed prompt, its end)
+
+    def step(self, rows: LogprobRows, kept: int) -> Any:
+        """This step's positions, up to ``kept`` tokens of the answer in all (the tokens a
+        stop string cut are left out); None when none is left."""
+        positions: list[Position] = []
+        sampled: list[int] = []
+        for row_ids, row_values, rank in zip(*rows, strict=False):
+            if len(self.sampled) >= kept:
+                break
+            step = position(
+                self.model, list(row_ids), list(row_values), rank, self.top, self.sampled,
+                as_token_ids=self.as_ids,
+            )  # fmt: skip
+            positions.append(step)
+            self.sampled.append(row_ids[0])
+            sampled.append(row_ids[0])
+        if not positions:
+            return None
+        if self.chat:
+            return chat_logprobs(sampled, positions, self.top)
+        out = completion_logprobs(sampled, positions, self.top, self.offset)
+        self.offset = out["text_offset"][-1] + len(out["tokens"][-1])
+        return out
