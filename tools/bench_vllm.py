@@ -28,9 +28,11 @@ core, or a process came or went, says so, and its figures are left out of the ta
 Figures (each the median over rounds with its range, and side / vLLM per round):
 
 - CPU per generated token outside the model: the counted processes' CPU over a window,
-  divided by the tokens generated meanwhile as the client received them (the same count on
-  every side: a non-streaming answer's ``max_tokens``, a streamed event with text); the
-  servers' own counts are in the JSON beside it;
+  divided by the tokens generated meanwhile: a non-streaming answer's ``max_tokens`` (exact,
+  with ``ignore_eos``); streamed, the engine's own count over the window, step by step
+  (``vllm:generation_tokens_total``; the direct path's
+  ``trioserve_engine_generation_tokens_total``), since a server that falls behind puts
+  several tokens in one event (the client's events are in the JSON beside it);
 - non-streaming requests/s at c=32 and c=256, streaming tokens/s at c=32 and c=256
   (``tools/loadgen.py``, every request greedy with ``ignore_eos``);
 - TTFT at c=1, each side alone; abort latency (the client closes, the engine's running
@@ -261,7 +263,11 @@ def start_sides(args: argparse.Namespace, pin: bool, workdir: Path) -> list[Side
             side.url = processes.wait_for_log(
                 side.procs[0], processes.URL_RE, args.start_timeout
             ).group(1)
-            side.token_counter = (side.url + "/metrics", "trioserve_generation_tokens_total")
+            # Counted step by step as EngineCore's outputs arrive, as vLLM counts its own.
+            side.token_counter = (
+                side.url + "/metrics",
+                "trioserve_engine_generation_tokens_total",
+            )
             side.running = (side.url + "/metrics", "trioserve_engine_requests_running")
     for side in sides:
         wait_ready(side, served_name(args), args.start_timeout)

@@ -166,7 +166,17 @@ def run_load(spec: dict) -> dict:
 
     runner = loadgen.run_json if mode == "json" else loadgen.run_stream
     result = uvloop.run(runner(ns))
-    tokens = result["requests"] * spec["tokens"] if mode == "json" else result["events"]
+    # A non-streaming answer is max_tokens long (ignore_eos): exact. A streamed event may
+    # carry several tokens (a server behind merges them), so streamed tokens are the
+    # engine's own count over the window (vLLM's vllm:generation_tokens_total; the direct
+    # path's per-step counter), the client's events kept beside it.
+    if mode == "json":
+        tokens = result["requests"] * spec["tokens"]
+    else:
+        tokens = result["server_counted_tokens"]
+        if math.isnan(tokens):
+            raise RuntimeError(f"no token counter {counter!r} at {counter_url}")
+        result["client_events"] = result["events"]
     wall = result["window_s"]
     result.update(
         generated_tokens=tokens,

@@ -117,14 +117,14 @@ def rows(plan) -> list[Row]:  # type: ignore[no-untyped-def]
             ),
             Row(
                 f"stream_c{n}_itl50",
-                f"streaming c={n}: inter-token p50",
+                f"streaming c={n}: gap between events p50",
                 "ms",
                 1,
                 _get(step, "itl_p50_ms"),
             ),
             Row(
                 f"stream_c{n}_itl99",
-                f"streaming c={n}: inter-token p99",
+                f"streaming c={n}: gap between events p99",
                 "ms",
                 1,
                 _get(step, "itl_p99_ms"),
@@ -366,8 +366,12 @@ def report(  # type: ignore[no-untyped-def]
         f"{plan.json_duration:g} s after {plan.json_warmup:g} s (non-streaming, "
         f"{plan.json_tokens} tokens an answer), {plan.stream_duration:g} s after "
         f"{plan.stream_warmup:g} s (streaming, {plan.stream_tokens} tokens an answer, the next "
-        "on the same connection); every request greedy with `ignore_eos`; tokens counted as "
-        f"the client received them. TTFT: {plan.ttft_count} streaming requests a side and "
+        "on the same connection); every request greedy with `ignore_eos`. Tokens: a "
+        "non-streaming answer's `max_tokens` (exact); streamed, the engine's own count over "
+        "the window (`vllm:generation_tokens_total`; the direct path's "
+        "`trioserve_engine_generation_tokens_total`, both counted step by step), since a "
+        "streamed event may carry several tokens; gaps are between a stream's events as the "
+        "client read them. TTFT: {plan.ttft_count} streaming requests a side and "
         f"round, one at a time, each side alone. Abort: {plan.abort_count} SSE and "
         f"{plan.abort_count} non-streaming a side and round; the engine's running count polled "
         f"every {plan.abort_poll_ms:g} ms plus a scrape.",

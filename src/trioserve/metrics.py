@@ -129,6 +129,14 @@ ENGINE_DRAINING = Gauge(
     # With workers: 1 once any worker has heard it.
     multiprocess_mode="livemax",
 )
+ENGINE_GENERATION_TOKENS = Counter(
+    "trioserve_engine_generation_tokens",
+    "Tokens each engine generated, counted step by step as its outputs arrive (engines "
+    "whose outputs carry token ids: vLLM's EngineCore on the direct path), as vLLM counts "
+    "vllm:generation_tokens_total; trioserve_generation_tokens counts a request when it ends.",
+    ["engine"],
+    registry=REGISTRY,
+)
 ENGINE_FAILOVERS = Counter(
     "trioserve_engine_failovers",
     "Requests submitted to another engine before any output reached the client, by why the "

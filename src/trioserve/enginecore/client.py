@@ -133,6 +133,9 @@ class EngineCoreClient:
         self.scheduler_stats: codec.SchedulerStats | None = None
         #: Called with each step's scheduler figures, in the output owner task.
         self.on_stats: Callable[[codec.SchedulerStats], None] | None = None
+        #: Called with the number of tokens each outputs message carried (when any), in
+        #: the output owner task.
+        self.on_tokens: Callable[[int], None] | None = None
         #: Outputs for requests this client did not know (each answered with an ABORT).
         self.unknown_outputs = 0
         #: Outputs for requests this client had just aborted (dropped: one ABORT is enough).
@@ -225,7 +228,9 @@ class EngineCoreClient:
             return
         sinks = self._sinks
         unknown: list[str] = []
+        tokens = 0
         for output in message.outputs:
+            tokens += len(output.new_token_ids)
             sink = sinks.get(output.request_id)
             if sink is None:
                 if output.request_id in self._recent_aborts:
@@ -259,6 +264,8 @@ class EngineCoreClient:
         if unknown:
             self._aborts.extend(unknown)
             self._input.wake()
+        if tokens and self.on_tokens is not None:
+            self.on_tokens(tokens)
         if message.utility_output is not None:
             self._on_utility(message.utility_output)
         stats = message.scheduler_stats

@@ -189,6 +189,7 @@ class VllmLink:
         self._gauges[3].set(1)
         self._gauges[4].set(0)
         client.on_stats = self._on_stats
+        client.on_tokens = metrics.ENGINE_GENERATION_TOKENS.labels(engine=address).inc
 
     # -- state ---------------------------------------------------------------------------
 
