@@ -80,9 +80,7 @@ def delta_of(event: bytes) -> dict:
 async def test_the_first_delta_starts_the_response_from_the_sink_and_names_the_role_once():
     server = FakeServer()
     exchange, writer, sink = chat_writer(server)
-    assert sink([item(0)]) == []  # nothing to relay: taken, the response not started
-    assert not exchange.started and server.wire == []
-    assert sink([item(1, "Hel")]) == [] and sink([item(2, "lo")]) == []
+    assert sink([item(0, "Hel")]) == [] and sink([item(1, "lo")]) == []
     (kind, status, headers, first), (kind2, second) = server.wire
     assert (kind, status, kind2) == ("start", 200, "body")
     assert headers == [*SSE_HEADERS, (b"x-request-id", b"r1")]
@@ -98,6 +96,41 @@ async def test_the_first_delta_starts_the_response_from_the_sink_and_names_the_r
     body = server.messages[0]["body"]
     assert body.startswith(b"data: ") and body.endswith(b"data: [DONE]\n\n")
     assert delta_of(body.split(b"\n\n")[0] + b"\n\n") == {"content": "!"}
+
+
+async def test_a_first_output_without_text_opens_the_stream_with_the_role_as_vllm_does():
+    # A first token that is half a character (or text held back for a stop string): the
+    # client still sees the answer begin when the engine's first token does, with the
+    # role and an empty content, as vLLM's server sends it; later textless outputs send
+    # nothing.
+    for path in ("sink", "task"):
+        server = FakeServer()
+        exchange, writer, sink = chat_writer(server)
+        if path == "sink":
+            assert sink([item(0)]) == [] and sink([item(1)]) == []
+            assert sink([item(2, "Hi")]) == []
+            (_, status, _, first), (_, second) = server.wire
+            assert status == 200
+            events = [first, second]
+        else:
+            assert not await writer.write([item(0), item(1), item(2, "Hi")])
+            (body,) = (m["body"] for m in server.messages if "body" in m)
+            events = [e + b"\n\n" for e in body.split(b"\n\n") if e]
+        assert exchange.started
+        assert [delta_of(e) for e in events] == [
+            {"role": "assistant", "content": ""},
+            {"content": "Hi"},
+        ]
+
+
+async def test_a_completion_stream_opens_with_an_empty_text():
+    server = FakeServer()
+    exchange = server.exchange()
+    writer = SSEWriter(exchange, StreamFormat("completion", "r1", "mock", False))
+    assert not await writer.write([item(0), item(1, "Hi")])
+    (body,) = (m["body"] for m in server.messages if "body" in m)
+    texts = [json.loads(e[6:])["choices"][0]["text"] for e in body.split(b"\n\n") if e]
+    assert texts == ["", "Hi"]
 
 
 async def test_a_one_token_answer_starts_with_its_token_and_leaves_the_end_to_the_task():

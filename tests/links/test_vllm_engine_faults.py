@@ -222,3 +222,41 @@ async def test_a_dead_engine_ends_every_request_with_engine_lost_and_health_503(
         await served.client_ended.wait()
     [lost] = served.errors  # type: ignore[attr-defined]
     assert ("ENGINE_CORE_DEAD" if how == "engine_core_dead" else "heartbeat") in str(lost)
+
+
+def generated_tokens(metrics: str, address: str) -> float:
+    prefix = f'trioserve_engine_generation_tokens_total{{engine="{address}"}} '
+    [line] = [line for line in metrics.splitlines() if line.startswith(prefix)]
+    return float(line.removeprefix(prefix))
+
+
+async def test_the_first_token_opens_the_stream_and_tokens_are_counted_as_they_come(
+    nursery, tmp_path, model
+) -> None:
+    # A first token that is a third of a character has no text yet: the stream opens all
+    # the same (an empty text, as vLLM's server sends it), so a client sees the answer
+    # begin with the engine's first token; the engine's tokens are counted step by step.
+    served = await serve(nursery, tmp_path, model)
+    fake = served.fake
+    ids = model.encode("🙂", add_special_tokens=False)
+    assert len(ids) > 1  # one character, several byte-level tokens
+    events: list[dict] = []
+    address = f"vllm://{MODEL}"  # (its counter is the process's: other tests' counts too)
+    async with served.frontend.client() as http, trio.open_nursery() as requests:
+        before = generated_tokens((await http.get("/metrics")).text, address)
+        requests.start_soon(sse, http, body("smile"), events)
+        [request] = await fake.until_added(1)
+        fake.step(codec.EngineCoreOutput(request, ids[:1]))
+        with trio.fail_after(HANG_GUARD):
+            while not events:
+                await trio.sleep(0.01)
+        assert [e["choices"][0]["text"] for e in events] == [""]
+        assert generated_tokens((await http.get("/metrics")).text, address) == before + 1
+        fake.step(codec.EngineCoreOutput(request, ids[1:], finish_reason=codec.FinishReason.LENGTH))
+        with trio.fail_after(HANG_GUARD):
+            while events[-1:] != [{"done": True}]:
+                await trio.sleep(0.01)
+        after = generated_tokens((await http.get("/metrics")).text, address)
+        assert after == before + len(ids)
+    assert text_of(events) == "🙂"
+    assert [e["choices"][0]["text"] for e in events[:2]] == ["", "🙂"]

@@ -256,6 +256,7 @@ class EngineCoreBackend:
         text = GenerationText(self.served.text, request.task, prompt.token_ids, sampling)
         figures = self.figures
         first = True
+        opening = True  # nothing has been yielded yet
         try:
             while True:
                 for output in await outputs.take():
@@ -279,7 +280,14 @@ class EngineCoreBackend:
                         )
                     delta = text.step(output.new_token_ids, reason_name, rows, output.stop_reason)
                     if delta is None:
+                        if opening and output.new_token_ids:
+                            # The first token with no text yet (half a character, or held
+                            # back for a stop string): an empty delta, so the frontend
+                            # opens the client's stream now, as vLLM's server does.
+                            opening = False
+                            yield Output()
                         continue
+                    opening = False
                     if delta.error:
                         figures.ended("error")
                         raise RequestError(500, "vLLM's engine failed the request")

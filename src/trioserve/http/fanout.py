@@ -228,6 +228,8 @@ class _StreamingMember(WriterBase):
                 out.append(fmt.delta_with_logprobs(text, item.logprobs, SSE_EVENT, item))
             elif item.data:
                 out.append(fmt.delta(text_of(item.data), SSE_EVENT))
+            elif not fmt.started:
+                out.append(fmt.opening(SSE_EVENT))
             if item.finish_reason is not None:
                 out += (b"data: " + chunk + b"\n\n" for chunk in fmt.flush())
                 out += (b"data: ", fmt.finish(item.finish_reason, item.stop_reason), b"\n\n")

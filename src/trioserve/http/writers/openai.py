@@ -168,6 +168,17 @@ class StreamFormat:
         before, after = frame
         return b"".join((before, prefix, _json_string(text).encode(), self._suffix, after))
 
+    def opening(self, frame: tuple[bytes, bytes] = (b"", b"")) -> bytes:
+        """The chunk that opens the stream when its first output has no text yet (a
+        character not yet whole, text held back while a stop string could be completing):
+        the role and an empty content (chat), an empty text (completions), as vLLM's
+        server sends at a request's first output, so that the client sees the answer
+        begin when the engine's first token does."""
+        if self.parser is not None:
+            before, after = frame
+            return before + self._chunk({"content": ""}, None) + after
+        return self.delta("", frame)
+
     def chunks(self, text: str, logprobs: Any = None) -> list[bytes]:
         """The chunks of one delta of a parsed stream (none while the parser holds its
         text back), the log probabilities on the first (on an empty delta if there is

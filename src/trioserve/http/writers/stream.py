@@ -186,6 +186,8 @@ class SSEWriter(WriterBase):
             elif item.data:
                 text = text_of(item.data)
                 out.append(fmt.delta(text, SSE_EVENT))
+            elif not fmt.started:
+                out.append(fmt.opening(SSE_EVENT))
             if item.finish_reason is not None:
                 out += (b"data: " + chunk + b"\n\n" for chunk in fmt.flush())
                 out += (b"data: ", fmt.finish(item.finish_reason, item.stop_reason), b"\n\n")
@@ -235,6 +237,8 @@ class SSEWriter(WriterBase):
             data = item.data
             if data:
                 out.append(delta(data if type(data) is str else text_of(data), SSE_EVENT))
+            elif not self.fmt.started:
+                out.append(self.fmt.opening(SSE_EVENT))
             taken += 1
         return b"".join(out), taken
 
