@@ -233,6 +233,46 @@ async def test_auto_is_constrained_only_for_a_strict_tool_or_one_call(frontend):
     assert tag["stop_after_first"] is True and tag["at_least_one"] is False
 
 
+async def test_auto_with_a_strict_tool_and_a_response_format_is_the_calls_or_the_format(
+    frontend,
+):
+    # As vLLM 0.32's server (Parser._apply_structural_tag): one grammar, either the calls
+    # (as for "required") or the request's format; the format is not sent apart.
+    submits = capture_submits(frontend)
+    strict = [{**TOOLS[0], "function": {**TOOLS[0]["function"], "strict": True}}, TOOLS[1]]
+    schema = {"type": "object", "properties": {"sky": {"type": "string"}}}
+    json_schema = {"type": "json_schema", "json_schema": {"name": "sky", "schema": schema}}
+    answer = await post(
+        frontend, chat('</think>{"sky": "clear"}', tools=strict, response_format=json_schema)
+    )
+    assert answer["choices"][0]["message"]["content"] == '{"sky": "clear"}'
+    assert answer["choices"][0]["message"]["tool_calls"] == []
+    sent = submits[-1].params
+    assert "response_format" not in sent
+    tag = json.loads(sent["structured_outputs"]["structural_tag"])["format"]
+    calls, own = tag["elements"]
+    assert tag["type"] == "or" and calls["type"] == "tags_with_separator"
+    assert calls["at_least_one"] is True  # the calls' branch has a call
+    assert own["type"] == "json_schema" and own["json_schema"] == schema
+
+    called = '</think><tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
+    answer = await post(
+        frontend, chat(called, tools=strict, structured_outputs={"regex": "[a-z]+"})
+    )
+    assert answer["choices"][0]["finish_reason"] == "tool_calls"
+    tag = json.loads(submits[-1].params["structured_outputs"]["structural_tag"])["format"]
+    assert tag["elements"][1] == {"type": "regex", "pattern": "[a-z]+"}
+
+    # Without a strict tool, or with a Lark grammar (xgrammar's to convert), the
+    # request's own constraint stays alone.
+    await post(frontend, chat("{}", response_format={"type": "json_object"}))
+    assert submits[-1].params["response_format"] == {"type": "json_object"}
+    assert "structured_outputs" not in submits[-1].params
+    lark = {"grammar": 'start: "sunny"'}
+    await post(frontend, chat("sunny", tools=strict, structured_outputs=lark))
+    assert submits[-1].params["structured_outputs"] == lark
+
+
 @pytest.fixture
 async def plain(nursery, http_server):
     """A frontend without a tool-call format: forced calls take vLLM's generic path."""

@@ -22,10 +22,13 @@ def constraint(case: dict[str, Any], tok: Any) -> dict[str, Any] | None:
     for key in ("tools", "tool_choice", "parallel_tool_calls", "response_format"):
         if case.get(key) is not None:
             body[key] = case[key]
+    if "so" in (case.get("response_format") or {}):  # structured outputs, not a format
+        body["structured_outputs"] = body.pop("response_format")["so"]
     request = ChatCompletionRequest.model_validate(body)
+    own = request.structured_outputs
     request = parser_class(case)(tok, request.tools).adjust_request(request)
     so = request.structured_outputs
-    if so is None:
+    if so is None or so is own:  # none, or the request's own kept alone
         return None
     out = {k: getattr(so, k) for k in ("json", "structural_tag") if getattr(so, k) is not None}
     return out or {"other": repr(so)}

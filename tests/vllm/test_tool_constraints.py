@@ -43,7 +43,20 @@ NAMED = {"type": "function", "function": {"name": "get_weather"}}
 FORMATS = ["hermes", "qwen3_json", "llama3_json", "llama4_json", "qwen3_coder", "qwen3_xml"]
 FORMATS += ["mistral"]
 
-#: (tools, tool_choice, parallel_tool_calls, response_format) of each case.
+WEATHER_SCHEMA = {"type": "object", "properties": {"sky": {"type": "string"}}}
+#: The request's own constraints: a response format, or structured outputs (``so``).
+OWN = [
+    {"type": "json_object"},
+    {"type": "json_schema", "json_schema": {"name": "weather", "schema": WEATHER_SCHEMA}},
+    {"type": "structural_tag", "format": {"type": "const_string", "value": "sunny"}},
+    {"so": {"regex": "(sunny|rainy)"}},
+    {"so": {"choice": ["sunny", "rainy"]}},
+    {"so": {"grammar": 'root ::= "sunny" | "rainy"'}},
+    {"so": {"json": json.dumps(WEATHER_SCHEMA)}},
+]
+
+#: (tools, tool_choice, parallel_tool_calls, response_format) of each case: with a
+#: constraint of the request's own, ``auto`` and a strict tool are the calls or it.
 REQUESTS = [
     (TOOLS, "required", None, None),
     (TOOLS, NAMED, None, None),
@@ -56,6 +69,10 @@ REQUESTS = [
     (TOOLS, "auto", False, None),
     (TOOLS, "required", None, {"type": "json_object"}),
     (TOOLS, "auto", None, {"type": "json_object"}),
+    *((STRICT, "auto", None, own) for own in OWN),
+    (STRICT, "auto", False, {"type": "json_object"}),
+    (TOOLS, "auto", False, {"type": "json_object"}),
+    (STRICT, "required", None, {"so": {"regex": "(sunny|rainy)"}}),
 ]
 CASES = [(name, *request) for name in FORMATS for request in REQUESTS]
 
@@ -90,15 +107,14 @@ def vllm_constraints() -> list[Any]:
 @pytest.mark.parametrize(("index", "case"), list(enumerate(CASES)), ids=repr)
 def test_the_engine_is_constrained_as_vllm_serve_constrains_it(vllm_constraints, index, case):
     name, tools, choice, parallel, response_format = case
-    params: dict[str, Any] = {} if response_format is None else {"response_format": response_format}
+    params: dict[str, Any] = {}
+    if response_format is not None and "so" in response_format:
+        params["structured_outputs"] = response_format["so"]
+    elif response_format is not None:
+        params["response_format"] = response_format
     ours = tool_constraint(name, copy.deepcopy(tools), choice, parallel, params)
     theirs = vllm_constraints[index]
     if name == "mistral" or "json" in (theirs or {}):
         assert ours == theirs
-        return
-    if response_format is not None and choice == "auto":
-        # vLLM joins the format's tag and the response format in one (an xgrammar "or");
-        # trioserve keeps the response format alone (docs/api.md): no tag here is that.
-        assert ours is None
         return
     assert ours == theirs  # the structural tag's JSON, byte for byte

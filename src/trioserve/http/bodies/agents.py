@@ -13,13 +13,19 @@ the format's own syntax, or a JSON schema; :func:`tool_constraint`).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import attrs
 
 from ...text.agents import ParserNames, ToolUse, forced_schema, output_parser
 from ...text.agents.output import OutputParser
-from ...text.agents.structural_tags import STRUCTURAL_TAG_MODELS, mistral_schema, structural_tag
+from ...text.agents.structural_tags import (
+    STRUCTURAL_TAG_MODELS,
+    mistral_schema,
+    output_format,
+    structural_tag,
+)
 from .validation import Errors, _json_type
 
 #: Most tools one request may declare (OpenAI's limit): each one's schema is compiled
@@ -119,20 +125,77 @@ def tool_constraint(
     server sets it for the request's tool-call format (``text/agents/structural_tags.py``):
     a structural tag in the format's own syntax (hermes, llama3_json, qwen3_coder; also
     for ``auto`` with a strict tool or ``parallel_tool_calls: false``), Mistral's call
-    array, or, without a format, the generic JSON schema of vLLM's generic path; None:
-    no constraint (the request's own, if any, stays)."""
+    array, or, without a format, the generic JSON schema of vLLM's generic path; for
+    ``auto`` with a strict tool and a constraint of the request's own, a tag that is the
+    calls or that constraint; None: no constraint (the request's own, if any, stays)."""
     if tool_call_parser in STRUCTURAL_TAG_MODELS:
         given = params.get("structured_outputs")
         constrained = params.get("response_format") not in (None, {"type": "text"}) or (
             isinstance(given, dict) and any(given.get(k) is not None for k in CONSTRAINTS)
         )
-        tag = structural_tag(tool_call_parser, tools, choice, parallel, constrained)
+        own = _own_constraint(params) if constrained else None
+        output = None if own is None else output_format(own)
+        tag = structural_tag(tool_call_parser, tools, choice, parallel, constrained, output)
         return None if tag is None else {"structural_tag": tag}
     if tool_call_parser == "mistral":
+        # vLLM's Mistral parser forces nothing over structured outputs of the request's
+        # own, nor over a structural-tag response format: those stay alone.
+        given_format = params.get("response_format")
+        format_type = given_format.get("type") if isinstance(given_format, dict) else None
+        if params.get("structured_outputs") is not None or format_type == "structural_tag":
+            return None
         schema = mistral_schema(tools, choice)
     else:
         schema = forced_schema(tools, choice, parallel)
     return None if schema is None else {"json": schema}
+
+
+def _own_constraint(params: dict[str, Any]) -> dict[str, Any] | None:
+    """The request's own structured-outputs constraint (``response_format`` over
+    ``structured_outputs``, as vLLM's ``structured_outputs_from_response_format``), when
+    it is well formed; None otherwise (it then stays as given, for
+    ``text/structured.py`` to refuse with vLLM's 400)."""
+    response_format = params.get("response_format")
+    if isinstance(response_format, dict) and response_format.get("type") != "text":
+        kind = response_format.get("type")
+        if kind == "json_object":
+            return {"json_object": True}
+        if kind == "json_schema":
+            schema = response_format.get("json_schema")
+            schema = (
+                schema.get("schema", schema.get("json_schema"))
+                if isinstance(schema, dict)
+                else None
+            )
+            return {"json": schema} if isinstance(schema, dict) else None
+        if kind == "structural_tag":
+            return {"structural_tag": response_format}
+        return None
+    given = params.get("structured_outputs")
+    if not isinstance(given, dict):
+        return None
+    own = {k: given[k] for k in CONSTRAINTS if given.get(k) is not None}
+    if len(own) != 1:
+        return None
+    [(kind, value)] = own.items()
+    well_formed = {
+        "json": isinstance(value, dict) or (isinstance(value, str) and _is_json(value)),
+        "regex": isinstance(value, str),
+        "choice": isinstance(value, list)
+        and bool(value)
+        and all(isinstance(c, str) for c in value),
+        "grammar": isinstance(value, str) and bool(value.strip()),
+        "json_object": value is True,
+        "structural_tag": isinstance(value, str) and _is_json(value),
+    }
+    return own if well_formed[kind] else None
+
+
+def _is_json(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
 
 
 def parse_agent_options(

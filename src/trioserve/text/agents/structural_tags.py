@@ -14,6 +14,11 @@ sans-io here:
 - ``auto``: no constraint, unless a tool says ``strict: true`` or the request says
   ``parallel_tool_calls: false`` (the envelope is then constrained wherever the model
   opens a call, and at most one call for the latter);
+- ``auto`` with structured outputs of the request's own (``response_format``,
+  ``structured_outputs``): that constraint alone, unless a tool says ``strict: true``:
+  then the answer is either the calls (as for ``required``) or the request's format,
+  one xgrammar ``or`` of the two (:func:`output_format` writes the request's constraint
+  as xgrammar's format, as vLLM's ``structured_outputs_to_format`` does);
 - a call's arguments follow the tool's schema only when the tool says ``strict: true``;
   otherwise they are any JSON (qwen3_coder: any parameters), as vLLM leaves them.
 
@@ -30,6 +35,8 @@ from __future__ import annotations
 
 import json
 from typing import Any
+
+from ..structured import _likely_lark
 
 #: The structural-tag model of each tool-call format (vLLM's parser class's
 #: ``structural_tag_model``).
@@ -144,18 +151,54 @@ def _single_call(node: Any) -> None:
             _single_call(value)
 
 
+def output_format(constraint: dict[str, Any]) -> dict[str, Any] | None:
+    """The xgrammar format of a request's own constraint (one of vLLM's structured
+    outputs, a response format already translated: ``{"json": schema}``,
+    ``{"regex": ...}``, ...), as vLLM's ``structured_outputs_to_format`` writes it;
+    None for what cannot be written so without xgrammar (a Lark grammar: vLLM converts
+    it with xgrammar's ``Grammar.from_lark``), which then stays the only constraint."""
+    if constraint.get("json_object"):
+        return _json_schema({"type": "object"})
+    if constraint.get("json") is not None:
+        schema = constraint["json"]
+        return _json_schema(json.loads(schema) if isinstance(schema, str) else schema)
+    if constraint.get("regex") is not None:
+        return {"type": "regex", "pattern": constraint["regex"]}
+    if constraint.get("choice") is not None:
+        values = constraint["choice"]
+        return {"type": "or", "elements": [{"type": "const_string", "value": v} for v in values]}
+    if constraint.get("grammar") is not None:
+        grammar = constraint["grammar"]
+        return None if _likely_lark(grammar) else {"type": "grammar", "grammar": grammar}
+    if constraint.get("structural_tag") is not None:
+        tag = constraint["structural_tag"]
+        tag = json.loads(tag) if isinstance(tag, str) else tag
+        if "structures" in tag:  # the legacy form: triggers and begin/schema/end
+            tags = [
+                _tag(t["begin"], _json_schema(t["schema"]), t["end"]) for t in tag["structures"]
+            ]
+            return _triggered(tag["triggers"], tags, False, [])
+        # xgrammar fills a format's defaults when it reads it (vLLM sends them written).
+        given = tag.get("format")
+        return given if isinstance(given, dict) else None
+    return None
+
+
 def structural_tag(
     format_name: str,
     tools: list[dict[str, Any]],
     choice: Any,
     parallel: bool | None,
     constrained: bool,
+    output: dict[str, Any] | None = None,
 ) -> str | None:
     """The structural tag (JSON text) vLLM's server constrains a request of tool-call
     format ``format_name`` with, or None when it sets none. ``choice`` is the request's
     ``tool_choice`` (``"auto"``, ``"required"`` or ``{"function": {"name": ...}}``);
-    ``constrained``: the request has structured outputs of its own (``auto`` then keeps
-    them: vLLM would join the two, which trioserve does not do, see docs/api.md)."""
+    ``constrained``: the request has structured outputs of its own, ``output`` their
+    xgrammar format (:func:`output_format`; None if they have none): ``auto`` with a
+    strict tool then allows the calls or that format, else that constraint stays alone
+    (None here)."""
     model = STRUCTURAL_TAG_MODELS.get(format_name)
     if model is None or choice == "none" or not tools:
         return None
@@ -167,19 +210,23 @@ def structural_tag(
     envelope = single and not (auto and constrained)
     if auto and not envelope and not any(f.get("strict") is True for f in functions):
         return None
-    if auto and constrained:
+    joined = auto and constrained
+    if joined and output is None:
         return None
     if isinstance(choice, dict):
         name = choice["function"]["name"]
         functions, simplified = [f for f in functions if f["name"] == name], "forced"
     else:
-        simplified = "auto" if auto else "required"
+        # Joined with the request's format, "auto"'s text is that format's branch.
+        simplified = "auto" if auto and not joined else "required"
     if not functions:
         return None
     calls = [(f["name"], _arguments(f, f.get("strict") is True)) for f in functions]
     tag = _BUILDERS[model](calls, simplified)
     if single:
         _single_call(tag)
+    if joined:
+        tag = {"type": "or", "elements": [tag, output]}
     return json.dumps({"type": "structural_tag", "format": tag})
 
 
