@@ -79,6 +79,22 @@ async def test_streaming_answers_ndjson_one_output_per_line(frontend):
     assert lines[-1]["usage"]["completion_tokens"] == 5
 
 
+async def test_the_stop_string_that_ended_an_answer_is_its_stop_reason(frontend):
+    # vLLM's field, as on chat and completions: the stop string that cut the answer (null
+    # for one that ran to its end or its length), JSON and on the last NDJSON line.
+    body = {"prompt": "p", "mock_answer": "Sunny today. Rain tomorrow.", "stop": [". "]}
+    async with frontend.client() as client:
+        stopped = (await client.post("/generate", json=body)).json()
+        streamed = ndjson((await client.post("/generate", json={**body, "stream": True})).text)
+        plain = (await client.post("/generate", json={"prompt": "p", "max_tokens": 2})).json()
+    assert (stopped["text"], stopped["finish_reason"]) == ("Sunny today", "stop")
+    assert stopped["stop_reason"] == ". "
+    assert "".join(line["text"] for line in streamed) == "Sunny today"
+    assert (streamed[-1]["finish_reason"], streamed[-1]["stop_reason"]) == ("stop", ". ")
+    assert all("stop_reason" not in line for line in streamed[:-1])
+    assert (plain["finish_reason"], plain["stop_reason"]) == ("length", None)
+
+
 @pytest.mark.parametrize("spelling", TRUE)
 async def test_form_truthy_spellings_stream(frontend, spelling):
     async with frontend.client() as client:

@@ -371,6 +371,7 @@ ANSWERS: dict[str, dict[str, Any]] = {
                 },
             },
             "finish_reason": {"type": ["string", "null"]},
+            "stop_reason": _STOP_REASON,
             "usage": _USAGE,
         },
         "required": ["id", "object", "created", "model", "text", "media", "finish_reason"],

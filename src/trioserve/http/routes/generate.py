@@ -96,6 +96,9 @@ def _answer(exchange: Exchange, submit: Submit) -> Any:
             "text": "".join(collected.text),
             "media": [media_json(m.modality, m.mime_type, bytes(m.data)) for m in collected.media],
             "finish_reason": collected.finish_reason,
+            # vLLM's field, as chat and completions carry it: the stop string or stop
+            # token id that ended the answer, null otherwise.
+            "stop_reason": collected.stop_reason,
             "usage": usage_dict(collected.usage),
         }
         await exchange.respond(200, json.dumps(body, separators=(",", ":")).encode(), JSON_HEADERS)

@@ -38,14 +38,16 @@ def output_line(request_id: str, item: OutputItem) -> bytes:
         line.update(media_json(item.modality, item.mime_type, raw))
     if item.finish_reason is not None:
         line["finish_reason"] = item.finish_reason
+        line["stop_reason"] = item.stop_reason
         line["usage"] = usage_dict(item.usage)
     return json.dumps(line, separators=(",", ":")).encode() + b"\n"
 
 
 class NDJSONWriter(WriterBase):
     """``application/x-ndjson``: one line per engine output; the last carries
-    ``finish_reason`` and ``usage``. Starts with the first output, so an error before it
-    keeps its status; after it, the stream ends with a ``{"detail", "code"}`` line."""
+    ``finish_reason``, ``stop_reason`` and ``usage``. Starts with the first output, so an
+    error before it keeps its status; after it, the stream ends with a
+    ``{"detail", "code"}`` line."""
 
     transport = "ndjson"
 
