@@ -131,3 +131,40 @@ async def open_fake_enginecore(pair: ClientAddresses) -> AsyncIterator[FakeEngin
         input_sock.close(linger=0)
         output_sock.close(linger=0)
         ctx.destroy(linger=0)
+
+
+@contextlib.asynccontextmanager
+async def attach_fake_enginecore(handshake: str) -> AsyncIterator[FakeEngineCore]:
+    """A fake engine that finds its client as a headless vLLM engine started elsewhere
+    does: ``HELLO`` on the client's handshake socket at ``handshake``, the client's
+    addresses in its answer, then the ready response on them and ``READY``. Leaving the
+    context closes its sockets, as an engine that died."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(handshake)
+    told: list[list[bytes]] = []
+    answered = trio.Event()
+
+    def on_message(frames: list[bytes]) -> None:
+        told.append(frames)
+        answered.set()
+
+    pump = ZmqPump(sock, on_message)
+    status = {"local": False, "headless": True}
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pump.run)
+            pump.send([msgspec.msgpack.encode({"status": "HELLO", **status})])
+            with trio.fail_after(HANG_GUARD):
+                await answered.wait()
+            init = msgspec.msgpack.decode(told[0][-1])
+            addresses = init["addresses"]
+            pair = ClientAddresses(addresses["inputs"][0], addresses["outputs"][0])
+            async with open_fake_enginecore(pair) as fake:
+                pump.send([msgspec.msgpack.encode({"status": "READY", **status})])
+                yield fake
+            nursery.cancel_scope.cancel()
+    finally:
+        sock.close(linger=0)
+        ctx.destroy(linger=0)

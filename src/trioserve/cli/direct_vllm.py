@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -28,7 +29,7 @@ import trio
 from ..enginecore import codec
 from ..enginecore.client import HEARTBEAT_TIMEOUT, ClientAddresses, open_enginecore_client
 from ..enginecore.server_options import model_directory, vllm_server_options
-from ..errors import CommandError, EngineLostError
+from ..errors import CommandError, EngineLostError, PeerProtocolError, ProtocolVersionError
 from ..text.assets import ModelText, ModelTextError
 from ..text.engine_options import engine_limits
 from ..text.sampling import EngineLimits
@@ -95,6 +96,13 @@ class _Served:
         self.names: list[str] = options.served_model_name or [model]
         self.links: VllmLinks = VllmLinks(client, VllmText(text, self.limits), self.names)
         self.address = f"vllm://{self.names[0]}"
+
+    def attach(self, client: EngineCoreClient, options: argparse.Namespace) -> None:
+        """Serve through ``client``, a new EngineCore in place of the lost one."""
+        self.limits = _limits(options, client.ready)
+        from ..links.vllm import VllmText
+
+        self.links.attach(client, VllmText(self.text, self.limits))
 
     def register(self, app: App) -> None:
         """/tokenize and the render routes read the model's text from here."""
@@ -199,6 +207,73 @@ async def serve_direct(
         return 1
 
 
+async def serve_attached(
+    model: str,
+    vllm_args: Sequence[str],
+    *,
+    handshake: str,
+    load_timeout: float,
+    serve: Callable[..., Awaitable[None]],
+    heartbeat_timeout: float = HEARTBEAT_TIMEOUT,
+) -> int:
+    """``--vllm-attach HOST:PORT``: serve an EngineCore started elsewhere (``vllm serve
+    MODEL --headless --data-parallel-address HOST --data-parallel-rpc-port PORT``), binding
+    its handshake on ``HOST:PORT`` and its client's sockets on free ports of ``HOST``. The
+    frontend starts once the first engine is ready (within ``load_timeout``); when an
+    engine is lost its requests end with ``engine_lost`` and ``/health`` answers 503, and
+    the server waits for the next one to connect instead of stopping. Returns 0 once
+    drained; an engine that does not come within ``load_timeout`` at the start is an error.
+    """
+    options = vllm_server_options(vllm_args)
+    _check_tokenizer_mode(options)
+    text = await _load_text(model, options)
+    host = handshake.rsplit(":", 1)[0]
+    pair = ClientAddresses(f"tcp://{host}:*", f"tcp://{host}:*")
+    served: _Served | None = None
+    async with trio.open_nursery() as nursery:
+
+        async def frontend(task_status: trio.TaskStatus[None]) -> None:
+            assert served is not None
+            async with trio.open_nursery() as inner:
+                app, _, _ = await inner.start(
+                    partial(serve, links=[(served.address, served.links)])
+                )
+                served.register(app)
+                task_status.started()
+            nursery.cancel_scope.cancel()  # drained: stop waiting for engines
+
+        while True:
+            log.info("waiting for vLLM's EngineCore to connect to tcp://%s", handshake)
+            try:
+                async with open_enginecore_client(
+                    [pair],
+                    0,
+                    handshake=f"tcp://{handshake}",
+                    load_timeout=load_timeout if served is None else math.inf,
+                    heartbeat_timeout=heartbeat_timeout,
+                ) as client:
+                    if served is None:
+                        served = _Served(client, text, model, options)
+                        await nursery.start(frontend)
+                    else:
+                        served.attach(client, options)
+                    await trio.sleep_forever()  # cancelled when the engine is lost
+            except EngineLostError as exc:
+                log.error("%s; waiting for it to come back", exc)
+            except (PeerProtocolError, ProtocolVersionError) as exc:
+                if served is None:
+                    raise
+                log.error("refused the EngineCore that connected: %s", exc)
+            except trio.TooSlowError:
+                raise CommandError(
+                    f"no vLLM EngineCore connected to tcp://{handshake} within "
+                    f"{load_timeout:g} s (start it with `vllm serve {model} --headless "
+                    f"--data-parallel-address {host} --data-parallel-rpc-port "
+                    f"{handshake.rsplit(':', 1)[1]}`)"
+                ) from None
+    return 0
+
+
 async def run_direct_worker(spec: WorkerSpec) -> int:
     """Worker ``spec.index`` of ``--workers N`` on the direct path: a client of the
     supervisor's EngineCore (``spec.engine``), serving until drained; its exit status (1:
@@ -241,4 +316,4 @@ async def run_direct_worker(spec: WorkerSpec) -> int:
     return 1
 
 
-__all__ = ["WorkerEngine", "run_direct_worker", "serve_direct"]
+__all__ = ["WorkerEngine", "run_direct_worker", "serve_attached", "serve_direct"]

@@ -152,9 +152,12 @@ def check_engine_curve(settings: Settings) -> None:
     log.info("engine link: CURVE to %d engine(s)", len(settings.engines))
 
 
-def check_vllm_options(model: str, vllm_args: str, engines: list[str]) -> None:
+def check_vllm_options(
+    model: str, vllm_args: str, engines: list[str], *, attach: bool = False
+) -> None:
     """``--vllm`` and ``--vllm-args`` together, and with ``--engine``: a mistake is one
-    line and status 2 here, not a traceback of vLLM's once it has started."""
+    line and status 2 here, not a traceback of vLLM's once it has started. (``attach``:
+    the engine runs elsewhere, vLLM need not be installed here.)"""
     if vllm_args and not model:
         raise CommandError(
             "--vllm-args are options for the engine --vllm starts: give --vllm MODEL too, "
@@ -182,7 +185,39 @@ def check_vllm_options(model: str, vllm_args: str, engines: list[str]) -> None:
     problem = model_error(model)
     if problem is not None:
         raise CommandError(f"--vllm {problem}", USAGE_ERROR)
-    check_vllm_installed()
+    if not attach:
+        check_vllm_installed()
+
+
+def check_vllm_attach(attach: str, model: str, vllm_path: str, workers: int) -> None:
+    """``--vllm-attach HOST:PORT``: with ``--vllm MODEL`` (its text is read here), on the
+    direct path, one process. (vLLM need not be installed here: the engine runs
+    elsewhere.)"""
+    if not attach:
+        return
+    host, _, port = attach.rpartition(":")
+    if not model:
+        raise CommandError(
+            "--vllm-attach serves an EngineCore started elsewhere for --vllm MODEL: give "
+            "--vllm MODEL too (its tokenizer and chat template are read here)",
+            USAGE_ERROR,
+        )
+    if vllm_path != "direct":
+        raise CommandError(
+            f"--vllm-attach is the direct path's; --vllm-path {vllm_path} starts its engine",
+            USAGE_ERROR,
+        )
+    if workers > 1:
+        raise CommandError(
+            "--vllm-attach serves one process: an engine started elsewhere is told one "
+            "client's addresses at its handshake (run one frontend per engine, or --workers "
+            "with an engine trioserve starts)",
+            USAGE_ERROR,
+        )
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise CommandError(
+            f"--vllm-attach {attach!r}: give HOST:PORT, e.g. 127.0.0.1:29550", USAGE_ERROR
+        )
 
 
 def check_vllm_installed() -> None:

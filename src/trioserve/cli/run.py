@@ -99,6 +99,17 @@ class RunOptions:
         "vLLM's AsyncLLM: for what the others do not serve yet, multimodal inputs, LoRA, "
         "non-HF tokenizers; docs/engines.md)",
     )
+    vllm_attach: str = option(
+        "",
+        group="vllm",
+        metavar="HOST:PORT",
+        help="the direct path to an EngineCore started elsewhere, not as a child: bind "
+        "its handshake on HOST:PORT (an address of this host the engine can reach; its "
+        "sockets take free ports of HOST) for `vllm serve MODEL --headless "
+        "--data-parallel-address HOST --data-parallel-rpc-port PORT`; MODEL (--vllm) is "
+        "still read here for its tokenizer and chat template. An engine lost is waited "
+        "for (/health 503 meanwhile), not a reason to stop (docs/engines.md)",
+    )
     vllm_cpus: str = option(
         "auto",
         group="vllm",
@@ -248,7 +259,12 @@ def run(args: argparse.Namespace) -> int:
             "any holder of an API key" if api_keys else "anyone who can reach this server",
         )
     # Before --vllm-args are split and read below.
-    preflight.check_vllm_options(options.vllm, options.vllm_args, settings.engines)
+    preflight.check_vllm_attach(
+        options.vllm_attach, options.vllm, options.vllm_path, options.workers
+    )
+    preflight.check_vllm_options(
+        options.vllm, options.vllm_args, settings.engines, attach=bool(options.vllm_attach)
+    )
     try:
         flags = agent_flags.resolve(
             settings.tool_call_parser,
@@ -288,6 +304,18 @@ def run(args: argparse.Namespace) -> int:
         nonlocal status
         if settings.engines:
             await serve()
+            return
+        if direct and options.vllm_attach:
+            from .direct_vllm import serve_attached
+
+            status = await serve_attached(
+                options.vllm,
+                flags.engine_args,
+                handshake=options.vllm_attach,
+                load_timeout=options.vllm_load_timeout,
+                serve=serve,
+                heartbeat_timeout=options.vllm_heartbeat_timeout,
+            )
             return
         if direct:
             from .direct_vllm import serve_direct

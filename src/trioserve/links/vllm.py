@@ -164,10 +164,11 @@ class VllmLink:
         self.preparer: Preparer | None = text
         self.address = address
         self._on_change = on_change
-        #: Request ids in the engine: this frontend's, the client's index and a counter,
-        #: so no two clients of the engine (workers, frontends) ever share one.
-        self._prefix = f"{frontend_id}-{client.client_index}-{os.urandom(3).hex()}-"
+        self._frontend_id = frontend_id
+        self._prefix = ""
         self._counter = 0
+        #: Set by :meth:`attach` (an engine that came back, ``--vllm-attach``).
+        self._attached = trio.Event()
         self._models = [ModelCard(name, owned_by="vllm") for name in models]
         self.draining = False
         self.retiring = False
@@ -186,10 +187,26 @@ class VllmLink:
                 metrics.ENGINE_DRAINING,
             )
         ]
-        self._gauges[3].set(1)
         self._gauges[4].set(0)
+        self._hook(client)
+
+    def _hook(self, client: EngineCoreClient) -> None:
+        #: Request ids in the engine: this frontend's, the client's index, a random part
+        #: (an engine that came back) and a counter, so no two clients of the engine
+        #: (workers, frontends) ever share one.
+        self._prefix = f"{self._frontend_id}-{client.client_index}-{os.urandom(3).hex()}-"
         client.on_stats = self._on_stats
-        client.on_tokens = metrics.ENGINE_GENERATION_TOKENS.labels(engine=address).inc
+        client.on_tokens = metrics.ENGINE_GENERATION_TOKENS.labels(engine=self.address).inc
+        self._gauges[3].set(1)
+
+    def attach(self, client: EngineCoreClient, text: VllmText) -> None:
+        """Serve through ``client`` from now on: the engine this link lost is back (a new
+        EngineCore, connected and ready; ``--vllm-attach``)."""
+        self.client = client
+        self.text = text
+        self.preparer = text
+        self._hook(client)
+        self._attached.set()
 
     # -- state ---------------------------------------------------------------------------
 
@@ -242,16 +259,22 @@ class VllmLink:
             self._on_change()
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Watch the client until the engine is lost (its requests have then ended, each
-        with its error: :meth:`_Stream.lost`) or this is cancelled."""
+        """Watch the client until this is cancelled. When the engine is lost (its requests
+        have then ended, each with its error: :meth:`_Stream.lost`) the link is out of
+        service until :meth:`attach` gives it an engine again, if ever."""
         task_status.started()
         with self.scope:
-            await self.client.lost.wait()
-            log.error("vLLM's EngineCore at %s is lost: %s", self.address, self.client.failure)
-            self._gauges[3].set(0)
-            self._forget_figures()
-            self._on_change()
-            await trio.sleep_forever()
+            while True:
+                await self.client.lost.wait()
+                log.error("vLLM's EngineCore at %s is lost: %s", self.address, self.client.failure)
+                self._gauges[3].set(0)
+                self._forget_figures()
+                self._on_change()
+                while self.client.failure is not None:
+                    self._attached = trio.Event()
+                    await self._attached.wait()
+                log.info("vLLM's EngineCore at %s is back", self.address)
+                self._on_change()
 
     def _on_stats(self, stats: codec.SchedulerStats) -> None:
         self.running = stats.num_running_reqs
@@ -553,9 +576,18 @@ class VllmLinks:
         self.client = client
         self.text = text
         self.models = list(models)
+        self._made: list[VllmLink] = []
 
     def __call__(self, address: str, frontend_id: str, on_change: Callable[[], None]) -> VllmLink:
-        return VllmLink(self.client, self.text, self.models, address, frontend_id, on_change)
+        link = VllmLink(self.client, self.text, self.models, address, frontend_id, on_change)
+        self._made.append(link)
+        return link
+
+    def attach(self, client: EngineCoreClient, text: VllmText) -> None:
+        """A new EngineCore in place of the lost one: every link made serves through it."""
+        self.client, self.text = client, text
+        for link in self._made:
+            link.attach(client, text)
 
 
 __all__ = ["VllmLink", "VllmLinks", "VllmText"]
