@@ -63,7 +63,7 @@ from ..text.assets import ModelText, ModelTextError
 from ..text.engine_options import engine_limits
 from ..text.generation import GenerationText
 from ..text.registry import ServedText
-from ..text.requests import prepare
+from ..text.requests import prepare, small_enough_inline
 from ..transport.keys import CurveServerKeys
 from .process import ProcessOptions, exit_with_parent_trio, security
 from .vllm_figures import EngineFigures, serve_metrics
@@ -211,17 +211,19 @@ class EngineCoreBackend:
         params = request.params
         refuse_unserved(params)
         try:
-            prepared = await trio.to_thread.run_sync(
-                partial(
-                    prepare,
-                    self.served,
-                    request.task,
-                    dict(request.inputs),
-                    params,
-                    stream=bool(params.get("stream", False)),
-                ),
-                abandon_on_cancel=True,  # a tokenization runs to its end, alone
+            preparing = partial(
+                prepare,
+                self.served,
+                request.task,
+                dict(request.inputs),
+                params,
+                stream=bool(params.get("stream", False)),
             )
+            if small_enough_inline(request.task, request.inputs, params):
+                prepared = preparing()  # cheaper than the hop to a thread
+            else:
+                # A tokenization runs to its end, alone, if the request is cancelled.
+                prepared = await trio.to_thread.run_sync(preparing, abandon_on_cancel=True)
         except TextInputError as exc:
             raise RequestError(400, exc.message, "invalid_request_error") from None
         prompt, sampling = prepared.prompt, prepared.sampling

@@ -51,6 +51,7 @@ from ..text.logprob_format import (
 )
 from ..text.logprobs import token_id_placeholder
 from ..text.prompts import Prompt, chat_prompt, completion_prompt
+from ..text.requests import small_enough_inline
 from ..text.sampling import EngineLimits, Sampling, lower
 from ..text.template import ChatOptions
 
@@ -77,6 +78,8 @@ class VllmText:
         self.limits = limits
 
     async def prepare(self, message: Submit) -> Prepared:
+        if small_enough_inline(message.task, message.inputs, message.params):
+            return self.prepare_now(message)  # cheaper than the hop to a thread
         # Cancelling abandons the thread's result (a tokenization runs to its end, alone).
         return await trio.to_thread.run_sync(self.prepare_now, message, abandon_on_cancel=True)
 

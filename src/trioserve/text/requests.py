@@ -3,7 +3,8 @@ and the lowered sampling parameters (:func:`prepare`), with every check vLLM's s
 and input processor make on the way. What the render routes answer, and what an engine link
 that takes token ids submits.
 
-CPU-bound (rendering, encoding): run it in a worker thread from an event loop. Raises
+CPU-bound (rendering, encoding): from an event loop, run it in a worker thread unless
+:func:`small_enough_inline` says the hop would cost more than the work. Raises
 :class:`~trioserve.errors.TextInputError` (400) for anything vLLM would refuse; owes the engine
 nothing (nothing was sent).
 """
@@ -33,6 +34,48 @@ class Prepared:
 
     prompt: Prompt
     sampling: Sampling
+
+
+#: The most characters of text a request may carry to be prepared in the event loop rather
+#: than in a worker thread. Rendering and encoding cost about 50 µs plus 0.2 µs a character
+#: (a short chat with the bench's tiny model: 53 µs at 100 characters, 253 µs at 1,000), the
+#: hop to a worker thread and back about 130 µs of CPU: below this, the hop is the larger
+#: cost, and the loop's other requests wait at most a quarter of a millisecond
+#: (docs/benchmarks.md).
+INLINE_CHARS = 1024
+
+
+def small_enough_inline(task: str, inputs: dict[str, Any], params: dict[str, Any]) -> bool:
+    """Whether :func:`prepare` of this request is cheaper run where it is than in a worker
+    thread: text (message contents and their parts' text, or the prompt) of at most
+    :data:`INLINE_CHARS` characters, and nothing else that the template renders at length
+    (tools, documents, a template of the request's own)."""
+    if params.get("tools") or params.get("documents") or params.get("chat_template"):
+        return False
+    budget = INLINE_CHARS
+    if task == "completion":
+        prompt = inputs.get("prompt")
+        if isinstance(prompt, str):
+            return len(prompt) <= budget
+        # Token ids (or a list of them): no encoding, only checks.
+        return isinstance(prompt, list) and len(prompt) <= budget
+    for message in inputs.get("messages") or ():
+        if not isinstance(message, dict) or len(message) > 2:
+            return False  # tool calls, names, reasoning: rendered at length
+        content = message.get("content")
+        if isinstance(content, str):
+            budget -= len(content)
+        elif isinstance(content, list):
+            for part in content:
+                text = part.get("text") if isinstance(part, dict) else None
+                if not isinstance(text, str) or len(part) > 2:
+                    return False  # media, or a part with more than its type and text
+                budget -= len(text)
+        elif content is not None:
+            return False
+        if budget < 0:
+            return False
+    return True
 
 
 def _bool(params: dict[str, Any], name: str, default: bool) -> bool:
