@@ -107,3 +107,64 @@ async def test_a_direct_worker_is_its_engines_client_and_its_replacement_aborts_
         await done.wait()
     assert supervisor.status == 0
     assert json.dumps(told.pairs)  # what a worker is told is JSON
+
+
+async def test_a_drain_lets_a_direct_workers_request_finish_and_aborts_nothing(
+    nursery, tmp_path
+) -> None:
+    # A rolling update's SIGTERM with a request in flight on a worker of the direct path:
+    # the request gets its whole answer, nothing is aborted in the engine, the supervisor
+    # exits 0 once its workers have drained.
+    model_dir = build_text_model(tmp_path / "model", harder=False)
+    text = ModelText.load(model_dir)
+    pairs = [ClientAddresses.ipc(str(tmp_path), index) for index in range(2)]
+    fake: FakeEngineCore = await nursery.start(hold_fake, pairs[1])
+    told = WorkerEngine(
+        [[pair.input, pair.output] for pair in pairs],
+        codec.encode_ready_response(READY).hex(),
+        str(model_dir),
+        ["--served-model-name", "m"],
+    )
+    # A drain delay (a second of /health 503 while still serving) for the test to see that
+    # the worker has begun its drain before the request's last output comes.
+    settings = Settings(host="127.0.0.1", port=0, drain_delay=1.0, graceful_timeout=HANG_GUARD)
+    supervisor = Supervisor(settings, 1, worker_command("trioserve.cli:worker_main"))
+    done = trio.Event()
+
+    async def supervise(task_status: trio.TaskStatus[list[str]]) -> None:
+        await supervisor.serve(
+            engine=attrs.asdict(told),
+            engine_wait=WORKER_CONNECT_TIMEOUT,
+            handle_signals=False,
+            task_status=task_status,
+        )
+        done.set()
+
+    [url] = await nursery.start(supervise)
+    answer = "Grüße aus Köln"
+    body = {"model": "m", "prompt": "Hi", "max_tokens": 30, "temperature": 0}
+    answers: list[httpx.Response] = []
+    async with httpx.AsyncClient(base_url=url, timeout=HANG_GUARD) as http:
+
+        async def post() -> None:
+            answers.append(await http.post("/v1/completions", json=body))
+
+        async with trio.open_nursery() as requests:
+            requests.start_soon(post)
+            [request] = await fake.until_added(1)
+            ids = text.encode(answer, add_special_tokens=False)
+            fake.step(codec.EngineCoreOutput(request, ids[:2]))
+            supervisor.drain()  # the request is in flight
+            with trio.fail_after(HANG_GUARD):
+                while (await http.get("/health")).status_code != 503:
+                    await trio.sleep(0.02)  # until the worker drains
+            fake.step(
+                codec.EngineCoreOutput(request, ids[2:], finish_reason=codec.FinishReason.LENGTH)
+            )
+    [reply] = answers
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"][0]["text"] == answer
+    with trio.fail_after(HANG_GUARD):
+        await done.wait()
+    assert supervisor.status == 0
+    assert fake.aborted == []
