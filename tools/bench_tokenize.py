@@ -8,6 +8,9 @@ model directory is given, makes a prompt of about ``--tokens`` tokens from varie
 
 - encode: ``ModelText.encode`` of the prompt (a completion), and the chat path (template
   rendering, then encoding);
+- a short chat prepared as the direct vLLM path prepares it, in the event loop and through a
+  worker thread: CPU per request, what the hop to the thread costs (run it with
+  ``taskset -c 0``: one core, as the bench pins a frontend);
 - the GIL: a pure-Python loop counts on the main thread while another thread encodes the
   prompt; its rate, as a ratio to its rate alone in the same run, says how much of the
   encode held the GIL (1.0: none; the machine's other load shows as noise on both sides),
@@ -44,6 +47,42 @@ def _count_for(seconds: float) -> float:
         for _ in range(1000):
             n += 1
     return n / seconds
+
+
+def _short_chat_costs(model: object, count: int = 3000) -> dict[str, float]:
+    """CPU per request (this process, every thread) of preparing a short chat as the direct
+    vLLM path does, in the event loop and through a worker thread: what the hop costs,
+    against the work itself (``text.requests.small_enough_inline`` chooses between them).
+    Pin to one core (``taskset -c 0``), as the bench pins a frontend, for the figure a
+    frontend pays."""
+    import trio
+
+    from trioserve.links.vllm import VllmText
+    from trioserve.protocol import Submit
+    from trioserve.text.sampling import EngineLimits
+
+    text = VllmText(model, EngineLimits(4096))  # type: ignore[arg-type]
+    chat = [{"role": "user", "content": "Write a short story about a robot in the rain."}]
+    message = Submit("r", "m", "chat", {"messages": chat}, {"max_tokens": 16})
+    figures: dict[str, list[float]] = {"inline": [], "thread": []}
+
+    async def measure() -> None:
+        for _ in range(2):
+            for mode in figures:
+                start = time.process_time()
+                for _ in range(count):
+                    if mode == "thread":
+                        await trio.to_thread.run_sync(text.prepare_now, message)
+                    else:
+                        text.prepare_now(message)
+                        await trio.lowlevel.checkpoint()
+                figures[mode].append((time.process_time() - start) / count)
+
+    trio.run(measure)
+    return {
+        f"short_chat_prepared_{mode}_cpu_us": round(min(values) * 1e6, 1)
+        for mode, values in figures.items()
+    }
 
 
 def main() -> None:
@@ -105,6 +144,7 @@ def main() -> None:
             statistics.median(b / a for a, b in zip(alone, beside_plain, strict=True)), 3
         ),
         "rounds": args.rounds,
+        **_short_chat_costs(model),
     }
     print(json.dumps(result, indent=2))
 
