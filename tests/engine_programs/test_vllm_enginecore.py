@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import prometheus_client
 import pytest
 import trio
 
@@ -171,3 +172,38 @@ async def test_a_dead_engine_ends_the_request_with_a_503(nursery, tmp_path, mode
     [error] = errors
     assert error.status == 503 and error.type == "engine_unavailable"
     assert engine.fake.aborted == []  # nothing is owed to a dead engine
+
+
+async def test_the_queue_time_is_the_engines_from_queued_to_first_scheduled(
+    nursery, tmp_path, model
+):
+    # vLLM's request_queue_time: its QUEUED event to its first SCHEDULED (a preemption's
+    # later one does not count), on the engine's clock; on the answer's last output for
+    # the frontend's trioserve_queue_time, and in the engine's own histogram.
+    engine = await start(nursery, tmp_path, model)
+    results: list[list[Output]] = []
+    async with trio.open_nursery() as inner:
+
+        async def run() -> None:
+            results.append(await collect(engine.backend.generate(submit())))
+
+        inner.start_soon(run)
+        engine_id = await first_request(engine)
+        ids = model.encode(ANSWER, add_special_tokens=False)
+        events = [codec.EngineCoreEvent(1, 100.0), codec.EngineCoreEvent(2, 100.25)]
+        engine.fake.step(codec.EngineCoreOutput(engine_id, ids[:1], events=events))
+        preempted = [codec.EngineCoreEvent(3, 101.0), codec.EngineCoreEvent(2, 102.0)]
+        engine.fake.step(codec.EngineCoreOutput(engine_id, ids[1:2], events=preempted))
+        engine.fake.step(
+            codec.EngineCoreOutput(engine_id, ids[2:], finish_reason=codec.FinishReason.LENGTH)
+        )
+    [outputs] = results
+    assert outputs[-1].queue_time == pytest.approx(0.25)
+    assert all(out.queue_time is None for out in outputs[:-1])
+    exposition = prometheus_client.generate_latest(engine.backend.figures.registry).decode()
+    [total] = [
+        line.rsplit(" ", 1)[1]
+        for line in exposition.splitlines()
+        if line.startswith("vllm:request_queue_time_seconds_sum{")
+    ]
+    assert float(total) == pytest.approx(0.25)  # one observation of 0.25 s

@@ -259,9 +259,12 @@ class EngineCoreBackend:
         figures = self.figures
         first = True
         opening = True  # nothing has been yielded yet
+        times = codec.RequestTimes()
         try:
             while True:
                 for output in await outputs.take():
+                    if output.events:
+                        times.update(output.events)
                     if first and output.new_token_ids:
                         first = False
                         figures.prompt_tokens += text.prompt_tokens
@@ -301,12 +304,16 @@ class EngineCoreBackend:
                         self.client.abort([engine_id])
                     figures.ended(delta.finish_reason)
                     figures.e2e_latency.observe(time.time() - arrival)
+                    queue_time = times.queue_time
+                    if queue_time is not None:
+                        figures.queue_time.observe(queue_time)
                     yield Output(
                         data=delta.text or None,
                         usage=Usage(text.prompt_tokens, text.completion_tokens),
                         finish_reason=delta.finish_reason,
                         logprobs=delta.logprobs,
                         stop_reason=delta.stop_reason,
+                        queue_time=queue_time,
                     )
                     return
         finally:

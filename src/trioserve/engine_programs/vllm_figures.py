@@ -4,8 +4,9 @@ names, for ``--metrics-port``: what dashboards and the tests read of ``vllm serv
 - The scheduler's gauges (``vllm:num_requests_running``, ``..._waiting``,
   ``vllm:kv_cache_usage_perc``) and prefix-cache counters are the ``SchedulerStats``
   EngineCore sends with a step's outputs: vLLM's own count, not trioserve's.
-- Requests by finish reason (``vllm:request_success_total``), tokens, time to first token
-  and end-to-end latency are counted from EngineCore's outputs, where vLLM's output
+- Requests by finish reason (``vllm:request_success_total``), tokens, time to first token,
+  queue time (the engine's QUEUED and SCHEDULED events) and end-to-end latency are counted
+  from EngineCore's outputs, where vLLM's output
   processor counts them in its API server: an abort of ours is ``abort``, a stop string
   matched here ``stop``; times run from the ADD (vLLM's ``arrival_time``).
 - The SDK's account of the requests it served (``trioserve_engine_*_total``).
@@ -59,6 +60,13 @@ class EngineFigures:
             "Histogram of time to first token in seconds.",
             labels,
             buckets=TIME_TO_FIRST_TOKEN_BUCKETS,
+            registry=self.registry,
+        ).labels(model_name, "0")
+        self.queue_time = prometheus_client.Histogram(
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            labels,
+            buckets=REQUEST_LATENCY_BUCKETS,
             registry=self.registry,
         ).labels(model_name, "0")
         self.e2e_latency = prometheus_client.Histogram(
