@@ -88,3 +88,20 @@ def test_logprobs_come_in_the_tasks_shape(plain: ModelText):
     assert later is not None and later.logprobs["text_offset"][0] > 0  # carried on
     entries = chat.step([ids[1]], None, ([[ids[1]]], [[-0.25]], [1]))
     assert entries is not None and entries.logprobs[0]["logprob"] == -0.25
+
+
+def test_the_kept_token_ids_come_with_their_step_when_returned(plain: ModelText):
+    ids = plain.encode(TEXT, add_special_tokens=False)
+    gen = generation(plain, stop=["Köln"], return_token_ids=True)
+    deltas = feed(gen, ids, None)
+    kept = [i for d in deltas for i in d.token_ids or ()]
+    assert kept == ids[: gen.completion_tokens]  # none after the stop string
+    assert all(d.token_ids is None for d in feed(generation(plain), ids, "length"))
+
+
+def test_an_echo_without_generation_shows_neither_the_token_nor_its_logprobs(plain: ModelText):
+    gen = generation(plain, echo=True, max_tokens=0, logprobs=1)
+    token = plain.encode(" dog", add_special_tokens=False)[0]
+    delta = gen.step([token], "length", ([[token]], [[-0.5]], [1]))
+    assert delta is not None and (delta.text, delta.logprobs) == ("", None)
+    assert delta.finish_reason == "length"

@@ -271,19 +271,13 @@ class EngineCoreBackend:
                         figures.time_to_first_token.observe(time.time() - arrival)
                     figures.generation_tokens += len(output.new_token_ids)
                     reason = output.finish_reason
-                    reason_name = None
-                    if reason is not None:
-                        names = codec.FINISH_REASON_NAMES
-                        reason_name = names[reason] if 0 <= reason < len(names) else "error"
-                    rows = None
                     lists = output.new_logprobs
-                    if lists is not None:
-                        rows = (
-                            lists.logprob_token_ids.tolist(),
-                            lists.logprobs.tolist(),
-                            lists.sampled_token_ranks.tolist(),
-                        )
-                    delta = text.step(output.new_token_ids, reason_name, rows, output.stop_reason)
+                    delta = text.step(
+                        output.new_token_ids,
+                        None if reason is None else codec.finish_reason_name(reason),
+                        None if lists is None else lists.rows(),
+                        output.stop_reason,
+                    )
                     if delta is None:
                         if opening and output.new_token_ids:
                             # The first token with no text yet (half a character, or held

@@ -73,6 +73,13 @@ class FinishReason(enum.IntEnum):
 
 FINISH_REASON_NAMES = ("stop", "length", "abort", "error", "repetition")
 
+
+def finish_reason_name(reason: int) -> str:
+    """vLLM's name of a finish reason off the wire; ``"error"`` for one it does not know."""
+    names = FINISH_REASON_NAMES
+    return names[reason] if 0 <= reason < len(names) else "error"
+
+
 #: ``vllm.v1.serial_utils.CUSTOM_TYPE_RAW_VIEW``: raw bytes of an array, inline.
 EXT_RAW_VIEW = 3
 
@@ -306,6 +313,15 @@ class Logprobs(msgspec.Struct, array_like=True, gc=False):
     logprobs: WireArray
     sampled_token_ranks: WireArray
     cu_num_generated_tokens: list[int] | None = None
+
+    def rows(self) -> tuple[list[Any], list[Any], list[Any]]:
+        """Per generated token: its and the top tokens' ids, their logprobs, its rank
+        (the text layer's ``LogprobRows``)."""
+        return (
+            self.logprob_token_ids.tolist(),
+            self.logprobs.tolist(),
+            self.sampled_token_ranks.tolist(),
+        )
 
 
 class PromptLogprobs(msgspec.Struct, array_like=True, gc=False):

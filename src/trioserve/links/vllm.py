@@ -41,9 +41,8 @@ from ..enginecore.client import EngineCoreClient
 from ..errors import EngineLostError, TextInputError
 from ..protocol import ErrorInfo, ModelCard, OutputItem, Submit, Usage
 from ..text.assets import ModelText
-from ..text.detokenizer import IncrementalDetokenizer
+from ..text.generation import Delta, GenerationText
 from ..text.logprob_format import (
-    AnswerLogprobs,
     Position,
     completion_logprobs,
     position,
@@ -354,7 +353,9 @@ class VllmLink:
 
 class _Stream:
     """One request's outputs: token ids in, :class:`OutputItem` out (an
-    :class:`~trioserve.enginecore.client.OutputSink`).
+    :class:`~trioserve.enginecore.client.OutputSink`). Each step's text, logprobs, kept ids
+    and end are the text layer's (:class:`~trioserve.text.generation.GenerationText`, as on
+    the shared engine); what the request asked about its prompt is added here.
 
     The first item carries what the request asked about its prompt (its token ids, its
     logprobs, the echoed text and its logprobs), as vLLM's serving layer sends them with
@@ -362,12 +363,9 @@ class _Stream:
     prefill's chunks, are all in."""
 
     __slots__ = (
-        "answer_logprobs",
         "as_ids",
         "chat",
-        "detokenizer",
         "echo",
-        "echo_only",
         "ended",
         "engine_id",
         "first",
@@ -376,10 +374,10 @@ class _Stream:
         "num_prompt_logprobs",
         "prompt_ids",
         "prompt_rows",
-        "prompt_tokens",
         "return_ids",
         "seq",
         "sub",
+        "text",
         "top",
     )
 
@@ -399,21 +397,14 @@ class _Stream:
         self.ended = False
         self.chat = task == "chat"
         self.prompt_ids = prompt.token_ids
-        self.prompt_tokens = len(prompt.token_ids)
-        self.detokenizer: IncrementalDetokenizer = sampling.detokenizer(
-            link.text.model, prompt.token_ids
-        )
+        self.text = GenerationText(link.text.model, task, prompt.token_ids, sampling)
         params = sampling.params
         self.logprobs = params.get("logprobs") is not None
         self.top = int(params.get("logprobs") or 0)
         self.num_prompt_logprobs: int | None = params.get("prompt_logprobs")
         self.prompt_rows: list[tuple[list[int], list[float], int]] = []
         self.as_ids = sampling.tokens_as_token_ids
-        self.answer_logprobs = AnswerLogprobs(
-            link.text.model, chat=self.chat, top=self.top, as_token_ids=self.as_ids
-        )
         self.echo = echo  # None: no echo
-        self.echo_only = sampling.echo_only
         self.return_ids = sampling.return_token_ids
         self.first = True  # the first item (the prompt's details) is still to leave
         self.seq = 0
@@ -429,34 +420,22 @@ class _Stream:
         if output.new_prompt_logprobs_tensors is not None:
             self._add_prompt_rows(output.new_prompt_logprobs_tensors)
         ids = output.new_token_ids
-        detok = self.detokenizer
-        before = len(detok.token_ids)
-        stop_string = detok.update(ids, reason == codec.FinishReason.STOP)
-        kept = detok.token_ids[before:]  # this step's ids, after a stop string's cut
         head = None
         if self.first and (ids or reason is not None):
             head = self._prompt_details()  # (before the step's logprobs: text offsets)
-        logprobs = None
-        if self.logprobs and output.new_logprobs is not None and not self.echo_only:
-            lists = output.new_logprobs
-            rows = (
-                lists.logprob_token_ids.tolist(),
-                lists.logprobs.tolist(),
-                lists.sampled_token_ranks.tolist(),
-            )
-            logprobs = self.answer_logprobs.step(rows, len(detok.token_ids))
+        lists = output.new_logprobs
+        delta = self.text.step(
+            ids,
+            None if reason is None else codec.finish_reason_name(reason),
+            None if lists is None else lists.rows(),
+            output.stop_reason,
+        )
         self.seq += 1
-        if stop_string is not None and reason is None:
-            # The frontend's own end: one ABORT, a 200 with finish_reason "stop".
-            item = self._item(detok.next_text(True), logprobs, kept, head, "stop", stop_string)
-            sub.conclude(item)
-            return
-        if reason is None:
-            text = detok.next_text(False)
-            if text or logprobs or head is not None or (self.return_ids and kept):
-                sub.deliver(self._item(text, logprobs, kept, head, None))
-            return
-        if reason == codec.FinishReason.ERROR:
+        if delta is None:
+            if head is None:
+                return
+            delta = Delta("", token_ids=[] if self.return_ids else None)
+        if delta.error:
             sub.deliver(
                 OutputItem(
                     sub.request_id,
@@ -464,27 +443,16 @@ class _Stream:
                     error=ErrorInfo(500, "vLLM's engine failed the request", "engine_error"),
                 )
             )
-            return
-        name = codec.FINISH_REASON_NAMES[reason] if 0 <= reason < 5 else "error"
-        # vLLM's stop_reason: the engine's (a stop token's id), or the stop string.
-        stopped = output.stop_reason
-        if stop_string is not None:
-            name, stopped = "stop", stop_string
-        sub.deliver(self._item(detok.next_text(True), logprobs, kept, head, name, stopped))
+        elif delta.stopped:
+            # The frontend's own end: one ABORT, a 200 with finish_reason "stop".
+            sub.conclude(self._item(delta, head))
+        else:
+            sub.deliver(self._item(delta, head))
 
-    def _item(
-        self,
-        text: str,
-        logprobs: Any,
-        token_ids: list[int],
-        head: _PromptDetails | None,
-        reason: str | None,
-        stop_reason: str | int | None = None,
-    ) -> OutputItem:
+    def _item(self, delta: Delta, head: _PromptDetails | None) -> OutputItem:
         assert self.sub is not None
-        if self.echo_only:
-            text = ""  # the one token generated is not shown
         item = OutputItem(self.sub.request_id, self.seq)
+        text, logprobs = delta.text, delta.logprobs
         if head is not None:
             self.first = False
             text = head.text + text
@@ -497,11 +465,11 @@ class _Stream:
         item.data = text or None
         item.logprobs = logprobs
         if self.return_ids:
-            item.token_ids = token_ids
-        if reason is not None:
-            item.finish_reason = reason
-            item.usage = Usage(self.prompt_tokens, self.detokenizer.num_output_tokens())
-            item.stop_reason = stop_reason
+            item.token_ids = delta.token_ids
+        if delta.finish_reason is not None:
+            item.finish_reason = delta.finish_reason
+            item.usage = Usage(self.text.prompt_tokens, self.text.completion_tokens)
+            item.stop_reason = delta.stop_reason
         return item
 
     def lost(self, reason: str) -> None:
@@ -548,7 +516,8 @@ class _Stream:
             if self.as_ids:
                 positions = self._prompt_positions(True)
             logprobs = completion_logprobs(self.prompt_ids, [spelled, *positions], self.top, 0)
-            self.answer_logprobs.offset = logprobs["text_offset"][-1] + len(logprobs["tokens"][-1])
+            last = len(logprobs["tokens"][-1])
+            self.text.answer_logprobs.offset = logprobs["text_offset"][-1] + last
         return _PromptDetails(text, logprobs, prompt_logprobs)
 
 

@@ -14,7 +14,14 @@ paths share (the direct link, ``links/vllm.py``, and the shared engine,
   ``abort``; ``repetition``), or :attr:`Delta.error` for its ERROR; vLLM's ``stop_reason``
   with it (the stop string matched here, or the engine's stop token id);
 - log probabilities in the OpenAI shape of the task (chat: entries; completions: parallel
-  lists with ``text_offset`` carried across deltas), only for the tokens kept.
+  lists with ``text_offset`` carried across deltas), only for the tokens kept;
+- the step's kept token ids, when the request returns them (``return_token_ids``);
+- ``echo`` without generation (a completion's ``max_tokens: 0``): the one token the engine
+  generates is neither shown nor given logprobs, as vLLM's serving layer has it.
+
+What a request asked about its prompt (the echoed text, the prompt's token ids and
+logprobs) comes from the engine's prefill, not from these steps: the direct link adds it
+to its first output.
 
 Finish reasons come in by vLLM's names (``FINISH_REASON_NAMES`` of the codec); the caller
 maps the wire's integers.
@@ -51,13 +58,23 @@ class Delta:
     #: With ``finish_reason="stop"``: the stop string matched, or the stop token the engine
     #: stopped on (its id), as vLLM's ``stop_reason``; None for the end of sequence.
     stop_reason: str | int | None = None
+    #: The step's token ids the answer keeps (a stop string drops those after it), when
+    #: the request returns them (``return_token_ids``); else None.
+    token_ids: list[int] | None = None
 
 
 class GenerationText:
     """One choice of one request: :meth:`step` per engine output, until a delta with a
     ``finish_reason`` (or ``error``); nothing after it."""
 
-    __slots__ = ("answer_logprobs", "detokenizer", "logprobs", "prompt_tokens")
+    __slots__ = (
+        "answer_logprobs",
+        "detokenizer",
+        "echo_only",
+        "logprobs",
+        "prompt_tokens",
+        "return_token_ids",
+    )
 
     def __init__(
         self, model: ModelText, task: str, prompt_token_ids: list[int], sampling: Sampling
@@ -65,7 +82,10 @@ class GenerationText:
         self.prompt_tokens = len(prompt_token_ids)
         self.detokenizer = sampling.detokenizer(model, prompt_token_ids)
         params = sampling.params
-        self.logprobs = params.get("logprobs") is not None
+        self.echo_only = sampling.echo_only
+        # (Echo without generation: the one token generated has no logprobs shown.)
+        self.logprobs = params.get("logprobs") is not None and not sampling.echo_only
+        self.return_token_ids = sampling.return_token_ids
         self.answer_logprobs = AnswerLogprobs(
             model,
             chat=task == "chat",
@@ -89,24 +109,29 @@ class GenerationText:
         """One engine output: its new ids, the engine's finish reason (None while it
         runs), its logprob rows (None when none were asked for) and its stop reason (the
         stop token's id). None: nothing to send yet (text held back, or a character not
-        yet whole)."""
+        yet whole, and no logprobs or kept ids)."""
         detok = self.detokenizer
+        before = len(detok.token_ids)
         stop_string = detok.update(new_token_ids, finish_reason == STOP)
+        kept = detok.token_ids[before:] if self.return_token_ids else None
         logprobs = None
         if self.logprobs and rows is not None:
             logprobs = self.answer_logprobs.step(rows, len(detok.token_ids))
-        if stop_string is not None and finish_reason is None:
-            return Delta(
-                detok.next_text(True), logprobs, STOP, stopped=True, stop_reason=stop_string
-            )
-        if finish_reason is None:
-            text = detok.next_text(False)
-            return Delta(text, logprobs) if text or logprobs else None
+        # A stop string matched while the engine generates on: the frontend's own end.
+        stopped = stop_string is not None and finish_reason is None
+        if finish_reason is None and not stopped:
+            text = "" if self.echo_only else detok.next_text(False)
+            return Delta(text, logprobs, token_ids=kept) if text or logprobs or kept else None
         if finish_reason == ERROR:
             return Delta("", None, ERROR, error=True)
         if stop_string is not None:
             finish_reason, stop_reason = STOP, stop_string
-        return Delta(detok.next_text(True), logprobs, finish_reason, stop_reason=stop_reason)
+        text = detok.next_text(True)
+        if self.echo_only:
+            text = ""  # the one token generated is not shown
+        return Delta(
+            text, logprobs, finish_reason, stopped, stop_reason=stop_reason, token_ids=kept
+        )
 
 
 __all__ = ["ERROR", "STOP", "Delta", "GenerationText", "LogprobRows"]
