@@ -49,10 +49,10 @@ from ..text.logprob_format import (
     prompt_logprobs_answer,
 )
 from ..text.logprobs import token_id_placeholder
-from ..text.prompts import Prompt, chat_prompt, completion_prompt
-from ..text.requests import small_enough_inline
-from ..text.sampling import EngineLimits, Sampling, lower
-from ..text.template import ChatOptions
+from ..text.prompts import Prompt
+from ..text.registry import ServedText
+from ..text.requests import prepare, small_enough_inline
+from ..text.sampling import EngineLimits, Sampling
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,7 @@ class VllmText:
     def __init__(self, model: ModelText, limits: EngineLimits) -> None:
         self.model = model
         self.limits = limits
+        self.served = ServedText(model, limits)
 
     async def prepare(self, message: Submit) -> Prepared:
         if small_enough_inline(message.task, message.inputs, message.params):
@@ -83,47 +84,22 @@ class VllmText:
         return await trio.to_thread.run_sync(self.prepare_now, message, abandon_on_cancel=True)
 
     def prepare_now(self, message: Submit) -> Prepared:
-        """What :meth:`prepare` does, in the calling thread."""
+        """What :meth:`prepare` does, in the calling thread: the text layer's
+        :func:`~trioserve.text.requests.prepare`, as the shared engine and the render
+        routes prepare a request, and the ``echo`` the answer begins with."""
         params = message.params
         for name, what in UNSERVED.items():
             if params.get(name) is not None:
                 raise TextInputError(f"{what} are not served on the direct vLLM path", param=name)
-        limits = self.limits
-        if message.task == "chat":
-            options = ChatOptions(
-                add_generation_prompt=bool(params.get("add_generation_prompt", True)),
-                continue_final_message=bool(params.get("continue_final_message", False)),
-                tools=params.get("tools"),
-                documents=params.get("documents"),
-                chat_template_kwargs=params.get("chat_template_kwargs"),
-                reasoning_effort=params.get("reasoning_effort"),
-            )
-            prompt = chat_prompt(
-                self.model,
-                list(message.inputs.get("messages") or ()),
-                options,
-                add_special_tokens=bool(params.get("add_special_tokens", False)),
-                max_model_len=limits.max_model_len,
-                chat_template=params.get("chat_template"),
-            )
-        else:
-            prompt = completion_prompt(
-                self.model,
-                message.inputs.get("prompt", ""),
-                add_special_tokens=bool(params.get("add_special_tokens", True)),
-                max_model_len=limits.max_model_len,
-            )
-        sampling = lower(
+        ready = prepare(
+            self.served,
+            message.task,
+            dict(message.inputs),
             params,
-            endpoint=message.task,
-            prompt_len=len(prompt.token_ids),
-            model=self.model,
-            limits=limits,
             stream=bool(params.get("stream", False)),
         )
-        echo = None
-        if sampling.echo:
-            echo = _echoed(message, prompt, sampling)
+        prompt, sampling = ready.prompt, ready.sampling
+        echo = _echoed(message, prompt, sampling) if sampling.echo else None
         return Prepared(message, self, (prompt, sampling, echo))
 
 
