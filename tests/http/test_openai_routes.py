@@ -92,7 +92,7 @@ async def test_models_health_live_and_metrics(frontend):
         ({}, "$.messages"),
         ({"messages": "not a list"}, "$.messages"),
         ({**CHAT, "max_tokens": "many"}, "$.max_tokens"),
-        ({**CHAT, "max_tokens": 0}, "$.max_tokens"),
+        ({**CHAT, "max_tokens": 2**31}, "$.max_tokens"),
         ({**CHAT, "temperature": 9}, "$.temperature"),
         ({**CHAT, "stream": "maybe"}, "$.stream"),
         ({"messages": [{"role": "wizard", "content": "x"}]}, "$.messages[0].role"),
@@ -107,6 +107,17 @@ async def test_schema_violations_get_422_with_the_field_path(frontend, body, loc
         assert error["type"] == "invalid_request_error"
         assert loc in [d["loc"] for d in error["details"]]
         # ...and the server keeps serving.
+        assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+async def test_max_tokens_below_one_is_the_engines_400_not_the_bodys_422(frontend, field):
+    """As vLLM's server answers it (a 400 of its sampling checks; the direct vLLM path's
+    text layer says it as vLLM does): here the mock engine's."""
+    async with frontend.client() as client:
+        response = await client.post("/v1/chat/completions", json={**CHAT, field: 0})
+        assert response.status_code == 400, response.text
+        assert "max_tokens" in response.json()["error"]["message"]
         assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
 
 

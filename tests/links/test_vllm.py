@@ -71,6 +71,9 @@ async def _client(links, task_status) -> None:
         await trio.sleep_forever()
 
 
+CHAT = [{"role": "user", "content": "Hi"}]
+
+
 def completion(request_id: str, prompt: str, **params) -> Submit:
     return Submit(request_id, "m", "completion", {"prompt": prompt}, {"temperature": 0, **params})
 
@@ -268,9 +271,11 @@ async def test_the_schedulers_figures_reach_routing(nursery, model):
     assert link.load == 5 and link.kv_cache_usage == 0.5
 
 
-async def _answer(nursery, model, body: dict) -> list[dict]:
+async def _respond(
+    nursery, model, body: dict, path: str = "/v1/completions"
+) -> tuple[int, list[dict], RecordingCore]:
     """``body`` through a frontend on the link (the engine answers one token, 5): the
-    JSON answer, or the stream's chunks."""
+    status, the JSON answer or the stream's chunks, and the engine's record."""
     core = RecordingCore()
     links = VllmLinks(core, VllmText(model, EngineLimits(max_model_len=512)), ["m"])  # type: ignore[arg-type]
     frontend = await start_frontend(nursery, None, server="builtin", links=[("vllm://m", links)])
@@ -287,10 +292,19 @@ async def _answer(nursery, model, body: dict) -> list[dict]:
     nursery.start_soon(engine)
     async with frontend.client() as http:
         if not body.get("stream"):
-            return [(await http.post("/v1/completions", json=body)).json()]
-        async with http.stream("POST", "/v1/completions", json=body) as response:
+            response = await http.post(path, json=body)
+            return response.status_code, [response.json()], core
+        async with http.stream("POST", path, json=body) as response:
+            if response.status_code != 200:
+                return response.status_code, [json.loads(await response.aread())], core
             lines = [line async for line in response.aiter_lines()]
-    return [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    return 200, [json.loads(line[6:]) for line in lines if line.startswith("data: {")], core
+
+
+async def _answer(nursery, model, body: dict) -> list[dict]:
+    status, answers, _ = await _respond(nursery, model, body)
+    assert status == 200, answers
+    return answers
 
 
 async def test_a_streamed_echo_carries_the_prompts_ids_unasked_a_json_one_only_if_asked(
@@ -309,3 +323,49 @@ async def test_a_streamed_echo_carries_the_prompts_ids_unasked_a_json_one_only_i
     assert asked["choices"][0]["prompt_token_ids"] == prompt
     assert asked["choices"][0]["token_ids"] == [5]
     assert asked["choices"][0]["text"] == model.decode([5])  # no prompt text, as vLLM's
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"model": "m", "prompt": "Hi", "max_tokens": 0}),
+        ("/v1/completions", {"model": "m", "prompt": "Hi", "max_tokens": -1}),
+        ("/v1/chat/completions", {"model": "m", "messages": CHAT, "max_completion_tokens": 0}),
+    ],
+)
+async def test_max_tokens_below_one_is_vllms_400_before_any_add(nursery, model, path, body):
+    """vLLM's server refuses it in its sampling parameters' checks: a 400, not the 422 of
+    a body out of shape."""
+    status, [answer], core = await _respond(nursery, model, body, path)
+    assert status == 400, answer
+    got = body.get("max_tokens", body.get("max_completion_tokens"))
+    assert answer["error"]["message"] == f"max_tokens must be at least 1, got {got}."
+    assert core.added == []
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_echo_without_tokens_to_generate_answers_the_prompt_alone(nursery, model, stream):
+    """A completion's ``echo`` with ``max_tokens: 0``, as vLLM answers it: the engine
+    generates one token, which is not shown."""
+    body = {"model": "m", "prompt": "Grüße", "max_tokens": 0, "echo": True, "stream": stream}
+    status, answers, core = await _respond(nursery, model, body)
+    assert status == 200, answers
+    assert "".join(a["choices"][0]["text"] for a in answers if a["choices"]) == "Grüße"
+    [request] = core.added
+    assert request.sampling_params.max_tokens == 1
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+async def test_prompt_logprobs_streamed_are_refused_as_vllm_refuses_them(nursery, model, path):
+    """vLLM's request checks: ``prompt_logprobs`` > 0 (or -1) and ``stream: true`` are a
+    400 (its stream chunks have no place for them); 0 streams, without them."""
+    body: dict = {"model": "m", "max_tokens": 3, "stream": True, "prompt_logprobs": 1}
+    body.update({"messages": CHAT} if "chat" in path else {"prompt": "Hi"})
+    status, [answer], core = await _respond(nursery, model, body, path)
+    assert status == 400, answer
+    assert answer["error"]["message"] == "`prompt_logprobs` are not available when `stream=True`."
+    assert answer["error"]["param"] == "prompt_logprobs" and core.added == []
+    status, chunks, core = await _respond(nursery, model, {**body, "prompt_logprobs": 0}, path)
+    assert status == 200 and chunks
+    assert core.added[0].sampling_params.prompt_logprobs == 0
+    assert not any("prompt_logprobs" in json.dumps(chunk) for chunk in chunks)

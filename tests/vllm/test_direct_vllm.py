@@ -145,6 +145,8 @@ DETAIL_CASES = [
     ),
     (CHAT, {"messages": CONTINUED, "max_tokens": 8, "temperature": 0, "echo": True}, True),
     (CHAT, chat("Hi", max_tokens=6, temperature=0, echo=True, top_logprobs=0), True),
+    # Echo without generation: the prompt alone (one token generated, not shown).
+    (COMPLETIONS, completion(TEXT, max_tokens=0, temperature=0, echo=True, logprobs=1), True),
 ]
 
 
@@ -359,6 +361,34 @@ async def test_a_parameter_vllm_rejects_is_a_400_naming_it_and_the_engine_serves
     assert param in ours.json()["error"]["message"], ours.json()
     after = await post_json(direct.url, COMPLETIONS, completion("Hi", max_tokens=2))
     assert after.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "says"),
+    [
+        (COMPLETIONS, completion("Hi", max_tokens=0), "max_tokens must be at least 1"),
+        (CHAT, chat("Hi", max_completion_tokens=0), "max_tokens must be at least 1"),
+        (
+            COMPLETIONS,
+            completion("Hi", max_tokens=4, prompt_logprobs=1, stream=True),
+            "`prompt_logprobs` are not available when `stream=True`.",
+        ),
+        (
+            CHAT,
+            chat("Hi", max_tokens=4, prompt_logprobs=2, stream=True),
+            "`prompt_logprobs` are not available when `stream=True`.",
+        ),
+    ],
+)
+async def test_what_vllm_serve_refuses_at_its_door_is_the_same_400(
+    vllm: Vllm, direct: Direct, path, body, says
+) -> None:
+    """Its request and sampling checks: no 422 of a body out of shape, no stream without
+    what was asked for."""
+    ours = await post_json(direct.url, path, body)
+    theirs = await post_json(vllm.reference_url, path, body)
+    assert theirs.status_code == 400 and says in theirs.json()["error"]["message"], theirs.text
+    assert ours.status_code == 400 and says in ours.json()["error"]["message"], ours.text
 
 
 async def test_a_client_gone_mid_stream_is_aborted_in_vllms_scheduler(direct: Direct) -> None:

@@ -79,8 +79,10 @@ class _Common:
     model: str | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = bounded(1, MAX_TOKENS)
-    max_completion_tokens: int | None = bounded(1, MAX_TOKENS)
+    # At least 1 is the engine's rule, not the body's: vLLM refuses fewer with a 400 of
+    # its own, and answers a completion's echo with max_tokens 0 with the prompt alone.
+    max_tokens: int | None = bounded(None, MAX_TOKENS)
+    max_completion_tokens: int | None = bounded(None, MAX_TOKENS)
     temperature: float | None = bounded(0, 2)
     top_p: float | None = bounded(0, 1, exclusive_minimum=True)
     n: int | None = bounded(1, MAX_N)
@@ -411,6 +413,10 @@ def parse_generation(
         submit = completion_submit(request_id, resolve_model(req.model), req, body)
     if req.user:  # the session key of affinity routing (not sent to the engine)
         submit = attrs.evolve(submit, session_key=req.user)
+    if req.stream or streamed:
+        # For the engine's checks: vLLM refuses what a stream cannot carry (its
+        # prompt_logprobs), and the text layer lowers the request as vLLM does.
+        submit.params["stream"] = True
     options = req.stream_options
     n = req.n or 1
     if n > 1 and streamed:
