@@ -28,7 +28,11 @@ import trio
 
 from ..enginecore import codec
 from ..enginecore.client import HEARTBEAT_TIMEOUT, ClientAddresses, open_enginecore_client
-from ..enginecore.server_options import model_directory, vllm_server_options
+from ..enginecore.server_options import (
+    model_directory,
+    refuse_unserved_options,
+    vllm_server_options,
+)
 from ..errors import CommandError, EngineLostError, PeerProtocolError, ProtocolVersionError
 from ..text.assets import ModelText, ModelTextError
 from ..text.engine_options import engine_limits
@@ -110,6 +114,15 @@ class _Served:
             app.services.texts.register(name, self.text, self.limits)
 
 
+def check_options(vllm_args: Sequence[str]) -> argparse.Namespace:
+    """The server options this process reads; :class:`CommandError` (status 2) for one
+    the direct path does not serve (``--vllm-path asyncllm`` does)."""
+    refuse_unserved_options(vllm_args, "on the direct vLLM path", "use --vllm-path asyncllm")
+    options = vllm_server_options(vllm_args)
+    _check_tokenizer_mode(options)
+    return options
+
+
 def _check_tokenizer_mode(options: argparse.Namespace) -> None:
     if options.tokenizer_mode not in ("auto", "hf"):
         raise CommandError(
@@ -162,8 +175,7 @@ async def serve_direct(
     each worker is told: :class:`WorkerEngine`)."""
     from ..enginecore.launcher import open_child_engine
 
-    options = vllm_server_options(vllm_args)
-    _check_tokenizer_mode(options)
+    options = check_options(vllm_args)
     try:
         async with open_child_engine(
             model,
@@ -224,8 +236,7 @@ async def serve_attached(
     the server waits for the next one to connect instead of stopping. Returns 0 once
     drained; an engine that does not come within ``load_timeout`` at the start is an error.
     """
-    options = vllm_server_options(vllm_args)
-    _check_tokenizer_mode(options)
+    options = check_options(vllm_args)
     text = await _load_text(model, options)
     host = handshake.rsplit(":", 1)[0]
     pair = ClientAddresses(f"tcp://{host}:*", f"tcp://{host}:*")

@@ -48,7 +48,11 @@ import trio
 from ..enginecore import codec
 from ..enginecore.client import EngineCoreClient
 from ..enginecore.launcher import open_child_engine
-from ..enginecore.server_options import model_directory, vllm_server_options
+from ..enginecore.server_options import (
+    model_directory,
+    refuse_unserved_options,
+    vllm_server_options,
+)
 from ..errors import (
     CommandError,
     EngineLostError,
@@ -90,29 +94,12 @@ UNSERVED = {
 }
 #: What vLLM computes for these but trioserve's protocol has no field for yet.
 UNRELAYED = ("prompt_logprobs", "echo", "return_token_ids")
-#: vLLM server options that change answers and that this backend does not implement:
-#: refused at start rather than ignored (the answers would differ from vllm serve's).
-UNSERVED_OPTIONS = {
-    "--chat-template": "a server-side chat template",
-    "--chat-template-content-format": "a chat template content format",
-    "--default-chat-template-kwargs": "default chat template arguments",
-    "--trust-request-chat-template": "requests' own chat templates",
-    "--enable-lora": "LoRA adapters",
-    "--lora-modules": "LoRA adapters",
-}
 
 
 def check_options(vllm_args: Sequence[str]) -> argparse.Namespace:
     """The server options this process reads; :class:`CommandError` (status 2) for one it
     does not serve."""
-    for arg in vllm_args:
-        name = arg.split("=", 1)[0]
-        if name in UNSERVED_OPTIONS:
-            raise CommandError(
-                f"{name} ({UNSERVED_OPTIONS[name]}) is not served by the EngineCore backend; "
-                + FALLBACK,
-                2,
-            )
+    refuse_unserved_options(vllm_args, "by the EngineCore backend", FALLBACK)
     options = vllm_server_options(vllm_args)
     if options.tokenizer_mode not in ("auto", "hf"):
         raise CommandError(

@@ -13,6 +13,29 @@ from pathlib import Path
 
 from ..errors import CommandError
 
+#: vLLM server options that change answers and that trioserve's text pipeline does not
+#: implement: refused at start rather than ignored (the answers would differ from vllm
+#: serve's).
+UNSERVED_OPTIONS = {
+    "--chat-template": "a server-side chat template",
+    "--chat-template-content-format": "a chat template content format",
+    "--default-chat-template-kwargs": "default chat template arguments",
+    "--trust-request-chat-template": "requests' own chat templates",
+    "--enable-lora": "LoRA adapters",
+    "--lora-modules": "LoRA adapters",
+}
+
+
+def refuse_unserved_options(vllm_args: Sequence[str], where: str, otherwise: str) -> None:
+    """:class:`CommandError` (status 2) for an option of :data:`UNSERVED_OPTIONS`: it is
+    not served ``where`` (``"on the direct vLLM path"``); ``otherwise``: what serves it."""
+    for arg in vllm_args:
+        name = arg.split("=", 1)[0]
+        if name in UNSERVED_OPTIONS:
+            raise CommandError(
+                f"{name} ({UNSERVED_OPTIONS[name]}) is not served {where}; {otherwise}", 2
+            )
+
 
 def vllm_server_options(vllm_args: Sequence[str]) -> argparse.Namespace:
     """The few of vLLM's options the client must know (names, validation bounds); the
@@ -47,4 +70,9 @@ def model_directory(model: str, tokenizer: str | None, *, otherwise: str) -> Pat
         ) from None
 
 
-__all__ = ["model_directory", "vllm_server_options"]
+__all__ = [
+    "UNSERVED_OPTIONS",
+    "model_directory",
+    "refuse_unserved_options",
+    "vllm_server_options",
+]
