@@ -369,3 +369,24 @@ async def test_prompt_logprobs_streamed_are_refused_as_vllm_refuses_them(nursery
     assert status == 200 and chunks
     assert core.added[0].sampling_params.prompt_logprobs == 0
     assert not any("prompt_logprobs" in json.dumps(chunk) for chunk in chunks)
+
+
+async def test_the_last_item_carries_the_engines_queue_time(nursery, model):
+    # EngineCore's QUEUED and first SCHEDULED events (its clock), as vLLM's
+    # request_queue_time reads them: on the last item, for trioserve_request_queue_time.
+    core = RecordingCore()
+    client = await served(nursery, core, model)
+    sub = client.submit(await client.prepare(completion("q", "Hi"), "completion"), "completion")
+    [request] = core.added
+    sink = core.sinks[request.request_id]
+    ids = model.encode("Grüße", add_special_tokens=False)
+    queued = [codec.EngineCoreEvent(1, 50.0), codec.EngineCoreEvent(2, 50.5)]
+    sink.output(codec.EngineCoreOutput(request.request_id, ids[:1], events=queued))
+    sink.output(
+        codec.EngineCoreOutput(request.request_id, ids[1:], finish_reason=codec.FinishReason.LENGTH)
+    )
+    items = []
+    while batch := await sub.receive_batch():
+        items += batch
+    assert items[-1].queue_time == pytest.approx(0.5)
+    assert all(item.queue_time is None for item in items[:-1])

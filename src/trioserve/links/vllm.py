@@ -354,6 +354,7 @@ class _Stream:
         "seq",
         "sub",
         "text",
+        "times",
         "top",
     )
 
@@ -384,9 +385,15 @@ class _Stream:
         self.return_ids = sampling.return_token_ids
         self.first = True  # the first item (the prompt's details) is still to leave
         self.seq = 0
+        #: The engine's queued and scheduled times, once its outputs carry events.
+        self.times: codec.RequestTimes | None = None
 
     def output(self, output: codec.EngineCoreOutput) -> None:
         reason = output.finish_reason
+        if output.events:
+            if self.times is None:
+                self.times = codec.RequestTimes()
+            self.times.update(output.events)
         if reason is not None:
             self.ended = True
             self.link._streams.pop(self.sub.request_id if self.sub else "", None)
@@ -446,6 +453,8 @@ class _Stream:
             item.finish_reason = delta.finish_reason
             item.usage = Usage(self.text.prompt_tokens, self.text.completion_tokens)
             item.stop_reason = delta.stop_reason
+            if self.times is not None:
+                item.queue_time = self.times.queue_time
         return item
 
     def lost(self, reason: str) -> None:
