@@ -1,11 +1,12 @@
 """How a request ends: the one table of end reasons, and the states of an engine request.
 
-Everything that ends a request early names an :class:`EndReason`; each member carries
-what every part of the server needs of it: the label of ``trioserve_engine_aborts_total``
-(its value), and the HTTP status, error code and message the client is told. The request
-lifecycle, the subscription, the writers, the response store, the drain and the metrics
-read this table and nothing else, so a reason cannot be known to one and missing in
-another. (Shared by every layer, like ``errors.py``: it imports nothing of trioserve.)
+Everything that ends a request early names an :class:`EndReason`, whose value is the
+label of ``trioserve_engine_aborts_total``. The request lifecycle, the subscription, the
+writers, the response store, the drain and the metrics name these members and nothing
+else, so a reason cannot be known to one and missing in another. What a client is told
+for each (the HTTP status, error code and message, a WebSocket's close code) is the HTTP
+layer's table (``http/errors.py``), which a test holds to one row per member. (Shared by
+every layer, like ``errors.py``: it imports nothing of trioserve.)
 
 An engine request's state is :class:`State`, and :data:`TRANSITIONS` is every change of
 state there is, as h11 keeps its state machine: a subscription changes state only through
@@ -20,70 +21,35 @@ import enum
 
 
 class EndReason(enum.StrEnum):
-    """Why a request ended before its engine finished it, with what the client is told.
+    """Why a request ended before its engine finished it.
 
-    A ``str`` (its metric label), so logs and traces print it as they always did."""
-
-    status: int
-    code: str
-    message: str
-
-    def __new__(cls, label: str, status: int, code: str, message: str) -> EndReason:
-        member = str.__new__(cls, label)
-        member._value_ = label
-        member.status = status
-        member.code = code
-        member.message = message
-        return member
+    A ``str`` (its metric label), so logs and traces print it as they always did. What
+    the client is told for each is the HTTP layer's (``http/errors.py``, ``END_ANSWERS``)."""
 
     #: The client went away (nothing is written: there is no one to tell).
-    DISCONNECT = ("disconnect", 499, "client_disconnected", "the client went away")
-    DEADLINE = ("deadline", 504, "deadline_exceeded", "the request exceeded its deadline")
+    DISCONNECT = "disconnect"
+    DEADLINE = "deadline"
     #: ``DELETE /v1/requests/{id}``, a WebSocket ``cancel``, a Responses cancel.
-    CANCEL = ("cancel", 499, "request_cancelled", "the request was cancelled")
-    SLOW_CLIENT = ("slow_client", 503, "slow_client", "the client fell behind its stream buffer")
-    ENGINE_LOST = ("engine_lost", 503, "engine_lost", "the engine stopped responding")
-    ENGINE_FAILED = (
-        "engine_failed",
-        503,
-        "engine_failed",
-        "the engine broke the protocol and is out of service until it recovers",
-    )
-    DRAIN = ("drain", 503, "server_shutting_down", "the server is shutting down")
+    CANCEL = "cancel"
+    SLOW_CLIENT = "slow_client"
+    ENGINE_LOST = "engine_lost"
+    #: The engine broke the protocol and is out of service until it recovers.
+    ENGINE_FAILED = "engine_failed"
+    DRAIN = "drain"
     #: Another member of the same fan-out group (``n`` > 1) failed.
-    ABANDONED = ("abandoned", 500, "request_abandoned", "another part of the same request failed")
+    ABANDONED = "abandoned"
     #: A writer's bug, seen on the engine link's synchronous path.
-    INTERNAL_ERROR = (
-        "internal_error",
-        500,
-        "internal_error",
-        "the server failed to answer this request",
-    )
+    INTERNAL_ERROR = "internal_error"
     #: The request's scope was left by a bug with its engine request still open.
-    ERROR = ("error", 500, "internal_error", "the server failed to answer this request")
+    ERROR = "error"
     #: A writer refused what the engine sent (each of these carries its own message).
-    RESPONSE_TOO_LARGE = (
-        "response_too_large",
-        502,
-        "response_too_large",
-        "the engine's answer is too large for this response",
-    )
-    BAD_ENGINE_OUTPUT = (
-        "bad_engine_output",
-        502,
-        "bad_engine_output",
-        "the engine sent an output this response cannot carry",
-    )
+    RESPONSE_TOO_LARGE = "response_too_large"
+    BAD_ENGINE_OUTPUT = "bad_engine_output"
     #: A background response outgrew what the response store holds.
-    RESPONSE_OVERFLOW = (
-        "response_overflow",
-        500,
-        "response_events_overflow",
-        "the response outgrew what the response store holds",
-    )
+    RESPONSE_OVERFLOW = "response_overflow"
     #: Not a failure: the frontend itself ended the request successfully (a stop string
     #: matched in its text pipeline), so the engine gets one abort and the client a 200.
-    STOP_STRING = ("stop_string", 200, "", "")
+    STOP_STRING = "stop_string"
 
     @property
     def engine_gone(self) -> bool:

@@ -13,7 +13,8 @@
 Every way a request ends early is :meth:`RequestHandle.end` with a reason: the client
 disconnected, the deadline passed, ``DELETE /v1/requests/{id}``, the client fell behind
 its buffer bound, the engine was lost or failed, the drain deadline came, a writer
-failed (each an :class:`~trioserve.ends.EndReason`, which says what the client is told).
+failed (each an :class:`~trioserve.ends.EndReason`; what the client is told of each is
+``http/errors.py``'s ``END_ANSWERS``).
 It is the one place the request's abort leaves (synchronously: it only queues it, so it
 cannot be cancelled half-way or hang; a no-op when the engine already ended the request),
 and it cancels the scope. After the scope, the client is told why (unless it is gone).
@@ -46,6 +47,7 @@ from ..ends import EndReason
 from ..engine import EngineClient, Prepared, Preparer, Subscription
 from ..errors import EngineError, HTTPError, SlowClientError, WriterFailedError
 from ..protocol import Submit
+from .errors import END_ANSWERS, end_error
 from .writers.stream import EngineItemError, Writer, WriterRefused
 
 #: How long telling a client why its request ended may take, at most.
@@ -355,10 +357,10 @@ async def run_generation(
             return
         if error is None:
             reason = reason or EndReason.INTERNAL_ERROR
-            message = reason.message
+            message = None
             if reason is EndReason.DEADLINE:
-                message = f"{message} of {timeout:g} s"
-            error = HTTPError(reason.status, message, reason.code)
+                message = f"{END_ANSWERS[reason].message} of {timeout:g} s"
+            error = end_error(reason, message)
         with trio.move_on_after(ERROR_WRITE_TIMEOUT):
             await writer.fail(error)
     finally:

@@ -31,6 +31,7 @@ from .bodies.multimodal import resolve_chat_media
 from .bodies.openai import ENDPOINTS, parse_generation
 from .bodies.responses import ResponseGeneration, parse_response
 from .channel import Receive, Send
+from .errors import END_ANSWERS, GOING_AWAY
 from .exchange import new_request_id
 from .lifecycle import RequestHandle
 from .memory import Holding, held_by
@@ -40,10 +41,6 @@ from .writers.responses import ResponsesWebSocketWriter, new_response_id
 from .writers.websocket import WebSocketWriter
 
 log = logging.getLogger("trioserve.websocket")
-
-#: Close codes (RFC 6455).
-GOING_AWAY = 1001
-POLICY_VIOLATION = 1008
 
 #: What ``"endpoint"`` may name: the OpenAI text routes, and the Responses API.
 WS_ENDPOINTS = (*ENDPOINTS, "responses")
@@ -115,14 +112,14 @@ class WebSocketConnection:
         await self.send_text(_dumps({"type": "error", "id": client_id, "error": payload}))
 
     def end(self, reason: EndReason) -> None:
-        """End every request on the connection with ``reason``, then close it: 1001
-        (going away) for the drain, 1008 otherwise.
+        """End every request on the connection with ``reason``, then close it with the
+        reason's close code (``END_ANSWERS``: 1001, going away, for the drain; else 1008).
 
         Only the reader is cancelled: each request ends through its own handle, so it
         still tells the client why (unless the peer is gone) before the socket closes.
         """
         if self.close_code is None:
-            self.close_code = GOING_AWAY if reason is EndReason.DRAIN else POLICY_VIOLATION
+            self.close_code = END_ANSWERS[reason].close_code
             for handle in list(self.requests.values()):
                 handle.end(reason)
             self._reader_scope.cancel()

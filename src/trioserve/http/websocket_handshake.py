@@ -18,10 +18,11 @@ from . import error_bodies
 from .auth import ApiKeys, header_values, select_subprotocol
 from .channel import HOLD_FOR_KEY, Receive, Send
 from .cors import CorsPolicy
+from .errors import POLICY_VIOLATION
 from .exchange import JSON_HEADERS
 from .observe import WEBSOCKET_ROUTE
 from .services import Services
-from .websocket import POLICY_VIOLATION, WebSocketConnection
+from .websocket import WebSocketConnection
 
 
 class WebSocketHandshakes:
