@@ -3,18 +3,16 @@
 ::
 
     TrioserveError            neutral: no HTTP status of its own
-      HTTPError               an answer to the client: status, message, machine-readable code
-        TextInputError        what the text layer refuses (400): a sampling parameter vLLM
+      InputError              a request refused for what it holds (the client's to change)
+        TextInputError        what the text layer refuses: a sampling parameter vLLM
                               would reject, a prompt too long, a template's raise_exception
           ChatTemplateError, PromptTooLongError, UnsupportedContentError
-      EngineError             about an engine: the request did not complete (503 family)
+      EngineError             about an engine: the request did not complete
         NoEngineError, EngineLostError, EngineOverloadedError, UnencodableRequestError,
         EngineCallError,
         EngineFailedError > ProtocolVersionError
-      SlowClientError         the client fell behind its buffer bound (503)
-      WriterFailedError       a bug in one response's writer (500)
-      EngineItemError         the engine ended the request with an error item (its HTTPError)
-      WriterRefused           the response cannot take what the engine sends (its HTTPError)
+      SlowClientError         the client fell behind its buffer bound
+      WriterFailedError       a bug in one response's writer
       ClientGone              the client went away (its request ends quietly)
       HttpProtocolError       the client broke HTTP/1.1 (the built-in server answers 4xx, closes)
       PeerProtocolError       an engine-link message the protocol does not allow (the peer's)
@@ -23,28 +21,29 @@
       RequestError            raised by an engine backend (SDK) to end a request with a status
       CommandError            a command's usage or environment error (the CLI's exit status)
 
-Only what reaches a client carries a status and a code: :class:`HTTPError`, and the
-errors the request lifecycle answers with one (:class:`EngineError`,
-:class:`SlowClientError`, :class:`WriterFailedError`). The transport's, the protocols',
-the SDK's and the CLI's carry none. The bodies a client reads are the HTTP layer's
-(``http/error_bodies.py``); this module imports nothing of trioserve.
+What reaches a client carries a machine-readable ``code`` (:class:`InputError`,
+:class:`EngineError`, :class:`SlowClientError`, :class:`WriterFailedError`), and nothing
+here an HTTP status: which status each is answered with, and the error answers of the
+HTTP layer itself (``HTTPError``), are ``http/errors.py``'s; the bodies a client reads,
+``http/error_bodies.py``'s. Two carry a status of their own protocol:
+:class:`HttpProtocolError` (the HTTP/1.1 parser's 4xx) and :class:`RequestError` (the
+engine protocol's error item, which carries an HTTP status on the wire). This module
+imports nothing of trioserve.
 """
 
 from __future__ import annotations
 
 
 class TrioserveError(Exception):
-    """Base of every error trioserve raises on purpose. Neutral: only the errors that
-    reach a client (:class:`HTTPError`, and what the request lifecycle turns into one:
-    :class:`EngineError`, :class:`SlowClientError`, :class:`WriterFailedError`) carry an
-    HTTP status and a machine-readable code; how a client reads them is the HTTP
-    layer's (``http/error_bodies.py``)."""
+    """Base of every error trioserve raises on purpose. Neutral: the errors that reach a
+    client carry a machine-readable ``code``; their HTTP status and how a client reads
+    them are the HTTP layer's (``http/errors.py``, ``http/error_bodies.py``)."""
 
 
 class EngineError(TrioserveError):
     """Something about an engine; the request did not complete."""
 
-    status = 503
+    #: Machine-readable: what the client reads as the error's ``code``.
     code = "engine_unavailable"
 
 
@@ -68,7 +67,6 @@ class UnencodableRequestError(EngineError):
     """The request holds a value the engine protocol cannot carry (an integer beyond 64
     bits, say): the client's to change. Raised before anything reaches the engine."""
 
-    status = 422
     code = "invalid_request"
 
 
@@ -95,15 +93,13 @@ class ProtocolVersionError(EngineFailedError):
 class SlowClientError(TrioserveError):
     """The client fell further behind than the per-request buffer allows."""
 
-    status = 503
     code = "slow_client"
 
 
 class WriterFailedError(TrioserveError):
     """A bug in one response's writer (its synchronous path, run by the engine link):
-    that request ends with a 500 and one abort; nothing else is affected."""
+    that request ends with an internal error and one abort; nothing else is affected."""
 
-    status = 500
     code = "internal_error"
 
 
@@ -146,39 +142,23 @@ class RequestError(TrioserveError):
         self.type = type
 
 
-class HTTPError(TrioserveError):
-    """An error answer. ``details`` (optional) lists ``{"loc", "msg"}`` per bad field."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        code: str,
-        *,
-        type: str | None = None,
-        param: str | None = None,
-        details: list[dict[str, str]] | None = None,
-        headers: list[tuple[bytes, bytes]] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.code = code
-        #: Its own OpenAI ``type``; None: its status's (``http/error_bodies.py``).
-        self.type = type
-        self.param = param
-        self.details = details
-        self.headers = headers or []
-
-
-class TextInputError(HTTPError):
-    """A request the text layer refuses before anything reaches the engine: a 400 naming
-    the parameter (``param``), with vLLM's own message where vLLM refuses the same."""
+class InputError(TrioserveError):
+    """A request refused for what it holds, before anything reaches an engine: the
+    client's to change. ``message`` says what is wrong, ``code`` is machine-readable,
+    ``param`` names the parameter (or None)."""
 
     default_code = "invalid_request"
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
-        super().__init__(400, message, code or self.default_code, param=param)
+        super().__init__(message)
+        self.message = message
+        self.code = code or self.default_code
+        self.param = param
+
+
+class TextInputError(InputError):
+    """A request the text layer refuses: a sampling parameter vLLM would reject, a prompt
+    it cannot take, with vLLM's own message where vLLM refuses the same."""
 
 
 class ChatTemplateError(TextInputError):
@@ -200,24 +180,6 @@ class UnsupportedContentError(TextInputError):
     is not served on the token-id path)."""
 
     default_code = "unsupported_content"
-
-
-class EngineItemError(TrioserveError):
-    """The engine ended the request with an error item (no abort is owed)."""
-
-    def __init__(self, error: HTTPError) -> None:
-        super().__init__(error.message)
-        self.error = error
-
-
-class WriterRefused(TrioserveError):
-    """The writer cannot take what the engine sends; the request ends with ``reason`` (a
-    member of ``trioserve.ends.EndReason``)."""
-
-    def __init__(self, error: HTTPError, reason: str) -> None:
-        super().__init__(error.message)
-        self.error = error
-        self.reason = reason
 
 
 class CommandError(TrioserveError):

@@ -11,7 +11,7 @@ import trio
 
 from trioserve.ends import EndReason
 from trioserve.engine import LinkFactory, Prepared, Subscription
-from trioserve.errors import HTTPError
+from trioserve.errors import InputError
 from trioserve.links.protocol import HeartbeatConfig, ProtocolLink
 from trioserve.protocol import OutputItem, Outputs, Submit, Usage, decode
 
@@ -40,7 +40,7 @@ class Preparer:
     async def prepare(self, message: Submit) -> Prepared:
         prompt = prompt_of(message)
         if REFUSE in prompt:
-            raise HTTPError(400, "the prompt cannot be tokenized", "invalid_prompt")
+            raise InputError("the prompt cannot be tokenized", code="invalid_prompt")
         if SLOW in prompt:
             self.waiting += 1
             try:

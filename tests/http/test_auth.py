@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from trioserve.errors import HTTPError
 from trioserve.http import auth, error_bodies
 from trioserve.http.auth import ApiKeys
+from trioserve.http.errors import HTTPError
 
 KEYS = ApiKeys(["sk-first", "sk-second"])
 

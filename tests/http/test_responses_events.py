@@ -11,7 +11,7 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 
 from tests.helpers.responses import ECHO
-from trioserve.errors import EngineItemError, HTTPError
+from trioserve.http.errors import EngineItemError, HTTPError
 from trioserve.http.writers.responses import ResponseEvents, sse
 from trioserve.protocol import ErrorInfo, OutputItem, Usage
 from trioserve.text.agents import ParserNames, ToolUse, output_parser

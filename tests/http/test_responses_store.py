@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from tests.helpers.responses import ECHO
-from trioserve.errors import HTTPError, WriterRefused
+from trioserve.http.errors import HTTPError, WriterRefused
 from trioserve.http.lifecycle import RequestHandle
 from trioserve.http.responses_store import (
     RECORD_OVERHEAD,

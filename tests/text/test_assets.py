@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from trioserve.errors import ChatTemplateError
+from trioserve.http.errors import http_error
 from trioserve.text.assets import ModelText, ModelTextError, SamplingDefaults
 
 
@@ -51,7 +52,7 @@ def test_a_model_without_a_template_is_a_400(tmp_path: Path, plain_dir: Path):
     (tmp_path / "tokenizer.json").write_bytes((plain_dir / "tokenizer.json").read_bytes())
     with pytest.raises(ChatTemplateError) as caught:
         ModelText.load(tmp_path).resolve_chat_template(None, tools=False)
-    assert caught.value.status == 400
+    assert http_error(caught.value).status == 400  # what the client reads
 
 
 def test_missing_or_broken_tokenizer_is_a_model_text_error(tmp_path: Path):

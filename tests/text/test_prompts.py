@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from trioserve.errors import PromptTooLongError, TextInputError
+from trioserve.http.errors import http_error
 from trioserve.text.assets import ModelText
 from trioserve.text.prompts import chat_prompt, check_prompt_length, completion_prompt
 
@@ -27,7 +28,7 @@ def test_completion_prompt_string_and_token_ids(plain: ModelText):
 def test_prompt_longer_than_the_context_is_vllms_400(plain: ModelText):
     with pytest.raises(PromptTooLongError, match="maximum context length is 4 tokens") as caught:
         completion_prompt(plain, "The quick brown fox jumps", max_model_len=4)
-    assert caught.value.status == 400
+    assert http_error(caught.value).status == 400  # what the client reads
     with pytest.raises(PromptTooLongError, match="characters"):
         completion_prompt(plain, "x" * 10_000, max_model_len=4)
 

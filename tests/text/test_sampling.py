@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from trioserve.errors import PromptTooLongError, TextInputError
+from trioserve.http.errors import http_error
 from trioserve.text.assets import ModelText, SamplingDefaults
 from trioserve.text.sampling import EngineLimits, lower
 
@@ -109,7 +110,7 @@ def test_max_tokens_from_the_remaining_context_and_its_400s(plain: ModelText):
 def test_what_vllm_refuses_is_a_400_naming_the_parameter(plain, params, param, message):
     with pytest.raises(TextInputError) as caught:
         chat(plain, **params)
-    assert caught.value.status == 400
+    assert http_error(caught.value).status == 400  # what the client reads
     assert caught.value.param == param
     assert message in caught.value.message
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from trioserve.errors import ChatTemplateError, TextInputError, UnsupportedContentError
+from trioserve.http.errors import http_error
 from trioserve.text.assets import ModelText
 from trioserve.text.prompts import render_chat_text
 from trioserve.text.template import ChatOptions, compile_template
@@ -35,7 +36,7 @@ def test_loop_controls_trim_blocks_and_strftime_now():
 def test_raise_exception_is_a_400_with_the_template_message(harder: ModelText):
     with pytest.raises(ChatTemplateError) as caught:
         render_chat_text(harder, [{"role": "function", "content": "x"}])
-    assert caught.value.status == 400
+    assert http_error(caught.value).status == 400  # what the client reads
     assert caught.value.message == "Unknown role: function"
 
 
@@ -85,7 +86,7 @@ def test_non_text_parts_are_refused_with_a_clear_400(plain: ModelText):
     image = {"type": "image_url", "image_url": {"url": "http://x/y.png"}}
     with pytest.raises(UnsupportedContentError) as caught:
         render_chat_text(plain, [{"role": "user", "content": [image]}])
-    assert caught.value.status == 400
+    assert http_error(caught.value).status == 400  # what the client reads
     assert caught.value.param == "messages[0].content[0].type"
 
 

@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 
 from tests.helpers.enginecore_session import Collect, HeadlessEngine, request
 from trioserve.enginecore import codec
-from trioserve.errors import HTTPError
+from trioserve.errors import InputError
+from trioserve.http.errors import http_error
 from trioserve.text.assets import ModelText
 from trioserve.text.sampling import EngineLimits, lower
 
@@ -113,8 +114,8 @@ async def _send_and_probe(
             sampling = lower(
                 body, endpoint=endpoint, prompt_len=len(PROMPT), model=model, limits=limits
             )
-        except HTTPError as refusal:
-            assert refusal.status == 400, (body, refusal)
+        except InputError as refusal:
+            assert http_error(refusal).status == 400, (body, refusal)
             refused += 1
             continue
         accepted += 1

@@ -133,7 +133,7 @@ class EngineClient:
         """:meth:`preparer_for`, then its preparation (rendering, tokenization), if any.
 
         Cancellable, and owes no engine anything. Raises :class:`NoEngineError` when no
-        engine serves it, and the preparer's :class:`~trioserve.errors.HTTPError` (a
+        engine serves it, and the preparer's :class:`~trioserve.errors.InputError` (a
         400) for what it refuses.
         """
         preparer = self.preparer_for(message, capability)

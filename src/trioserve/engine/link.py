@@ -12,7 +12,7 @@ A request reaches a link in two phases:
 1. **prepare** (:class:`Preparer`, awaited in the request's scope): what must happen
    before the engine hears of the request: for EngineCore, rendering the chat template
    and tokenizing. It is cancellable and owes the engine nothing (nothing was sent); its
-   :class:`~trioserve.errors.HTTPError` is the response (a 400 for what the text pipeline
+   :class:`~trioserve.errors.InputError` is the response (a 400 for what the text pipeline
    refuses). A link that needs none (``preparer`` None) takes the submit as it is, and
    the phase costs nothing.
 2. **submit** (synchronous): the subscription is registered and the request queued; from
@@ -49,7 +49,7 @@ class Preparer(Protocol):
     """Turns a submit into what its links send (tokenization, rendering)."""
 
     async def prepare(self, message: Submit) -> Prepared:
-        """Cancellable; raises :class:`~trioserve.errors.HTTPError` for what it refuses."""
+        """Cancellable; raises :class:`~trioserve.errors.InputError` for what it refuses."""
         ...
 
 

@@ -16,7 +16,7 @@ Request bodies held in memory draw on one budget for the whole server
 from __future__ import annotations
 
 from .. import metrics
-from ..errors import HTTPError
+from .errors import HTTPError
 from .memory import RETRY_AFTER
 
 #: The liveness and readiness probes: answered outside every limit a client can exhaust

@@ -14,10 +14,11 @@ import trio
 
 from ..config import Settings
 from ..engine import EngineClient
-from ..errors import HTTPError
+from ..errors import InputError
 from .auth import ApiKeys, header_values
 from .channel import AsgiChannel, Receive, RequestHead, ResponseChannel, Send, head_of
 from .cors import CorsPolicy
+from .errors import HTTPError, http_error
 from .exchange import ClientGone, Exchange
 from .memory import Holding
 from .observe import Observer
@@ -171,9 +172,9 @@ class App:
                 # (Its admission slot is taken once its body is complete: services.run.)
                 exchange.memory = Holding(services.body_budget)
             await route.handler(services, exchange)
-        except HTTPError as error:
+        except (HTTPError, InputError) as error:  # (the text layer's refusals: a 400)
             if not exchange.started:
-                await exchange.respond_error(error)
+                await exchange.respond_error(http_error(error))
 
     async def _preflight(self, exchange: Exchange, origin: bytes | None) -> None:
         if not self.cors.allows(origin):

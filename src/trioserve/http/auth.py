@@ -27,7 +27,7 @@ import hashlib
 import hmac
 from collections.abc import Iterable, Mapping, Sequence
 
-from ..errors import HTTPError
+from .errors import HTTPError
 
 #: The environment variable that holds one more key.
 ENV_VAR = "TRIOSERVE_API_KEY"

@@ -84,7 +84,7 @@ class ResponseChannel(Protocol):
 
     def hold_for_key(self, key: int) -> None:
         """Count the connection against API key ``key`` until it closes, or raise the 429
-        :class:`~trioserve.errors.HTTPError` (which closes it) if the key holds its share
+        :class:`~trioserve.http.errors.HTTPError` (which closes it) if the key holds its share
         of connections. A no-op where the server bounds no connections."""
 
 

@@ -1,6 +1,6 @@
-"""An :class:`~trioserve.errors.HTTPError` as the client reads it: the body in each of the
-three shapes the routes answer in (``Exchange.error_shape``), and an engine's error item
-as an ``HTTPError``.
+"""An :class:`~trioserve.http.errors.HTTPError` as the client reads it: the body in each
+of the three shapes the routes answer in (``Exchange.error_shape``), and an engine's
+error item as an ``HTTPError``.
 
 - ``openai``: ``{"error": {"message", "type", "code", "param"[, "details"]}}``, every
   route's but these two;
@@ -8,8 +8,9 @@ as an ``HTTPError``.
 - ``anthropic``: ``{"type": "error", "error": {"type", "message", "code"}, "request_id"}``,
   Anthropic's Messages API (whose body that does not validate is a 400, not a 422).
 
-The error tree (``errors.py``) is shared by every layer and renders nothing; what a
-client reads is written here, in the HTTP layer.
+The error tree (``trioserve/errors.py``) is shared by every layer and renders nothing;
+which status each of its errors is answered with is ``errors.py``'s beside this one, and
+what a client reads is written here.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..errors import HTTPError
+from .errors import HTTPError
 
 #: OpenAI's error ``type`` by status (anything else: ``server_error`` from 500 on, else
 #: ``error``), unless the error names its own.

@@ -15,9 +15,10 @@ from typing import Any
 import attrs
 import trio
 
-from ..errors import ClientGone, HTTPError
+from ..errors import ClientGone
 from . import error_bodies
 from .channel import Headers, RequestHead, ResponseChannel
+from .errors import HTTPError
 from .memory import Holding
 
 _REQUEST_ID_RE = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")

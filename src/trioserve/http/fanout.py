@@ -20,9 +20,9 @@ import attrs
 import trio
 
 from ..ends import EndReason
-from ..errors import HTTPError
 from ..protocol import OutputItem, Submit, Usage
 from . import error_bodies
+from .errors import HTTPError
 from .exchange import Exchange
 from .lifecycle import RequestHandle
 from .services import Services

@@ -45,10 +45,17 @@ import trio
 from .. import metrics
 from ..ends import EndReason
 from ..engine import EngineClient, Prepared, Preparer, Subscription
-from ..errors import EngineError, HTTPError, SlowClientError, WriterFailedError
+from ..errors import EngineError, InputError, SlowClientError, WriterFailedError
 from ..protocol import Submit
-from .errors import END_ANSWERS, end_error
-from .writers.stream import EngineItemError, Writer, WriterRefused
+from .errors import (
+    END_ANSWERS,
+    EngineItemError,
+    HTTPError,
+    WriterRefused,
+    end_error,
+    http_error,
+)
+from .writers.stream import Writer
 
 #: How long telling a client why its request ended may take, at most.
 ERROR_WRITE_TIMEOUT = 5.0
@@ -298,9 +305,9 @@ async def run_generation(
           disconnect watch  (calls handle.end(DISCONNECT))
             relay           subscription -> writer, until the last output
 
-    What the prepare phase refuses (an :class:`HTTPError`: a 400 for a prompt the text
-    pipeline cannot take) is the response, as an engine refused before any engine heard
-    of the request is.
+    What the prepare phase refuses (an :class:`~trioserve.errors.InputError`: a 400 for a
+    prompt the text pipeline cannot take) is the response, as an engine refused before
+    any engine heard of the request is.
 
     ``observer`` is told when the request begins and ends (metrics, traces).
     ``handle`` lets the caller keep a reference to end the request itself. With
@@ -334,7 +341,7 @@ async def run_generation(
                 async with watch_disconnect(partial(handle.end, EndReason.DISCONNECT)):
                     error = await _relay(handle.sub, writer, handle, keepalive)
             except EngineError as exc:  # refused before it reached an engine
-                error = HTTPError(exc.status, str(exc), exc.code)
+                error = http_error(exc)
                 refused = exc.code
             except HTTPError as exc:  # the prepare phase refused it (a 400)
                 error, refused = exc, exc.code
@@ -375,13 +382,14 @@ async def _prepare(
     preparer: Preparer, submit: Submit, handle: RequestHandle, watch_disconnect: DisconnectWatch
 ) -> Prepared:
     """The prepare phase, watched for the client's hang-up (a long tokenization); its
-    refusal is raised outside the watch, whose task group would wrap it."""
+    refusal is raised outside the watch, whose task group would wrap it, as the answer
+    the client reads."""
     refusal: HTTPError | None = None
     async with watch_disconnect(partial(handle.end, EndReason.DISCONNECT)):
         try:
             return await preparer.prepare(submit)
-        except HTTPError as exc:
-            refusal = exc
+        except (InputError, HTTPError) as exc:
+            refusal = http_error(exc)
     raise refusal
 
 
@@ -415,12 +423,13 @@ async def _relay(
     except WriterRefused as exc:
         # The response cannot take what the engine sends (too large): end the request
         # here, with one abort, and tell the client.
-        handle.end(exc.reason if isinstance(exc.reason, EndReason) else EndReason.INTERNAL_ERROR)
+        handle.end(exc.reason)
         return exc.error
     except (EngineError, SlowClientError, WriterFailedError) as exc:
         # The subscription failed (engine lost or failed, slow client, a writer's bug);
         # its on_failure has already ended the request with that reason.
-        return HTTPError(exc.status, str(exc), exc.code) if exc.status == 500 else None
+        error = http_error(exc)
+        return error if error.status == 500 else None
 
 
 async def _first_batch(sub: Subscription, writer: Writer, keepalive: float) -> list:

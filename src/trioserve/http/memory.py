@@ -19,7 +19,7 @@ from __future__ import annotations
 from sys import getsizeof
 
 from .. import metrics
-from ..errors import HTTPError
+from .errors import HTTPError
 
 #: Seconds a refused client is asked to wait before trying again.
 RETRY_AFTER = 1

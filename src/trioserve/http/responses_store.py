@@ -51,9 +51,9 @@ from typing import Any
 import trio
 
 from ..ends import EndReason
-from ..errors import HTTPError, WriterRefused
 from ..protocol import OutputItem
 from .admission import RETRY_AFTER
+from .errors import HTTPError, WriterRefused
 from .lifecycle import RequestHandle
 from .writers.responses import Event, ResponseEvents
 from .writers.stream import Sink, WriterBase, text_of

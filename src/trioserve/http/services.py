@@ -16,7 +16,6 @@ import attrs
 from ..config import Settings, default_max_connections, per_key_bound
 from ..ends import EndReason
 from ..engine import EngineClient
-from ..errors import HTTPError
 from ..protocol import Submit
 from ..text.agents import ParserNames
 from ..text.assets import ModelText
@@ -26,6 +25,7 @@ from .bodies.forms import JSON, MULTIPART, URLENCODED, Body, read_body
 from .bodies.media import IPNetwork, MediaFetcher, parse_networks
 from .bodies.uploads import Uploads
 from .bodies.validation import invalid, parse_json
+from .errors import HTTPError
 from .exchange import Exchange, ServerState
 from .lifecycle import Generations, Registry, RequestHandle
 from .memory import MemoryBudget, body_budget, held_by

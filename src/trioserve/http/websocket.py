@@ -24,14 +24,13 @@ import orjson
 import trio
 
 from ..ends import EndReason
-from ..errors import HTTPError
 from . import error_bodies
 from .admission import Slot
 from .bodies.multimodal import resolve_chat_media
 from .bodies.openai import ENDPOINTS, parse_generation
 from .bodies.responses import ResponseGeneration, parse_response
 from .channel import Receive, Send
-from .errors import END_ANSWERS, GOING_AWAY
+from .errors import END_ANSWERS, GOING_AWAY, HTTPError
 from .exchange import new_request_id
 from .lifecycle import RequestHandle
 from .memory import Holding, held_by

@@ -13,12 +13,11 @@ from typing import Any
 
 import trio
 
-from ..errors import HTTPError
 from . import error_bodies
 from .auth import ApiKeys, header_values, select_subprotocol
 from .channel import HOLD_FOR_KEY, Receive, Send
 from .cors import CorsPolicy
-from .errors import POLICY_VIOLATION
+from .errors import POLICY_VIOLATION, HTTPError
 from .exchange import JSON_HEADERS
 from .observe import WEBSOCKET_ROUTE
 from .services import Services

@@ -35,8 +35,8 @@ from wsproto.events import CloseConnection, Message, Ping
 from wsproto.frame_protocol import CloseReason
 
 from ..config import Settings
-from ..errors import HTTPError
 from ..http import App
+from ..http.errors import HTTPError
 from ..http.memory import Holding, MemoryBudget
 from . import tls
 from .http1.websocket import EVENTS_PER_YIELD, max_message_fragments

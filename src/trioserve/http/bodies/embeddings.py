@@ -63,7 +63,7 @@ class Embeddings:
 
 
 def parse_embeddings(body: dict[str, Any], request_id: str, resolve_model: Any) -> Embeddings:
-    """Validate ``body`` (422 :class:`~trioserve.errors.HTTPError` if bad) and
+    """Validate ``body`` (422 :class:`~trioserve.http.errors.HTTPError` if bad) and
     translate it; ``resolve_model(requested: str | None) -> str`` picks the model."""
     req = structure(body, EmbeddingRequest)
     errors: list[dict[str, str]] = []

@@ -19,7 +19,7 @@ import attrs
 from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, MultipartState, parse_options_header
 
-from ...errors import HTTPError
+from ..errors import HTTPError
 from ..exchange import Exchange, body_too_large
 from ..memory import Holding, held_by
 from .media import Media

@@ -39,7 +39,7 @@ import attrs
 import httpx
 import trio
 
-from ...errors import HTTPError
+from ..errors import HTTPError
 
 log = logging.getLogger("trioserve.media")
 

@@ -11,9 +11,9 @@ from typing import Any, TypeVar
 
 import attrs
 
-from ...errors import HTTPError
 from ...protocol import Submit
 from ...text.agents import ParserNames
+from ..errors import HTTPError
 from ..writers.openai import StreamFormat
 from .agents import AgentOptions, parse_agent_options
 from .validation import (

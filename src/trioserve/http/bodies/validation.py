@@ -23,8 +23,8 @@ import attrs
 import cattrs
 import orjson
 
-from ...errors import HTTPError
 from ...protocol.codec import strict_collections
+from ..errors import HTTPError
 
 T = TypeVar("T")
 

@@ -16,7 +16,7 @@ from urllib.parse import parse_qs
 
 import trio
 
-from ...errors import HTTPError
+from ..errors import HTTPError
 from ..exchange import Exchange
 from ..lifecycle import RequestHandle
 from ..openapi.content import Doc

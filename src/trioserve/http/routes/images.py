@@ -17,10 +17,10 @@ from typing import Any
 
 import attrs
 
-from ...errors import HTTPError
 from ...protocol import Submit
 from ..bodies.forms import JSON, MULTIPART, Body, extra_params, invalid_fields, structure_fields
 from ..bodies.validation import bounded, check_bounds, documented
+from ..errors import HTTPError
 from ..exchange import JSON_HEADERS, Exchange
 from ..fanout import run_group
 from ..openapi.content import json_body

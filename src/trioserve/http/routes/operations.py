@@ -6,8 +6,8 @@ from typing import Any
 
 from ... import metrics
 from ...ends import EndReason
-from ...errors import HTTPError
 from ...protocol import ModelCard
+from ..errors import HTTPError
 from ..exchange import Exchange
 from ..openapi.content import Doc, json_body
 from ..services import Services

@@ -17,7 +17,7 @@ import hashlib
 import re
 from importlib import resources
 
-from ...errors import HTTPError
+from ..errors import HTTPError
 from ..exchange import JSON_HEADERS, Exchange
 from ..openapi.content import JSON, Doc
 from ..services import Services

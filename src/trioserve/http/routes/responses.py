@@ -28,9 +28,9 @@ import attrs
 import trio
 
 from ...ends import EndReason
-from ...errors import HTTPError
 from ..bodies.responses import ResponseGeneration, ResponsesRequest, parse_response, resolve_media
 from ..bodies.validation import INT_MAX, parse_bool
+from ..errors import HTTPError
 from ..exchange import JSON_HEADERS, Exchange
 from ..lifecycle import ERROR_WRITE_TIMEOUT, RequestHandle
 from ..openapi.content import Doc, json_body, sse_events

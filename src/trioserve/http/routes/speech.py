@@ -12,10 +12,10 @@ from typing import Any
 
 import attrs
 
-from ...errors import HTTPError
 from ...protocol import Submit
 from ..bodies.forms import JSON, extra_params, structure_fields
 from ..bodies.validation import bounded, check_bounds, documented, invalid
+from ..errors import HTTPError
 from ..exchange import Exchange
 from ..openapi.content import BINARY
 from ..services import Services

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import attrs
 
-from ...errors import HTTPError
+from ..errors import HTTPError
 from ..exchange import Exchange
 from . import (
     anthropic,

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from ...errors import HTTPError, TextInputError
+from ...errors import TextInputError
 from ...text.prompts import Prompt, check_prompt_token_ids
 from ...text.registry import ServedText
 from ...text.requests import (
@@ -29,6 +29,7 @@ from ...text.requests import (
 from ..bodies.openai import ChatCompletionRequest, CompletionRequest, parse_chat, parse_completion
 from ..bodies.tokenize import DetokenizeRequest, TokenizeRequest
 from ..bodies.validation import invalid, structure
+from ..errors import HTTPError
 from ..exchange import Exchange
 from ..openapi.content import JSON, Doc, json_body, ref
 from ..services import Services

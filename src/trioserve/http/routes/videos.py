@@ -17,11 +17,11 @@ from typing import Any
 
 import attrs
 
-from ...errors import HTTPError
 from ...protocol import Submit
 from ..bodies.forms import JSON, MULTIPART, Body, extra_params, invalid_fields, structure_fields
 from ..bodies.media import Media
 from ..bodies.validation import bounded, check_bounds, documented
+from ..errors import HTTPError
 from ..exchange import JSON_HEADERS, Exchange
 from ..openapi.content import json_body
 from ..services import Services

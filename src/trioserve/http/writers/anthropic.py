@@ -29,7 +29,6 @@ from typing import Any
 
 import orjson
 
-from ...errors import EngineItemError, HTTPError
 from ...protocol import OutputItem, Usage
 from ...text.agents import (
     Event,
@@ -40,6 +39,7 @@ from ...text.agents import (
     ToolCallStart,
 )
 from .. import error_bodies
+from ..errors import EngineItemError, HTTPError
 from ..exchange import JSON_HEADERS, Exchange
 from .openai import parsed_message
 from .stream import SSE_HEADERS, WriterBase, end_batch, engine_error, stream_body, text_of

@@ -5,8 +5,8 @@ from __future__ import annotations
 import struct
 
 from ...ends import EndReason
-from ...errors import HTTPError
 from ...protocol import OutputItem
+from ..errors import HTTPError
 from ..exchange import Exchange
 from .stream import EngineItemError, WriterBase, WriterRefused, engine_error
 

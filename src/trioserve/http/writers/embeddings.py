@@ -15,8 +15,8 @@ from typing import Any
 import orjson
 
 from ...ends import EndReason
-from ...errors import HTTPError
 from ...protocol import OutputItem, Usage
+from ..errors import HTTPError
 from ..exchange import JSON_HEADERS, Exchange
 from .stream import MAX_COLLECTED_BYTES, EngineItemError, WriterBase, WriterRefused, engine_error
 

@@ -6,9 +6,9 @@ import base64
 import json
 from typing import Any
 
-from ...errors import HTTPError
 from ...protocol import OutputItem
 from .. import error_bodies
+from ..errors import HTTPError
 from ..exchange import Exchange
 from .openai import usage_dict
 from .stream import EngineItemError, WriterBase, end_batch, engine_error

@@ -29,10 +29,10 @@ from typing import Any
 import attrs
 import orjson
 
-from ...errors import EngineItemError, HTTPError
 from ...protocol import OutputItem, Usage
 from ...text.agents import OutputParser, ReasoningDelta, TextDelta, ToolCallArguments, ToolCallStart
 from ..error_bodies import openai_type
+from ..errors import EngineItemError, HTTPError
 from ..exchange import new_request_id
 from .openai import parsed_message
 from .response_items import (

@@ -32,8 +32,8 @@ from collections.abc import Callable
 
 import orjson
 
-from ...errors import HTTPError
 from ...protocol import OutputItem
+from ..errors import HTTPError
 from ..exchange import JSON_HEADERS, Exchange
 from .response_events import ResponseEvents
 from .response_items import (  # noqa: F401 (what the routes and the store import from here)

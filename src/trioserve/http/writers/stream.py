@@ -14,9 +14,9 @@ from typing import Any, Protocol
 import attrs
 
 from ...ends import EndReason
-from ...errors import EngineItemError, HTTPError, WriterRefused
 from ...protocol import OutputItem, Usage
 from .. import error_bodies
+from ..errors import EngineItemError, HTTPError, WriterRefused
 from ..exchange import JSON_HEADERS, Exchange
 from .openai import StreamFormat, TokenDetails, merge_logprobs
 

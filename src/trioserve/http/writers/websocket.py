@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any, Protocol
 
-from ...errors import HTTPError
 from ...protocol import OutputItem
+from ..errors import HTTPError
 from .openai import StreamFormat, usage_dict
 from .stream import WriterBase, engine_error, text_of
 

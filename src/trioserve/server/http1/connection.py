@@ -232,7 +232,7 @@ class Connection:
     def hold_for_key(self, key: int) -> None:
         """Count this connection against API key ``key`` from now until it closes (the
         application calls it once it has authenticated a request of ``key`` here); the
-        429 :class:`~trioserve.errors.HTTPError` (closing the connection) if ``key`` has
+        429 :class:`~trioserve.http.errors.HTTPError` (closing the connection) if ``key`` has
         its share. A connection that has carried no keyed request counts against no key
         (only ``max_connections``); a request of another key moves it to that key."""
         if key == self.key:

@@ -12,8 +12,9 @@ import wsproto.events as ws_events
 from wsproto.utilities import LocalProtocolError as WSLocalProtocolError
 from wsproto.utilities import RemoteProtocolError as WSRemoteProtocolError
 
-from ...errors import ClientGone, HTTPError
+from ...errors import ClientGone
 from ...http.channel import HOLD_FOR_KEY
+from ...http.errors import HTTPError
 from ...http.memory import Holding
 from . import protocol as http1
 from .connection import Connection, asgi_scope, only_gone
