@@ -14,7 +14,6 @@
       SlowClientError         the client fell behind its buffer bound
       WriterFailedError       a bug in one response's writer
       ClientGone              the client went away (its request ends quietly)
-      HttpProtocolError       the client broke HTTP/1.1 (the built-in server answers 4xx, closes)
       PeerProtocolError       an engine-link message the protocol does not allow (the peer's)
       ZmtpProtocolError       the engine link broke ZeroMQ's wire protocol (the peer's)
         ZmtpRefusedError      the engine refused this frontend (ZMTP ERROR; a CURVE key)
@@ -25,10 +24,10 @@ What reaches a client carries a machine-readable ``code`` (:class:`InputError`,
 :class:`EngineError`, :class:`SlowClientError`, :class:`WriterFailedError`), and nothing
 here an HTTP status: which status each is answered with, and the error answers of the
 HTTP layer itself (``HTTPError``), are ``http/errors.py``'s; the bodies a client reads,
-``http/error_bodies.py``'s. Two carry a status of their own protocol:
-:class:`HttpProtocolError` (the HTTP/1.1 parser's 4xx) and :class:`RequestError` (the
-engine protocol's error item, which carries an HTTP status on the wire). This module
-imports nothing of trioserve.
+``http/error_bodies.py``'s; the built-in server's HTTP/1.1 parser has its own
+(``server/http1/protocol.py``: ``HttpProtocolError``, a 4xx). One carries a status of its
+own protocol: :class:`RequestError` (the engine protocol's error item carries an HTTP
+status on the wire). This module imports nothing of trioserve.
 """
 
 from __future__ import annotations
@@ -105,15 +104,6 @@ class WriterFailedError(TrioserveError):
 
 class ClientGone(TrioserveError):
     """The client disconnected (or was dropped: a write that could not finish)."""
-
-
-class HttpProtocolError(TrioserveError):
-    """The client broke HTTP/1.1: answer ``status`` (4xx) and close the connection."""
-
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
 
 
 class PeerProtocolError(TrioserveError, ValueError):

@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 
 from tests.helpers.http import read_to_end
 from tests.helpers.waiting import HANG_GUARD
-from trioserve.errors import HttpProtocolError
 from trioserve.http.channel import AsgiHandler, Receive, Send
 from trioserve.server.http1 import Http1Config, serve_http1
 from trioserve.server.http1 import protocol as http1
+from trioserve.server.http1.protocol import HttpProtocolError
 
 T = TypeVar("T")
 

@@ -7,9 +7,15 @@ import random
 
 import pytest
 
-from trioserve.errors import HttpProtocolError
 from trioserve.server.http1 import protocol as http1
-from trioserve.server.http1.protocol import CLOSED, END, NEED_DATA, Request, RequestParser
+from trioserve.server.http1.protocol import (
+    CLOSED,
+    END,
+    NEED_DATA,
+    HttpProtocolError,
+    Request,
+    RequestParser,
+)
 
 
 def events(parser: http1.RequestParser) -> list[object]:

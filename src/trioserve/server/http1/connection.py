@@ -16,7 +16,7 @@ from urllib.parse import unquote
 
 import trio
 
-from ...errors import ClientGone, HttpProtocolError
+from ...errors import ClientGone
 from ...http.admission import KeyShare, KeyShares
 from ...http.channel import HttpHandler
 from ...http.memory import MemoryBudget
@@ -30,7 +30,7 @@ from .config import (
     Http1Config,
     default_max_connections,
 )
-from .protocol import NEED_DATA, Request
+from .protocol import NEED_DATA, HttpProtocolError, Request
 
 log = logging.getLogger("trioserve.http1")
 

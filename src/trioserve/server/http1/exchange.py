@@ -13,12 +13,12 @@ from urllib.parse import unquote
 
 import trio
 
-from ...errors import ClientGone, HttpProtocolError
+from ...errors import ClientGone
 from ...http.channel import Headers, RequestHead, watch_with_task
 from . import protocol as http1
 from .config import PIPELINE_BUFFER
 from .connection import Connection
-from .protocol import END, NEED_DATA, Request
+from .protocol import END, NEED_DATA, HttpProtocolError, Request
 
 log = logging.getLogger("trioserve.http1")
 

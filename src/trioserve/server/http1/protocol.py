@@ -31,7 +31,16 @@ from typing import Final, cast
 
 import httptools
 
-from ...errors import HttpProtocolError
+from ...errors import TrioserveError
+
+
+class HttpProtocolError(TrioserveError):
+    """The client broke HTTP/1.1: answer ``status`` (4xx) and close the connection."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
 
 
 class Request:

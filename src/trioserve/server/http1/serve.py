@@ -55,13 +55,13 @@ from typing import Any
 
 import trio
 
-from ...errors import ClientGone, HttpProtocolError
+from ...errors import ClientGone
 from ...http.channel import HttpHandler
 from ...http.memory import MemoryBudget
 from .config import ACCEPT_BACKOFF, TURN_AWAY_LINGER, TURN_AWAY_LINGERING, Http1Config
 from .connection import Connection, Shared, error_response
 from .exchange import HttpExchange
-from .protocol import END, Request
+from .protocol import END, HttpProtocolError, Request
 from .websocket import WebSocketSession
 
 log = logging.getLogger("trioserve.http1")
