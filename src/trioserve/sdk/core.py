@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import signal
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, Protocol
 
 import attrs
@@ -95,7 +95,9 @@ class Backend(Protocol):
     models: list[ModelCard]
     capabilities: list[str]
 
-    def generate(self, request: Submit) -> Any:  # an async iterator of Output
+    def generate(self, request: Submit) -> AsyncIterator[Output]:
+        """The request's outputs, in order (an ``async def`` with ``yield`` is one); an
+        ``aclose`` it has is awaited when the request ends."""
         ...
 
 
