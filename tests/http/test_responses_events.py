@@ -12,7 +12,8 @@ from openai.types.responses import Response, ResponseStreamEvent
 
 from tests.helpers.responses import ECHO
 from trioserve.http.errors import EngineItemError, HTTPError
-from trioserve.http.writers.responses import ResponseEvents, sse
+from trioserve.http.writers.response_events import ResponseEvents
+from trioserve.http.writers.response_items import sse
 from trioserve.protocol import ErrorInfo, OutputItem, Usage
 from trioserve.text.agents import ParserNames, ToolUse, output_parser
 

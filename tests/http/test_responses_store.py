@@ -22,7 +22,7 @@ from trioserve.http.responses_store import (
     held_bytes,
     parts_bytes,
 )
-from trioserve.http.writers.responses import ResponseEvents
+from trioserve.http.writers.response_events import ResponseEvents
 from trioserve.protocol import OutputItem, Usage
 
 TTL = 60.0

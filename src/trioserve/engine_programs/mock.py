@@ -303,8 +303,9 @@ def media_bytes(ref: Any) -> bytes:
     """The bytes of a media record of ``Submit.inputs``: inline ``data`` or an upload ``path``."""
     if not isinstance(ref, dict):
         return b""
-    if isinstance(ref.get("data"), bytes):
-        return ref["data"]
+    data = ref.get("data")
+    if isinstance(data, bytes):
+        return data
     if isinstance(ref.get("path"), str):
         with open(ref["path"], "rb") as file:  # a small local upload: read it in one go
             return file.read()

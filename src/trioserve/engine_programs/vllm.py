@@ -26,7 +26,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from ..errors import CommandError
 from .process import ProcessOptions, bind_error
@@ -48,7 +48,7 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
     def parse_args(  # type: ignore[override]
-        self, args: Sequence[str] | None = None, namespace: Any = None
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> argparse.Namespace:
         parsed, rest = self.parse_known_args(args, namespace)
         parsed.vllm_args = rest

@@ -78,7 +78,7 @@ class SchedulerFigures:
 def _figures_logger_factory(figures: SchedulerFigures) -> Any:
     from vllm.v1.metrics.loggers import StatLoggerBase
 
-    class _FiguresLogger(StatLoggerBase):
+    class _FiguresLogger(StatLoggerBase):  # type: ignore[misc]  # (vLLM is untyped here)
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
             pass
 
@@ -378,14 +378,17 @@ def vllm_parser() -> argparse.ArgumentParser:
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    class Parser(FlexibleArgumentParser):
+    class Parser(FlexibleArgumentParser):  # type: ignore[misc]  # (vLLM is untyped here)
         """vLLM's parser, with a usage error in one line (vLLM's usage is 300 lines)."""
 
         def error(self, message: str) -> NoReturn:
             sys.stderr.write(f"{self.prog}: error: {message} (see: vllm serve --help)\n")
             raise SystemExit(2)
 
-    return make_arg_parser(Parser(prog="trioserve engine vllm --backend asyncllm"))
+    parser: argparse.ArgumentParser = make_arg_parser(
+        Parser(prog="trioserve engine vllm --backend asyncllm")
+    )
+    return parser
 
 
 async def _serve(

@@ -14,12 +14,12 @@ import trio
 
 from ..config import Settings
 from ..engine import EngineClient
-from ..errors import InputError
+from ..errors import ClientGone, InputError
 from .auth import ApiKeys, header_values
 from .channel import AsgiChannel, Receive, RequestHead, ResponseChannel, Send, head_of
 from .cors import CorsPolicy
 from .errors import HTTPError, http_error
-from .exchange import ClientGone, Exchange
+from .exchange import Exchange
 from .memory import Holding
 from .observe import Observer
 from .openapi.spec import build_spec

@@ -53,7 +53,9 @@ class CorsPolicy:
             headers.append((b"access-control-allow-credentials", b"true"))
         return headers
 
-    def preflight_headers(self, origin: bytes | None, requested: bytes | None) -> list:
+    def preflight_headers(
+        self, origin: bytes | None, requested: bytes | None
+    ) -> list[tuple[bytes, bytes]]:
         """Headers of the 204 answer to a preflight from an allowed ``origin``."""
         headers = [
             h for h in self.response_headers(origin) if h[0] != b"access-control-expose-headers"

@@ -46,7 +46,7 @@ from .. import metrics
 from ..ends import EndReason
 from ..engine import EngineClient, Prepared, Preparer, Subscription
 from ..errors import EngineError, InputError, SlowClientError, WriterFailedError
-from ..protocol import Submit
+from ..protocol import OutputItem, Submit
 from .errors import (
     END_ANSWERS,
     EngineItemError,
@@ -432,7 +432,7 @@ async def _relay(
         return error if error.status == 500 else None
 
 
-async def _first_batch(sub: Subscription, writer: Writer, keepalive: float) -> list:
+async def _first_batch(sub: Subscription, writer: Writer, keepalive: float) -> list[OutputItem]:
     while True:
         # Cancelling receive_batch loses nothing: its only checkpoint is the wait for the
         # first item, which a cancelled channel receive leaves queued.

@@ -52,10 +52,11 @@ import trio
 
 from ..ends import EndReason
 from ..protocol import OutputItem
-from .admission import RETRY_AFTER
 from .errors import HTTPError, WriterRefused
 from .lifecycle import RequestHandle
-from .writers.responses import Event, ResponseEvents
+from .memory import RETRY_AFTER
+from .writers.response_events import ResponseEvents
+from .writers.response_items import Event
 from .writers.stream import Sink, WriterBase, text_of
 
 log = logging.getLogger("trioserve.responses")

@@ -36,7 +36,8 @@ from .lifecycle import RequestHandle
 from .memory import Holding, held_by
 from .routes.responses import prepared
 from .services import Services
-from .writers.responses import ResponsesWebSocketWriter, new_response_id
+from .writers.response_items import new_response_id
+from .writers.responses import ResponsesWebSocketWriter
 from .writers.websocket import WebSocketWriter
 
 log = logging.getLogger("trioserve.websocket")

@@ -71,7 +71,7 @@ class _MessageBuffer(ws_stream.WebsocketBuffer):
         self.max_fragments = max_message_fragments(max_length)
         self.held = Holding(memory)
 
-    def extend(self, event: Message) -> None:
+    def extend(self, event: Message[Any]) -> None:
         self.fragments += 1
         if self.fragments > self.max_fragments:
             raise ws_stream.FrameTooLargeError()
@@ -82,7 +82,7 @@ class _MessageBuffer(ws_stream.WebsocketBuffer):
             except HTTPError:
                 raise _BudgetSpent from None
 
-    def to_message(self) -> dict:
+    def to_message(self) -> dict[str, Any]:
         message = super().to_message()
         self.held.release()  # handed over: the app counts the joined message itself
         return message

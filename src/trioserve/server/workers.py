@@ -460,7 +460,7 @@ class Supervisor:
                 RESTART_WINDOW,
             )
             return None
-        delay = min(RESTART_DELAY * 2 ** (len(exits) - 1), MAX_RESTART_DELAY)
+        delay = min(RESTART_DELAY * 2.0 ** (len(exits) - 1), MAX_RESTART_DELAY)
         log.error(
             "worker %d (pid %d) %s; restarting it in %g s (exit %d in %g s; %d of %d workers up)",
             index,

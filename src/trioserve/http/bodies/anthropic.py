@@ -214,7 +214,7 @@ class _Translation:
         self.parts_total += len(blocks)
         check_parts(len(blocks), self.parts_total, loc, "message")
 
-    def _image(self, parts: list[dict[str, Any]], block: dict, loc: str) -> None:
+    def _image(self, parts: list[dict[str, Any]], block: dict[str, Any], loc: str) -> None:
         url = _image_url(block.get("source"), f"{loc}.source", self.errors)
         if url is not None:
             # (The index this message will have: it is appended after its blocks.)

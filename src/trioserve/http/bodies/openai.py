@@ -322,7 +322,9 @@ def engine_params(req: _Common, body: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
-def chat_submit(request_id: str, model: str, req: ChatCompletionRequest, body: dict) -> Submit:
+def chat_submit(
+    request_id: str, model: str, req: ChatCompletionRequest, body: dict[str, Any]
+) -> Submit:
     # The messages as the client sent them (validated above): fields this frontend does
     # not check, such as tool_calls and tool_call_id, are the engine's to read.
     return Submit(
@@ -330,7 +332,9 @@ def chat_submit(request_id: str, model: str, req: ChatCompletionRequest, body: d
     )
 
 
-def completion_submit(request_id: str, model: str, req: CompletionRequest, body: dict) -> Submit:
+def completion_submit(
+    request_id: str, model: str, req: CompletionRequest, body: dict[str, Any]
+) -> Submit:
     return Submit(request_id, model, "completion", {"prompt": req.prompt}, engine_params(req, body))
 
 

@@ -28,7 +28,7 @@ import attrs
 
 from ...protocol import Submit
 from ...text.agents import ParserNames
-from ..writers.responses import ResponseEvents
+from ..writers.response_events import ResponseEvents
 from .agents import AgentOptions, parse_agent_options
 from .media import MediaFetcher
 from .multimodal import resolve_parts
@@ -220,7 +220,8 @@ class ResponseGeneration:
     def input_messages(self) -> list[dict[str, Any]]:
         """The conversation this response adds to (its messages, less the instructions:
         a response that continues it brings its own)."""
-        return self.submit.inputs["messages"][self.lead :]
+        messages: list[dict[str, Any]] = self.submit.inputs["messages"]
+        return messages[self.lead :]
 
     def continuing(self, history: list[dict[str, Any]]) -> ResponseGeneration:
         """This response with ``history`` (a stored response's conversation, media

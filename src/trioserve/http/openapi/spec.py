@@ -44,7 +44,9 @@ def _error_response(description: str, schema: str = "Error") -> dict[str, Any]:
     }
 
 
-def operation(doc: Doc, method: str, error_shape: str, components: dict[str, Any]) -> dict:
+def operation(
+    doc: Doc, method: str, error_shape: str, components: dict[str, Any]
+) -> dict[str, Any]:
     request_id = {"$ref": "#/components/headers/X-Request-Id"}
     op: dict[str, Any] = {
         "operationId": doc.operation_id,

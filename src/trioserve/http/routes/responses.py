@@ -36,13 +36,9 @@ from ..lifecycle import ERROR_WRITE_TIMEOUT, RequestHandle
 from ..openapi.content import Doc, json_body, sse_events
 from ..responses_store import RecordWriter, StoredResponse
 from ..services import Services, with_session
-from ..writers.responses import (
-    ResponseEvents,
-    ResponsesJSONWriter,
-    ResponsesSSEWriter,
-    new_response_id,
-    sse,
-)
+from ..writers.response_events import ResponseEvents
+from ..writers.response_items import new_response_id, sse
+from ..writers.responses import ResponsesJSONWriter, ResponsesSSEWriter
 from ..writers.stream import SSE_HEADERS, SSE_KEEPALIVE, Writer
 from .route import Route, Routes, generation_doc
 

@@ -5,6 +5,7 @@ it needs and the shape of its errors. Each route module ends with its table of t
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import attrs
 
@@ -31,7 +32,9 @@ class Route:
 Routes = dict[tuple[str, str], Route]
 
 
-def generation_doc(operation_id: str, summary: str, body: type, ok: dict, **more: object) -> Doc:
+def generation_doc(
+    operation_id: str, summary: str, body: type, ok: dict[str, Any], **more: object
+) -> Doc:
     """The :class:`Doc` of a generation route (tag ``generation``; it may end in any way of
     docs/api.md's "How a request can end")."""
     return Doc(operation_id, summary, "generation", body, ok=ok, generation=True, **more)  # type: ignore[arg-type]

@@ -15,12 +15,12 @@ import attrs
 from ...protocol import Submit
 from ..bodies.forms import JSON, extra_params, structure_fields
 from ..bodies.validation import bounded, check_bounds, documented, invalid
-from ..errors import HTTPError
+from ..errors import EngineItemError, HTTPError
 from ..exchange import Exchange
 from ..openapi.content import BINARY
 from ..services import Services
 from ..writers.audio import AudioStreamWriter, content_type, pcm_format, wav_header
-from ..writers.stream import Collected, CollectingWriter, EngineItemError
+from ..writers.stream import Collected, CollectingWriter
 from .route import Route, Routes, generation_doc
 
 FORMATS = ("wav", "pcm")

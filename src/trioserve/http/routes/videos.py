@@ -21,11 +21,11 @@ from ...protocol import Submit
 from ..bodies.forms import JSON, MULTIPART, Body, extra_params, invalid_fields, structure_fields
 from ..bodies.media import Media
 from ..bodies.validation import bounded, check_bounds, documented
-from ..errors import HTTPError
+from ..errors import EngineItemError, HTTPError
 from ..exchange import JSON_HEADERS, Exchange
 from ..openapi.content import json_body
 from ..services import Services
-from ..writers.stream import Collected, CollectingWriter, EngineItemError
+from ..writers.stream import Collected, CollectingWriter
 from .route import Route, Routes, generation_doc
 
 #: Conditioning fields, and the modality each carries.

@@ -6,9 +6,9 @@ import struct
 
 from ...ends import EndReason
 from ...protocol import OutputItem
-from ..errors import HTTPError
+from ..errors import EngineItemError, HTTPError, WriterRefused
 from ..exchange import Exchange
-from .stream import EngineItemError, WriterBase, WriterRefused, engine_error
+from .stream import WriterBase, engine_error
 
 DEFAULT_RATE = 24_000
 SAMPLE_BITS = 16

@@ -16,9 +16,9 @@ import orjson
 
 from ...ends import EndReason
 from ...protocol import OutputItem, Usage
-from ..errors import HTTPError
+from ..errors import EngineItemError, HTTPError, WriterRefused
 from ..exchange import JSON_HEADERS, Exchange
-from .stream import MAX_COLLECTED_BYTES, EngineItemError, WriterBase, WriterRefused, engine_error
+from .stream import MAX_COLLECTED_BYTES, WriterBase, engine_error
 
 MODALITY = "embedding"
 

@@ -8,10 +8,10 @@ from typing import Any
 
 from ...protocol import OutputItem
 from .. import error_bodies
-from ..errors import HTTPError
+from ..errors import EngineItemError, HTTPError
 from ..exchange import Exchange
 from .openai import usage_dict
-from .stream import EngineItemError, WriterBase, end_batch, engine_error
+from .stream import WriterBase, end_batch, engine_error
 
 NDJSON_HEADERS = [
     (b"content-type", b"application/x-ndjson"),

@@ -169,7 +169,8 @@ class ResponseEvents:
             return self._message()
         if entry == REASONING:
             return self._reasoning()
-        return entry.item()
+        item: dict[str, Any] = entry.item()
+        return item
 
     def snapshot_json(self) -> bytes:
         return orjson.dumps(self.snapshot())

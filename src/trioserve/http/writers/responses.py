@@ -36,14 +36,7 @@ from ...protocol import OutputItem
 from ..errors import HTTPError
 from ..exchange import JSON_HEADERS, Exchange
 from .response_events import ResponseEvents
-from .response_items import (  # noqa: F401 (what the routes and the store import from here)
-    CANCELLED_CODE,
-    FINAL_STATUSES,
-    Event,
-    new_response_id,
-    sse,
-    usage_object,
-)
+from .response_items import Event, sse, usage_object
 from .stream import (
     SSE_HEADERS,
     SSE_KEEPALIVE,
