@@ -70,7 +70,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import loadgen  # (tools/loadgen.py: the response parser)
+from toolkit import load
 from toolkit.machine import machine, source_code, source_state
 from toolkit.processes import (
     FRONTEND_CORE,
@@ -228,7 +228,7 @@ def fetch(url: str, body: dict, request_id: str) -> tuple[int, bytes]:
         f"content-length: {len(payload)}\r\n\r\n"
     ).encode()
     parts: list[bytes] = []
-    response = loadgen.Response()
+    response = load.Response()
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         sock.sendall(head + payload)
         while not response.done:

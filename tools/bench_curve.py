@@ -38,7 +38,7 @@ from pathlib import Path
 
 import trio
 
-from loadgen import cpu_seconds
+from toolkit.load import cpu_seconds
 from trioserve.protocol import Ping, encode
 from trioserve.transport.keys import client_keys, write_keypair
 from trioserve.transport.zmtp import ZmtpDealer

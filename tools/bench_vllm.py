@@ -76,8 +76,7 @@ from pathlib import Path
 
 import bench_vllm_load  # (the load child's modes)
 import bench_vllm_procs as procs  # (spawning, pinning, per-thread CPU)
-import loadgen  # (tools/loadgen.py: the prompt)
-from toolkit import machine, processes, reports
+from toolkit import load, machine, processes, reports
 from toolkit.progress import Progress
 
 TOOLS = Path(__file__).resolve().parent
@@ -157,7 +156,7 @@ class Side:
 def chat(url: str, model: str, extra: dict, timeout: float = 30) -> tuple[int, dict]:
     body = {
         "model": model,
-        "messages": [{"role": "user", "content": loadgen.PROMPT}],
+        "messages": [{"role": "user", "content": load.PROMPT}],
         "temperature": 0,
         **extra,
     }

@@ -3,7 +3,7 @@ generator, driving one side and reading its processes (/proc) and metrics.
 
 Modes (``spec["mode"]``):
 
-- ``json`` / ``stream``: ``tools/loadgen.py``'s with vLLM's request body, every answer
+- ``json`` / ``stream``: ``toolkit/load.py``'s runs with vLLM's request body, every answer
   greedy with ``ignore_eos``; the CPU of each of the side's processes and threads over the
   window (:class:`bench_vllm_procs.ThreadMeter`), and the tokens generated meanwhile as the
   client received them (the same count on every side: a non-streaming answer's
@@ -36,7 +36,7 @@ from array import array
 from collections.abc import Callable
 
 import bench_vllm_procs as procs
-import loadgen
+from toolkit import load
 
 METRIC_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})? (\S+)$", re.M)
 TTFT_SUM, TTFT_COUNT = (
@@ -66,7 +66,7 @@ def _watched(spec: dict) -> list[procs.Watched]:
     return [procs.Watched(w["pid"], w["name"], w["role"], w["core"]) for w in spec["watched"]]
 
 
-class TokenStream(loadgen.Stream):
+class TokenStream(load.Stream):
     """loadgen's stream, counting only events with text as tokens."""
 
     __slots__ = ()
@@ -92,7 +92,7 @@ def run(spec: dict) -> dict:
 
 def run_load(spec: dict) -> dict:
     mode = spec["mode"]
-    make_request = loadgen.chat_request
+    make_request = load.chat_request
 
     def chat_request(host: str, body: dict) -> bytes:
         # The mock's knobs out; every answer its full length, the same tokens on each side.
@@ -102,7 +102,7 @@ def run_load(spec: dict) -> dict:
 
     counter_url, counter = spec["token_counter"]
 
-    class SideMeter(loadgen.CpuMeter):
+    class SideMeter(load.CpuMeter):
         """CPU of the side's processes, each alone, per thread, and the tokens generated."""
 
         def __init__(self, _frontend: int | None, _engine: int | None) -> None:
@@ -142,9 +142,9 @@ def run_load(spec: dict) -> dict:
             )
             return wall
 
-    loadgen.chat_request = chat_request
-    loadgen.CpuMeter = SideMeter  # type: ignore[misc]
-    loadgen.Stream = TokenStream  # type: ignore[misc]
+    load.chat_request = chat_request
+    load.CpuMeter = SideMeter  # type: ignore[misc]
+    load.Stream = TokenStream  # type: ignore[misc]
     host, port = spec["url"].removeprefix("http://").rsplit(":", 1)
     ns = argparse.Namespace(
         host=host,
@@ -164,7 +164,7 @@ def run_load(spec: dict) -> dict:
     )
     import uvloop
 
-    runner = loadgen.run_json if mode == "json" else loadgen.run_stream
+    runner = load.run_json if mode == "json" else load.run_stream
     result = uvloop.run(runner(ns))
     # A non-streaming answer is max_tokens long (ignore_eos): exact. A streamed event may
     # carry several tokens (a server behind merges them), so streamed tokens are the
@@ -195,7 +195,7 @@ def run_load(spec: dict) -> dict:
 def stream_body(model: str, max_tokens: int) -> dict:
     return {
         "model": model,
-        "messages": [{"role": "user", "content": loadgen.PROMPT}],
+        "messages": [{"role": "user", "content": load.PROMPT}],
         "stream": True,
         "max_tokens": max_tokens,
         "ignore_eos": True,
@@ -209,7 +209,7 @@ def run_ttft(spec: dict) -> dict:
     host, port = spec["url"].removeprefix("http://").rsplit(":", 1)
     sock = socket.create_connection((host, int(port)), timeout=30)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    request = loadgen.chat_request(f"{host}:{port}", stream_body(spec["model"], spec["tokens"]))
+    request = load.chat_request(f"{host}:{port}", stream_body(spec["model"], spec["tokens"]))
     histogram = spec.get("ttft_histogram_url")
     via: list[float] = []
     before: dict[str, float] = {}
@@ -217,7 +217,7 @@ def run_ttft(spec: dict) -> dict:
         for i in range(spec["warmup"] + spec["count"]):
             if i == spec["warmup"] and histogram:
                 before = scrape(histogram)
-            first = loadgen._first_token(sock, request)
+            first = load.first_token(sock, request)
             if i >= spec["warmup"]:
                 via.append(first)
         after = scrape(histogram) if histogram else {}
@@ -229,8 +229,8 @@ def run_ttft(spec: dict) -> dict:
     return {
         "count": len(via),
         "engine_count": count,
-        "p50_ms": loadgen.percentile(via, 50) * 1000,
-        "p99_ms": loadgen.percentile(via, 99) * 1000,
+        "p50_ms": load.percentile(via, 50) * 1000,
+        "p99_ms": load.percentile(via, 99) * 1000,
         "mean_ms": mean * 1000,
         "engine_mean_ms": engine_mean * 1000,
         "added_mean_ms": (mean - engine_mean) * 1000,
@@ -265,7 +265,7 @@ def run_abort(spec: dict) -> dict:
             sock = socket.create_connection((host, int(port)), timeout=30)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             try:
-                sock.sendall(loadgen.chat_request(f"{host}:{port}", body))
+                sock.sendall(load.chat_request(f"{host}:{port}", body))
                 data = b""
                 if stream:  # generating: its first event is here
                     while b"data: " not in data:
@@ -300,17 +300,17 @@ def run_abort(spec: dict) -> dict:
                     raise RuntimeError("the engine still runs an aborted request after 30 s")
                 time.sleep(spec["poll_s"])
         which = "sse" if stream else "json"
-        out[f"{which}_p50_ms"] = loadgen.percentile(latencies, 50) * 1000
-        out[f"{which}_p99_ms"] = loadgen.percentile(latencies, 99) * 1000
+        out[f"{which}_p50_ms"] = load.percentile(latencies, 50) * 1000
+        out[f"{which}_p99_ms"] = load.percentile(latencies, 99) * 1000
         out[f"{which}_max_ms"] = max(latencies) * 1000
         out[f"{which}_count"] = len(latencies)
-    out["scrape_p50_ms"] = loadgen.percentile(scrapes, 50) * 1000
+    out["scrape_p50_ms"] = load.percentile(scrapes, 50) * 1000
     return out
 
 
 async def _long_prompt_once(host: str, port: int, request: bytes) -> tuple[int, float, bytes]:
-    conn = await loadgen.connect(host, port)
-    response = loadgen.Response()
+    conn = await load.connect(host, port)
+    response = load.Response()
     done = asyncio.get_running_loop().create_future()
     body = bytearray()
 
@@ -334,7 +334,7 @@ async def _long_prompt_once(host: str, port: int, request: bytes) -> tuple[int, 
 async def run_long_prompt(spec: dict) -> dict:
     """``level`` streams flowing; the inter-token gaps over a window without long prompts,
     one with them arriving back to back (each refused once tokenized), one without."""
-    make_request = loadgen.chat_request
+    make_request = load.chat_request
     host, port = spec["url"].removeprefix("http://").rsplit(":", 1)
     stream_request = make_request(f"{host}:{port}", stream_body(spec["model"], spec["tokens"]))
     prompt = spec["unit"] * spec["copies"]
@@ -356,12 +356,12 @@ async def run_long_prompt(spec: dict) -> dict:
         "failed": 0,
         "why": "",
     }
-    streams: list[loadgen.Stream] = []
+    streams: list[load.Stream] = []
     opening = asyncio.Semaphore(64)
 
     async def open_one() -> None:
         async with opening:
-            conn = await loadgen.connect(host, int(port))
+            conn = await load.connect(host, int(port))
             stream = TokenStream(ctx, conn, stream_request)
             streams.append(stream)
             stream.send()
@@ -390,8 +390,8 @@ async def run_long_prompt(spec: dict) -> dict:
             windows[name] = {
                 "window_s": wall,
                 "tokens_per_s": ctx["events"] / wall,
-                "itl_p50_ms": loadgen.percentile(gaps, 50) * 1000,
-                "itl_p99_ms": loadgen.percentile(gaps, 99) * 1000,
+                "itl_p50_ms": load.percentile(gaps, 50) * 1000,
+                "itl_p99_ms": load.percentile(gaps, 99) * 1000,
                 "itl_max_ms": max(gaps) * 1000 if gaps else math.nan,
             }
             if ctx["failed"]:

@@ -5,7 +5,7 @@ processes stayed on the cores they were put on.
 CPU is counted per process, never per process tree: a side's top process (vLLM's API
 server, trioserve's frontend) has the model (EngineCore, its Worker) below it, and a tree
 count puts the model's CPU in the server's figure. (That is how ``--quick`` once reported
-vLLM's API server at 150% of a core pinned to one: ``loadgen.CpuMeter`` counts a
+vLLM's API server at 150% of a core pinned to one: ``toolkit.load.CpuMeter`` counts a
 "frontend" with its whole tree, for ``--workers``, and the API server's tree is the model.)
 """
 

@@ -38,8 +38,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-import loadgen
-from toolkit import processes, reports
+from toolkit import load, processes, reports
 
 TOOLS = Path(__file__).resolve().parent
 
@@ -63,7 +62,7 @@ def drive(
     """``count`` requests over ``concurrency`` keep-alive connections; returns how many
     were answered 200. ``before`` runs once every connection is open and ``after`` once
     every answer is in, so that what they count is the requests, not the connections."""
-    request = loadgen.chat_request(f"127.0.0.1:{port}", body)
+    request = load.chat_request(f"127.0.0.1:{port}", body)
     share = [count // concurrency + (i < count % concurrency) for i in range(concurrency)]
     share = [n for n in share if n]
     sockets = [socket.create_connection(("127.0.0.1", port), timeout=120) for _ in share]
@@ -75,7 +74,7 @@ def drive(
         try:
             for _ in range(n):
                 sock.sendall(request)
-                response = loadgen.Response()
+                response = load.Response()
                 while not response.done:
                     data = sock.recv(65536)
                     if not data:

@@ -1,7 +1,7 @@
 """Smoke run of the benchmark (tools/bench.py --quick): it runs and reports every figure.
 
 No thresholds: timings belong to the tool's output, not to tests. This only keeps the
-measuring instrument (bench.py, loadgen.py, reference_server.py) from rotting.
+measuring instrument (bench.py, loadgen.py and toolkit/load.py, reference_server.py) from rotting.
 """
 
 from __future__ import annotations
@@ -110,21 +110,18 @@ def test_bench_compares_worker_counts_without_the_reference(tmp_path):
 
 
 def test_a_frontends_process_tree_holds_its_workers():
-    sys.path.insert(0, str(TOOLS))
-    try:
-        import loadgen
-    finally:
-        sys.path.remove(str(TOOLS))
+    from tools.toolkit.load import process_tree, rss_bytes
+
     # sh, its sleep, and another sh with a sleep of its own: four processes.
     parent = subprocess.Popen(["sh", "-c", "sleep 30 & sh -c 'sleep 30 & wait' & wait"])
     try:
         deadline = time.monotonic() + HANG_GUARD  # until the last one has started
-        while len(tree := loadgen.process_tree(parent.pid)) < 4 and time.monotonic() < deadline:
+        while len(tree := process_tree(parent.pid)) < 4 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert tree[0] == parent.pid and len(set(tree)) == 4
-        assert loadgen.rss_bytes(parent.pid) > loadgen.rss_bytes(tree[-1])
+        assert rss_bytes(parent.pid) > rss_bytes(tree[-1])
     finally:
-        for pid in reversed(loadgen.process_tree(parent.pid)):
+        for pid in reversed(process_tree(parent.pid)):
             with contextlib.suppress(ProcessLookupError):  # a sleep whose sh was killed
                 os.kill(pid, signal.SIGKILL)
         parent.wait()

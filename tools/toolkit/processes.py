@@ -20,8 +20,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-import loadgen  # (tools/loadgen.py: process_tree)
-
+from . import load
 from .progress import Progress
 
 FRONTEND_CORE, LOAD_CORE = 0, 1
@@ -66,7 +65,7 @@ class Proc:
             # Killed, its workers (--workers) go too: they would drain on their own while
             # the next frontend is measured. Found before the supervisor goes (then they
             # are orphans), killed after it (else it would start others).
-            workers = [] if graceful else loadgen.process_tree(self.pid)[1:]
+            workers = [] if graceful else load.process_tree(self.pid)[1:]
             self.popen.send_signal(signal.SIGTERM if graceful else signal.SIGKILL)
             for pid in workers:
                 with contextlib.suppress(OSError):
@@ -130,11 +129,11 @@ class CpuQuota:
 
     def enter(self, pid: int) -> None:
         """``pid`` and the processes below it (a frontend's workers) enter the cgroup."""
-        for member in loadgen.process_tree(pid):
+        for member in load.process_tree(pid):
             (self.path / "cgroup.procs").write_text(str(member))
 
     def leave(self, pid: int) -> None:
-        for member in loadgen.process_tree(pid):
+        for member in load.process_tree(pid):
             with contextlib.suppress(OSError):  # the process may have exited
                 (self.base / "cgroup.procs").write_text(str(member))
 
