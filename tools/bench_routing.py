@@ -49,6 +49,8 @@ from typing import Any
 import httpx
 import trio
 
+from toolkit.reports import write_docs
+
 BEGIN, END = "<!-- bench-routing:begin -->", "<!-- bench-routing:end -->"
 POLICIES = ("least-load", "affinity")
 #: Words per prefix-cache block of the mock (trioserve.engine_programs.mock.PREFIX_BLOCK_WORDS).
@@ -281,17 +283,6 @@ def shown_args() -> str:
     return " ".join(shown)
 
 
-def write_docs(path: Path, text: str) -> None:
-    doc = path.read_text()
-    section = f"{BEGIN}\n{text}{END}"
-    if BEGIN in doc and END in doc:
-        before, rest = doc.split(BEGIN, 1)
-        doc = before + section + rest.split(END, 1)[1]
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + section + "\n"
-    path.write_text(doc)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engines", type=int, default=3)
@@ -335,7 +326,7 @@ def main() -> int:
         settings = {k: v for k, v in vars(args).items() if k not in ("json", "write_docs")}
         args.json.write_text(json.dumps({"args": settings, "runs": runs}, indent=2))
     if args.write_docs:
-        write_docs(args.write_docs, text)
+        write_docs(args.write_docs, f"{BEGIN}\n{text}{END}", BEGIN, END)
     return 0
 
 
