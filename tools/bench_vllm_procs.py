@@ -18,10 +18,10 @@ import signal
 import subprocess
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from toolkit import processes
 from toolkit.processes import Proc, raise_fd_limit
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -42,18 +42,7 @@ def _child_setup() -> None:
 
 def spawn(name: str, command: list[str], workdir: Path, env: dict[str, str]) -> Proc:
     """``command`` in a process group of its own (so that its descendants end with it)."""
-    log_path = workdir / f"{name.replace(' ', '_')}-{uuid.uuid4().hex[:6]}.log"
-    with open(log_path, "wb") as log_file:
-        popen = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env={**env, "PYTHONUNBUFFERED": "1"},
-            preexec_fn=_child_setup,
-            start_new_session=True,
-        )
-    return Proc(name, popen, log_path)
+    return processes.spawn(name, command, workdir, env=env, setup=_child_setup, own_group=True)
 
 
 def stop_group(proc: Proc, grace: float = 30) -> None:

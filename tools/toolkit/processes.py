@@ -17,6 +17,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,7 +143,19 @@ class CpuQuota:
             self.path.rmdir()
 
 
-def spawn(name: str, command: list[str], workdir: Path) -> Proc:
+def spawn(
+    name: str,
+    command: list[str],
+    workdir: Path,
+    *,
+    env: Mapping[str, str] | None = None,
+    setup: Callable[[], None] = raise_fd_limit,
+    own_group: bool = False,
+) -> Proc:
+    """``command`` with its output in a log file in ``workdir``, in ``env`` (default: this
+    process's), ``setup`` run in the child before it starts (default: the descriptor limit
+    raised); with ``own_group``, in a session of its own, so that its descendants can be
+    signalled with it."""
     log_path = workdir / f"{name.replace(' ', '_').replace('/', '_')}-{uuid.uuid4().hex[:6]}.log"
     with open(log_path, "wb") as log_file:
         popen = subprocess.Popen(
@@ -150,8 +163,9 @@ def spawn(name: str, command: list[str], workdir: Path) -> Proc:
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            preexec_fn=raise_fd_limit,
+            env={**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"},
+            preexec_fn=setup,
+            start_new_session=own_group,
         )
     return Proc(name, popen, log_path)
 
