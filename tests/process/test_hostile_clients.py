@@ -10,24 +10,16 @@ keep the test short. No timings are asserted.
 from __future__ import annotations
 
 import http.client
-import importlib.util
 import json
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
+from tools import hostile_clients as hostile
 
 from trioserve.server.http1.config import PIPELINE_BUFFER, RECEIVE_SIZE
 from trioserve.server.http1.websocket import max_message_fragments
-
-_spec = importlib.util.spec_from_file_location(
-    "hostile_clients", Path(__file__).resolve().parents[2] / "tools" / "hostile_clients.py"
-)
-assert _spec is not None and _spec.loader is not None
-hostile = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(hostile)
 
 KEY = "hostile-suite-key"
 MIB = 2**20
