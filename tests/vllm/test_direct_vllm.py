@@ -113,6 +113,21 @@ async def test_json_answers_match_vllm_serve(vllm: Vllm, direct: Direct, path, b
     assert essentials(ours.json()) == essentials(theirs.json())
 
 
+async def test_the_engines_tokens_and_queue_time_reach_the_frontends_metrics(
+    direct: Direct,
+) -> None:
+    # EngineCore's own figures, read from its outputs: the tokens it generated (step by
+    # step) and each request's queue time (its QUEUED and SCHEDULED events).
+    tokens = await direct.metric("trioserve_engine_generation_tokens_total")
+    queued = await direct.metric("trioserve_request_queue_time_seconds_count")
+    answer = await post_json(
+        direct.url, COMPLETIONS, completion("Count", max_tokens=8, temperature=0, ignore_eos=True)
+    )
+    assert answer.status_code == 200, answer.text
+    assert await direct.metric("trioserve_engine_generation_tokens_total") == tokens + 8
+    assert await direct.metric("trioserve_request_queue_time_seconds_count") == queued + 1
+
+
 @pytest.mark.parametrize(("path", "body"), CASES[:3])
 async def test_streamed_answers_match_vllm_serve(vllm: Vllm, direct: Direct, path, body) -> None:
     ours = await stream_essentials(direct.url, path, body)
