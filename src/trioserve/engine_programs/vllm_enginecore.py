@@ -67,7 +67,7 @@ from ..text.assets import ModelText, ModelTextError
 from ..text.engine_options import engine_limits
 from ..text.generation import GenerationText
 from ..text.registry import ServedText
-from ..text.requests import prepare, small_enough_inline
+from ..text.requests import prepare, small_enough_inline, unserved_field
 from ..transport.keys import CurveServerKeys
 from .process import ProcessOptions, exit_with_parent_trio, security
 from .vllm_figures import EngineFigures, serve_metrics
@@ -85,13 +85,6 @@ SUFFIX_BYTES = 6
 #: Where ``--backend asyncllm`` is the answer.
 FALLBACK = "`trioserve engine vllm --backend asyncllm` serves it (docs/engines.md)"
 
-#: Request fields the EngineCore backend does not serve: a 400 naming them.
-UNSERVED = {
-    "lora_request": "LoRA adapters",
-    "lora": "LoRA adapters",
-    "mm_processor_kwargs": "multimodal inputs",
-    "prompt_embeds": "prompt embeddings",
-}
 #: What vLLM computes for these but trioserve's protocol has no field for yet.
 UNRELAYED = ("prompt_logprobs", "echo", "return_token_ids")
 
@@ -113,13 +106,14 @@ def check_options(vllm_args: Sequence[str]) -> argparse.Namespace:
 def refuse_unserved(params: dict[str, Any]) -> None:
     """A 400 naming a request field this backend does not serve (rather than an answer
     without it)."""
-    for name, what in UNSERVED.items():
-        if params.get(name) is not None:
-            raise RequestError(
-                400,
-                f"{what} ({name!r}) are not served by this engine; {FALLBACK}",
-                "invalid_request_error",
-            )
+    unserved = unserved_field(params)
+    if unserved is not None:
+        name, what = unserved
+        raise RequestError(
+            400,
+            f"{what} ({name!r}) are not served by this engine; {FALLBACK}",
+            "invalid_request_error",
+        )
     for name in UNRELAYED:
         if params.get(name) not in (None, False, 0):
             raise RequestError(

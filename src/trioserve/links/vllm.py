@@ -51,21 +51,13 @@ from ..text.logprob_format import (
 from ..text.logprobs import token_id_placeholder
 from ..text.prompts import Prompt
 from ..text.registry import ServedText
-from ..text.requests import prepare, small_enough_inline
+from ..text.requests import prepare, small_enough_inline, unserved_field
 from ..text.sampling import EngineLimits, Sampling
 
 log = logging.getLogger(__name__)
 
 #: The tasks the direct path serves.
 CAPABILITIES = ("chat", "completion")
-#: Request fields the direct path does not serve yet: a 400 naming them, never a silently
-#: different answer.
-UNSERVED = {
-    "lora_request": "LoRA adapters",
-    "lora": "LoRA adapters",
-    "mm_processor_kwargs": "multimodal inputs",
-    "prompt_embeds": "prompt embeddings",
-}
 
 
 class VllmText:
@@ -88,9 +80,10 @@ class VllmText:
         :func:`~trioserve.text.requests.prepare`, as the shared engine and the render
         routes prepare a request, and the ``echo`` the answer begins with."""
         params = message.params
-        for name, what in UNSERVED.items():
-            if params.get(name) is not None:
-                raise TextInputError(f"{what} are not served on the direct vLLM path", param=name)
+        unserved = unserved_field(params)
+        if unserved is not None:
+            name, what = unserved
+            raise TextInputError(f"{what} are not served on the direct vLLM path", param=name)
         ready = prepare(
             self.served,
             message.task,

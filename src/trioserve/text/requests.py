@@ -36,6 +36,24 @@ class Prepared:
     sampling: Sampling
 
 
+#: Request fields neither vLLM path's text pipeline serves yet, and what they are: a 400
+#: naming them (only ``--backend asyncllm`` serves them), never an answer without them.
+UNSERVED_FIELDS = {
+    "lora_request": "LoRA adapters",
+    "lora": "LoRA adapters",
+    "mm_processor_kwargs": "multimodal inputs",
+    "prompt_embeds": "prompt embeddings",
+}
+
+
+def unserved_field(params: dict[str, Any]) -> tuple[str, str] | None:
+    """The first of :data:`UNSERVED_FIELDS` the request sets, and what it is."""
+    for name, what in UNSERVED_FIELDS.items():
+        if params.get(name) is not None:
+            return name, what
+    return None
+
+
 #: The most characters of text a request may carry to be prepared in the event loop rather
 #: than in a worker thread. Rendering and encoding cost about 50 µs plus 0.2 µs a character
 #: (a short chat with the bench's tiny model: 53 µs at 100 characters, 253 µs at 1,000), the
