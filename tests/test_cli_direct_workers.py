@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import signal
+from pathlib import Path
 
 import attrs
 import httpx
@@ -34,18 +35,20 @@ async def hold_fake(pair: ClientAddresses, task_status: trio.TaskStatus[FakeEngi
         await trio.sleep_forever()
 
 
-async def cut_short(http: httpx.AsyncClient, body: dict) -> None:
-    """A request whose worker is killed under it."""
-    with contextlib.suppress(httpx.HTTPError):
-        await http.post("/v1/completions", json=body)
+@attrs.define
+class OneWorker:
+    """A supervisor of one direct-path worker, client 1 of a fake EngineCore."""
+
+    text: ModelText
+    fake: FakeEngineCore
+    supervisor: Supervisor
+    done: trio.Event  # set once the supervisor has returned
+    told: WorkerEngine  # what the worker was told of the engine
+    url: str
 
 
-async def test_a_direct_worker_is_its_engines_client_and_its_replacement_aborts_its_orphans(
-    nursery, tmp_path, monkeypatch
-) -> None:
-    monkeypatch.setattr(workers, "RESTART_DELAY", 0.05)
+async def one_worker(nursery: trio.Nursery, tmp_path: Path, settings: Settings) -> OneWorker:
     model_dir = build_text_model(tmp_path / "model", harder=False)
-    text = ModelText.load(model_dir)
     pairs = [ClientAddresses.ipc(str(tmp_path), index) for index in range(2)]
     # The engine as the worker's client 1 sees it (client 0 is the supervisor's).
     fake: FakeEngineCore = await nursery.start(hold_fake, pairs[1])
@@ -55,7 +58,6 @@ async def test_a_direct_worker_is_its_engines_client_and_its_replacement_aborts_
         str(model_dir),
         ["--served-model-name", "m"],
     )
-    settings = Settings(host="127.0.0.1", port=0, drain_delay=0.0, graceful_timeout=2.0)
     supervisor = Supervisor(settings, 1, worker_command("trioserve.cli:worker_main"))
     done = trio.Event()
 
@@ -69,6 +71,29 @@ async def test_a_direct_worker_is_its_engines_client_and_its_replacement_aborts_
         done.set()
 
     [url] = await nursery.start(supervise)
+    return OneWorker(ModelText.load(model_dir), fake, supervisor, done, told, url)
+
+
+async def cut_short(http: httpx.AsyncClient, body: dict) -> None:
+    """A request whose worker is killed under it."""
+    with contextlib.suppress(httpx.HTTPError):
+        await http.post("/v1/completions", json=body)
+
+
+async def test_a_direct_worker_is_its_engines_client_and_its_replacement_aborts_its_orphans(
+    nursery, tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setattr(workers, "RESTART_DELAY", 0.05)
+    settings = Settings(host="127.0.0.1", port=0, drain_delay=0.0, graceful_timeout=2.0)
+    one = await one_worker(nursery, tmp_path, settings)
+    text, fake, supervisor, done, told, url = (
+        one.text,
+        one.fake,
+        one.supervisor,
+        one.done,
+        one.told,
+        one.url,
+    )
     answer = "Grüße aus Köln"
     body = {"model": "m", "prompt": "Hi", "max_tokens": 30, "temperature": 0}
     async with httpx.AsyncClient(base_url=url, timeout=HANG_GUARD) as http:
@@ -115,32 +140,11 @@ async def test_a_drain_lets_a_direct_workers_request_finish_and_aborts_nothing(
     # A rolling update's SIGTERM with a request in flight on a worker of the direct path:
     # the request gets its whole answer, nothing is aborted in the engine, the supervisor
     # exits 0 once its workers have drained.
-    model_dir = build_text_model(tmp_path / "model", harder=False)
-    text = ModelText.load(model_dir)
-    pairs = [ClientAddresses.ipc(str(tmp_path), index) for index in range(2)]
-    fake: FakeEngineCore = await nursery.start(hold_fake, pairs[1])
-    told = WorkerEngine(
-        [[pair.input, pair.output] for pair in pairs],
-        codec.encode_ready_response(READY).hex(),
-        str(model_dir),
-        ["--served-model-name", "m"],
-    )
     # A drain delay (a second of /health 503 while still serving) for the test to see that
     # the worker has begun its drain before the request's last output comes.
     settings = Settings(host="127.0.0.1", port=0, drain_delay=1.0, graceful_timeout=HANG_GUARD)
-    supervisor = Supervisor(settings, 1, worker_command("trioserve.cli:worker_main"))
-    done = trio.Event()
-
-    async def supervise(task_status: trio.TaskStatus[list[str]]) -> None:
-        await supervisor.serve(
-            engine=attrs.asdict(told),
-            engine_wait=WORKER_CONNECT_TIMEOUT,
-            handle_signals=False,
-            task_status=task_status,
-        )
-        done.set()
-
-    [url] = await nursery.start(supervise)
+    one = await one_worker(nursery, tmp_path, settings)
+    text, fake, supervisor, done, url = one.text, one.fake, one.supervisor, one.done, one.url
     answer = "Grüße aus Köln"
     body = {"model": "m", "prompt": "Hi", "max_tokens": 30, "temperature": 0}
     answers: list[httpx.Response] = []
