@@ -300,3 +300,29 @@ def test_an_item_s_stop_reason_that_is_not_a_string_or_an_integer_is_malformed(v
     item = {"request_id": "r", "seq": 0, "finish_reason": "stop", "stop_reason": value}
     with pytest.raises(PeerProtocolError, match="stop_reason"):
         decode(msgpack.packb(["outputs", {"items": [item]}], use_bin_type=True))
+
+
+def _nested(depth: int) -> object:
+    value: object = "leaf"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    "unpackable",
+    [2**70, _nested(2000), object()],
+    ids=["integer-past-64-bits", "nested-past-the-recursion-limit", "an-object"],
+)
+@pytest.mark.parametrize("prompt_bytes", [1000, 2 << 20], ids=["small", "past-the-kept-size"])
+def test_a_failed_pack_leaves_nothing_in_the_next_frame(unpackable, prompt_bytes):
+    # The codec packs with one module-level Packer. A pack that fails half-way (a value
+    # msgpack cannot encode after a prompt already written) must not leave its bytes in
+    # the packer's buffer: the next frame, sent to an engine, would carry them first.
+    bad = Submit("r-bad", "m1", "chat", {"prompt": "p" * prompt_bytes, "x": unpackable}, {})
+    good = Submit("r-good", "m1", "chat", {"prompt": "fine"}, {"seed": 1})
+    expected = msgpack.packb(["submit", msgpack.unpackb(encode(good))[1]], use_bin_type=True)
+    with pytest.raises((OverflowError, ValueError, TypeError)):
+        encode(bad)
+    assert encode(good) == expected
+    assert decode(encode(Ping(3))) == Ping(3)
