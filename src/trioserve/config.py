@@ -42,6 +42,16 @@ def per_key_bound(explicit: int, limit: int, keys: int) -> int:
     return max(limit // keys, 1) if keys > 1 else 0
 
 
+def connections_per_key(settings: Settings) -> int:
+    """The connections one API key may hold open (``--max-connections-per-key``, else its
+    share of ``--max-connections``), on either server; 0: no bound per key."""
+    return per_key_bound(
+        settings.max_connections_per_key,
+        settings.max_connections or default_max_connections(),
+        len(settings.api_keys),
+    )
+
+
 @attrs.define
 class Settings:
     # -- listening and serving
@@ -74,8 +84,8 @@ class Settings:
         metavar="N",
         help="connections one API key may hold open (a connection counts against the key of "
         "its first request that carries one, until it closes; WebSockets included); past "
-        "it, 429 and the connection closes (built-in server; 0: --max-connections divided "
-        "by the number of keys)",
+        "it, 429 and the connection closes (under hypercorn's HTTP/2, the refused stream "
+        "only; 0: --max-connections divided by the number of keys)",
     )
     write_timeout: float = option(
         30.0,

@@ -374,3 +374,44 @@ def test_unusable_tls_options_are_a_clear_error_not_a_traceback(
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and message in errors[0].getMessage()
     assert not errors[0].exc_info
+
+
+async def test_http2_streams_share_their_connection_s_place_in_its_key_s_share(
+    nursery, engine, certs
+):
+    # Under hypercorn's HTTP/2 a connection carries many streams: they all count as the one
+    # connection of their key. Another connection of a key at its share is refused 429 on
+    # its stream, without the Connection header HTTP/2 forbids (h2 refused to send such a
+    # head: the 401 of a body sent without a key too), and may still serve another key.
+    # A body refused from its head does not end the connection (its DATA frames, for a
+    # stream hypercorn had forgotten, were a KeyError that closed it).
+    frontend = await start_frontend(
+        nursery,
+        engine,
+        server="hypercorn",
+        api_keys=["ka", "kb"],
+        max_connections_per_key=1,
+        **certs.server_options(),
+    )
+    ka, kb = ({"authorization": f"Bearer {key}"} for key in ("ka", "kb"))
+    async with client(frontend, certs.client_context(), http2=True) as first:
+        answers = []
+
+        async def get_models() -> None:
+            answers.append(await first.get("/v1/models", headers=ka))
+
+        async with trio.open_nursery() as streams:
+            for _ in range(3):
+                streams.start_soon(get_models)
+        assert [(a.status_code, a.http_version) for a in answers] == [(200, "HTTP/2")] * 3
+        async with client(frontend, certs.client_context(), http2=True) as second:
+            refused = await second.get("/v1/models", headers=ka)
+            assert refused.status_code == 429, refused.text
+            assert refused.json()["error"]["code"] == "too_many_connections_for_key"
+            assert "connection" not in refused.headers
+            # Past a stream's flow-control window: its DATA frames come after the 401.
+            body = {"prompt": "x" * 300_000}
+            keyless = await second.post("/v1/completions", json=body)
+            assert keyless.status_code == 401, keyless.text
+            assert (await second.get("/v1/models", headers=kb)).status_code == 200
+        assert (await first.get("/v1/models", headers=ka)).status_code == 200

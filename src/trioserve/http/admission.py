@@ -147,6 +147,47 @@ class KeyShares:
             del self.by_key[key]
 
 
+def connection_shares(per_key: int) -> KeyShares:
+    """Each API key's share of the connections (``--max-connections-per-key``); a refusal
+    closes its connection."""
+    return KeyShares(
+        per_key,
+        "connections",
+        "--max-connections-per-key",
+        "too_many_connections_for_key",
+        closes=True,
+    )
+
+
+class ConnectionKeyHold:
+    """One connection's place in its API key's share of connections (``shares``), on
+    either server: it counts against the key of the first request on it that carries one,
+    moves to another key's share when a request of that key comes (if that share has
+    room), and leaves with :meth:`release` when the connection closes."""
+
+    def __init__(self, shares: KeyShares) -> None:
+        self.shares = shares
+        self.key: int | None = None
+        self._share: KeyShare | None = None
+
+    def hold_for_key(self, key: int) -> None:
+        """Count the connection against ``key`` from now on; the 429
+        :class:`~trioserve.http.errors.HTTPError` if ``key`` holds its share (the connection
+        then stays where it was)."""
+        if key == self.key:
+            return
+        share = self.shares.take(key)
+        if self._share is not None:
+            self._share.release()
+        self.key, self._share = key, share
+
+    def release(self) -> None:
+        """The connection has closed; idempotent."""
+        if self._share is not None:
+            self._share.release()
+            self._share = None
+
+
 class KeyShare:
     """What one holder holds of its key's share (:meth:`KeyShares.take`)."""
 

@@ -113,7 +113,7 @@ class App:
         kind = scope["type"]
         if kind == "http":
             await self._http(
-                Exchange(head_of(scope), AsgiChannel(receive, send), self.services.state)
+                Exchange(head_of(scope), AsgiChannel(receive, send, scope), self.services.state)
             )
         elif kind == "lifespan":
             await _lifespan(receive, send)

@@ -24,8 +24,9 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[dict[str, Any], Receive, Send], Awaitable[None]]
 
-#: A WebSocket scope's extension where the server bounds connections per API key: its
-#: :meth:`ResponseChannel.hold_for_key`, for the socket's connection.
+#: An ASGI scope's extension (http and websocket) where the server bounds connections per
+#: API key: :meth:`ResponseChannel.hold_for_key` for the scope's connection (trioserve's
+#: hypercorn glue sets it on every scope; the built-in server on WebSocket scopes).
 HOLD_FOR_KEY = "trioserve.hold_for_key"
 
 
@@ -122,9 +123,16 @@ class AsgiChannel:
     cancel_safe = False
     writes_now = False
 
-    def __init__(self, receive: Receive, send: Send) -> None:
+    def __init__(self, receive: Receive, send: Send, scope: dict[str, Any] | None = None) -> None:
         self._receive = receive
         self._send = send
+        scope = scope or {}
+        self._hold_for_key: Callable[[int], None] | None = (scope.get("extensions") or {}).get(
+            HOLD_FOR_KEY
+        )
+        #: HTTP/2 and 3 forbid connection-specific headers (h2 refuses to send a head
+        #: with one): a ``Connection: close`` is dropped there.
+        self._multiplexed = scope.get("http_version") in ("2", "3")
 
     def body_at_hand(self) -> tuple[bytes, bool] | None:
         return None
@@ -136,6 +144,8 @@ class AsgiChannel:
         return message.get("body", b""), message.get("more_body", False)
 
     async def start(self, status: int, headers: Headers) -> None:
+        if self._multiplexed:
+            headers = [(name, value) for name, value in headers if name != b"connection"]
         with trio.CancelScope(shield=True):
             await self._send({"type": "http.response.start", "status": status, "headers": headers})
 
@@ -153,7 +163,8 @@ class AsgiChannel:
         return False
 
     def hold_for_key(self, key: int) -> None:
-        pass  # hypercorn bounds no connections, and ASGI names no connection
+        if self._hold_for_key is not None:  # else a server that bounds no connections
+            self._hold_for_key(key)
 
     def watch_disconnect(self, on_gone: Callable[[], None]) -> AbstractAsyncContextManager[None]:
         # hypercorn's trio worker never raises from send() after a disconnect: reading

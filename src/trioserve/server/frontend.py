@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import trio
 
-from ..config import Settings, default_max_connections, per_key_bound
+from ..config import Settings, connections_per_key
 from ..engine import LinkFactory, make_policy, make_resolver, open_engine_client
 from ..http import App
 from ..http.admission import PROBE_PATHS
@@ -60,11 +60,7 @@ def http1_config(settings: Settings) -> Http1Config:
         body_deadline=settings.body_deadline,
         max_connections=settings.max_connections,
         probe_paths=PROBE_PATHS,
-        max_connections_per_key=per_key_bound(
-            settings.max_connections_per_key,
-            settings.max_connections or default_max_connections(),
-            len(settings.api_keys),
-        ),
+        max_connections_per_key=connections_per_key(settings),
     )
 
 

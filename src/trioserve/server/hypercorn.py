@@ -8,9 +8,12 @@ counted, an empty one too, with the frame loop letting other tasks run every
 ``EVENTS_PER_YIELD`` events (one read of empty frames held the loop for everyone).
 And its HTTP/1.1 event loop yields every ``EVENTS_PER_YIELD`` events too, and stops
 parsing a body once the answer is sent and the connection closing (a refused body in
-2-byte chunks held the loop for everyone). All are set on hypercorn's modules once, when
-this module is imported, and held to hypercorn's behaviour by
-``tests/http/test_websocket_framing.py`` and ``tests/process/test_hostile_clients.py``.
+2-byte chunks held the loop for everyone). And each connection's task group holds the
+connection's place in its API key's share of connections (``--max-connections-per-key``),
+given to every scope of the connection as the ``HOLD_FOR_KEY`` extension. All are set on
+hypercorn's modules once, when this module is imported, and held to hypercorn's behaviour
+by ``tests/http/test_websocket_framing.py``, ``tests/http/test_connection_shares.py`` and
+``tests/process/test_hostile_clients.py``.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Sequence
 from sys import getsizeof
 from typing import Any
 
+import h2.events
 import h11
 import hypercorn.protocol as hypercorn_protocol
 import trio
@@ -30,12 +34,16 @@ from hypercorn.protocol import h11 as hypercorn_h11
 from hypercorn.protocol import ws_stream
 from hypercorn.protocol.events import Body, Data, EndBody, StreamClosed
 from hypercorn.trio import serve
+from hypercorn.trio import task_group as hypercorn_task_group
+from hypercorn.trio import tcp_server as hypercorn_tcp_server
 from wsproto.connection import ConnectionState
 from wsproto.events import CloseConnection, Message, Ping
 from wsproto.frame_protocol import CloseReason
 
-from ..config import Settings
+from ..config import Settings, connections_per_key
 from ..http import App
+from ..http.admission import ConnectionKeyHold, KeyShares, connection_shares
+from ..http.channel import HOLD_FOR_KEY
 from ..http.errors import HTTPError
 from ..http.memory import Holding, MemoryBudget
 from . import tls
@@ -55,6 +63,52 @@ class _Config(Config):
     in assembly draw on too (None: not counted)."""
 
     memory: MemoryBudget | None = None
+    #: Each API key's share of the connections (None: not bounded).
+    key_connections: KeyShares | None = None
+
+
+class _ConnectionTaskGroup(hypercorn_task_group.TaskGroup):
+    """hypercorn's task group of one TCP connection (its ``tcp_server`` opens one per
+    connection, around everything the connection runs), holding the connection's place in
+    its API key's share of connections from the first keyed request on it until the
+    connection closes (:class:`_ProtocolWrapper`; at the latest when every task of the
+    connection has ended, which hypercorn's keep-alive task delays by up to
+    ``--keep-alive-timeout``). Each scope spawned on it (HTTP/1.1 requests, HTTP/2
+    streams, WebSockets) gets the ``HOLD_FOR_KEY`` extension the application calls once
+    it has authenticated a request."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.key_hold: ConnectionKeyHold | None = None
+
+    async def spawn_app(self, app: Any, config: Config, scope: Any, send: Any) -> Any:
+        shares = getattr(config, "key_connections", None)
+        if shares is not None:
+            if self.key_hold is None:
+                self.key_hold = ConnectionKeyHold(shares)
+            scope["extensions"][HOLD_FOR_KEY] = self.key_hold.hold_for_key
+        return await super().spawn_app(app, config, scope, send)
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        try:
+            await super().__aexit__(*exc_info)
+        finally:
+            if self.key_hold is not None:
+                self.key_hold.release()
+
+
+class _ProtocolWrapper(hypercorn_protocol.ProtocolWrapper):
+    """hypercorn's connection protocol, giving its key's share back as the connection
+    closes."""
+
+    async def handle(self, event: Any) -> None:
+        try:
+            await super().handle(event)
+        finally:
+            if isinstance(event, Closed):
+                key_hold = getattr(self.task_group, "key_hold", None)
+                if key_hold is not None:
+                    key_hold.release()
 
 
 class _BudgetSpent(Exception):
@@ -196,10 +250,38 @@ class _H11Protocol(hypercorn_h11.H11Protocol):
 
 _CLOSING = (h11.MUST_CLOSE, h11.CLOSED)
 
+
+class _H2Protocol(hypercorn_h2.H2Protocol):
+    """hypercorn's HTTP/2 protocol, dropping the body of a stream it has already
+    answered and closed. A request refused from its head (no key, 413) is answered before
+    its body is read, and hypercorn forgets the stream once the answer is sent: the body's
+    next DATA frame was a ``KeyError`` that ended the connection and every other stream on
+    it. Its data is now acknowledged (flow control) and dropped. The stream is not reset:
+    RFC 9113 (section 8.1) allows a ``NO_ERROR`` reset after a complete answer, but
+    httpx's client then fails the request whose answer it has not read yet."""
+
+    async def _handle_events(self, events: list[Any]) -> None:
+        for event in events:  # one at a time: a stream may close while one is handled
+            if (
+                isinstance(event, (h2.events.DataReceived, h2.events.StreamEnded))
+                and event.stream_id not in self.streams
+            ):
+                if isinstance(event, h2.events.DataReceived):
+                    self.connection.acknowledge_received_data(
+                        event.flow_controlled_length, event.stream_id
+                    )
+                    await self._flush()
+                continue
+            await super()._handle_events([event])
+
+
 hypercorn_protocol.H11Protocol = _H11Protocol  # type: ignore[misc]
+hypercorn_protocol.H2Protocol = _H2Protocol  # type: ignore[misc]
 ws_stream.Handshake = _Handshake  # type: ignore[misc]
 hypercorn_h11.WSStream = _WSStream  # type: ignore[misc]
 hypercorn_h2.WSStream = _WSStream  # type: ignore[misc]
+hypercorn_tcp_server.TaskGroup = _ConnectionTaskGroup  # type: ignore[misc]
+hypercorn_tcp_server.ProtocolWrapper = _ProtocolWrapper  # type: ignore[misc]
 
 
 def hypercorn_config(
@@ -210,6 +292,9 @@ def hypercorn_config(
 ) -> Config:
     config = _Config()
     config.memory = memory
+    per_key = connections_per_key(settings)
+    if per_key:
+        config.key_connections = connection_shares(per_key)
     # Inherited listening sockets (a worker of --workers), else bound here.
     config.bind = [f"fd://{fd}" for fd in listen_fds] or [f"{settings.host}:{settings.port}"]
     config.accesslog = None

@@ -17,7 +17,7 @@ from urllib.parse import unquote
 import trio
 
 from ...errors import ClientGone
-from ...http.admission import KeyShare, KeyShares
+from ...http.admission import ConnectionKeyHold, connection_shares
 from ...http.channel import HttpHandler
 from ...http.memory import MemoryBudget
 from . import hangups
@@ -78,13 +78,7 @@ class Shared:
         self.lingering = 0
         self.log_refused = Throttled("refusing connections: %d open (max_connections)")
         #: Each API key's share of the connections (``hold_for_key``).
-        self.key_connections = KeyShares(
-            config.max_connections_per_key,
-            "connections",
-            "--max-connections-per-key",
-            "too_many_connections_for_key",
-            closes=True,
-        )
+        self.key_connections = connection_shares(config.max_connections_per_key)
         #: Where connections run; also the flushes of partial synchronous writes.
         self.connections: trio.Nursery | None = None
         self.log_accept = Throttled("accept: %s; trying again shortly")
@@ -108,9 +102,8 @@ class Connection:
         self.last_request = False
         #: Past ``max_connections``: only probes are answered (``serve_at_the_door``).
         self.at_the_door = False
-        #: The API key this connection counts against, and its share of that key's.
-        self.key: int | None = None
-        self._key_share: KeyShare | None = None
+        #: The API key this connection counts against (``hold_for_key``).
+        self.key_hold = ConnectionKeyHold(shared.key_connections)
         #: Bytes of an answer to the current request have been written (a failure then
         #: closes the connection instead of answering 500).
         self.answering = False
@@ -235,12 +228,7 @@ class Connection:
         429 :class:`~trioserve.http.errors.HTTPError` (closing the connection) if ``key`` has
         its share. A connection that has carried no keyed request counts against no key
         (only ``max_connections``); a request of another key moves it to that key."""
-        if key == self.key:
-            return
-        share = self.shared.key_connections.take(key)
-        if self._key_share is not None:
-            self._key_share.release()
-        self.key, self._key_share = key, share
+        self.key_hold.hold_for_key(key)
 
     def close(self) -> None:
         """Close the socket now (synchronously: nothing to flush, nothing to cancel).
@@ -248,9 +236,7 @@ class Connection:
         trio's socket close wakes any task parked on it with ClosedResourceError, which
         read() and write() turn into EOF / a lost peer.
         """
-        if self._key_share is not None:
-            self._key_share.release()
-            self._key_share = None
+        self.key_hold.release()
         if not self.closed:
             on_hangup = self._on_hangup
             self.unwatch_hangup()  # first: a closed descriptor's number is reused
