@@ -309,3 +309,91 @@ def test_responses_with_large_echoed_fields_stay_within_the_store_and_body_bound
         STORE_MB * MIB + BODY_MEMORY_MB * MIB + 2 * len(instructions) + SLACK,
     )
     assert statuses == [200] * 20 + [422]
+
+
+OTHER_KEY = "hostile-suite-other-key"
+TENANT_STORE_MB = 16  # two keys: 8 MiB each
+TENANT_BODY_MB = 8
+
+
+@pytest.fixture(params=["builtin", "hypercorn"])
+def tenants_frontend(request):
+    started = hostile.Frontend(
+        "--server",
+        request.param,
+        "--api-key",
+        KEY,
+        "--api-key",
+        OTHER_KEY,
+        "--max-body-memory-mb",
+        str(TENANT_BODY_MB),
+        "--responses-store-mb",
+        str(TENANT_STORE_MB),
+        "--mock-tokens-per-second",
+        "200",
+    )
+    try:
+        yield started
+    finally:
+        started.stop()
+    assert b"Traceback" not in started.stderr, started.stderr.decode()[-3000:]
+
+
+def call(port: int, method: str, path: str, key: str, body: dict | None = None):
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    headers = {"content-type": "application/json", "authorization": f"Bearer {key}"}
+    connection.request(method, path, None if body is None else json.dumps(body), headers)
+    response = connection.getresponse()
+    answer = response.read()
+    connection.close()
+    return response.status, json.loads(answer) if answer else None
+
+
+def test_one_key_s_large_stored_responses_stay_in_its_share_and_keep_the_other_key_s(
+    tenants_frontend,
+):
+    """Issue 27's tenants probe: another key's response, stored first, is still there
+    after one key has stored thirty background responses of 1 MiB of ``instructions``
+    each (a record holds them about four times, in its echo, its conversation and its
+    retained events: over 100 MiB if all were kept); that key's oldest are gone, its
+    newest kept, and RSS grew by no more than that key's share of the store (8 MiB), one
+    request in flight (its body and parse within the body budget, its echo) and the
+    slack."""
+    port = tenants_frontend.port
+    status, theirs = call(
+        port, "POST", "/v1/responses", OTHER_KEY, {"input": "mine", "max_output_tokens": 4}
+    )
+    assert status == 200, theirs
+    instructions = "x" * MIB
+    ids: list[str] = []
+
+    def attack() -> None:
+        for _ in range(30):
+            body = {
+                "input": "hi",
+                "max_output_tokens": 2,
+                "instructions": instructions,
+                "background": True,
+            }
+            status, started = call(port, "POST", "/v1/responses", KEY, body)
+            assert status == 200, started
+            ids.append(started["id"])
+            while started["status"] in ("queued", "in_progress"):  # one at a time
+                time.sleep(0.02)
+                status, started = call(port, "GET", f"/v1/responses/{ids[-1]}", KEY)
+                assert status == 200, started
+            assert started["status"] in ("completed", "incomplete"), started.get("error")
+
+    share = TENANT_STORE_MB // 2 * MIB
+    under_attack(
+        tenants_frontend,
+        attack,
+        share + TENANT_BODY_MB * MIB + 2 * len(instructions) + SLACK,
+    )
+    status, again = call(port, "GET", f"/v1/responses/{theirs['id']}", OTHER_KEY)
+    assert status == 200, again
+    assert again["output"] == theirs["output"]
+    assert call(port, "GET", f"/v1/responses/{ids[0]}", KEY)[0] == 404  # its own, evicted
+    assert call(port, "GET", f"/v1/responses/{ids[-1]}", KEY)[0] == 200
+    # Neither key sees the other's.
+    assert call(port, "GET", f"/v1/responses/{theirs['id']}", KEY)[0] == 404
