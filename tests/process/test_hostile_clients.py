@@ -397,3 +397,125 @@ def test_one_key_s_large_stored_responses_stay_in_its_share_and_keep_the_other_k
     assert call(port, "GET", f"/v1/responses/{ids[-1]}", KEY)[0] == 200
     # Neither key sees the other's.
     assert call(port, "GET", f"/v1/responses/{theirs['id']}", KEY)[0] == 404
+
+
+MEDIA_MB = 2
+#: A gzip body of 64 KiB-ish that inflates to 64 MiB, sent as ``Content-Encoding: gzip``.
+BOMB_INFLATED = 64 * MIB
+
+
+class MediaServer:
+    """A media host on 127.0.0.1 (a thread): ``/fits.png`` (1 MiB, also gzipped as
+    ``/fits-gzip.png``), ``/endless.png`` (no length, bytes until the client goes),
+    ``/bomb.png`` (gzip that inflates to 64 MiB)."""
+
+    def __init__(self) -> None:
+        import gzip
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        bomb = gzip.compress(b"\0" * BOMB_INFLATED, 9)
+        fits = b"\x89PNG" + b"\0" * (MIB - 4)
+        fits_gzip = gzip.compress(fits)
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("content-type", "image/png")
+                try:
+                    if self.path == "/fits.png":
+                        self.send_header("content-length", str(MIB))
+                        self.end_headers()
+                        self.wfile.write(fits)
+                    elif self.path == "/fits-gzip.png":  # compressed though not asked to
+                        self.send_header("content-encoding", "gzip")
+                        self.send_header("content-length", str(len(fits_gzip)))
+                        self.end_headers()
+                        self.wfile.write(fits_gzip)
+                    elif self.path == "/bomb.png":
+                        self.send_header("content-encoding", "gzip")
+                        self.send_header("content-length", str(len(bomb)))
+                        self.end_headers()
+                        self.wfile.write(bomb)
+                    else:
+                        self.send_header("connection", "close")
+                        self.end_headers()
+                        for _ in range(1024):  # 1 GiB at most
+                            self.wfile.write(b"\0" * MIB)
+                except OSError:
+                    pass  # the frontend stopped reading: as it should
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def media_frontend():
+    # Fetching media is the application's, the same under either server: one server here.
+    media = MediaServer()
+    started = hostile.Frontend(
+        "--api-key",
+        KEY,
+        "--max-body-memory-mb",
+        str(BODY_MEMORY_MB),
+        "--allow-remote-media",
+        "--remote-media-allow",
+        "127.0.0.1/32",
+        "--remote-media-max-mb",
+        str(MEDIA_MB),
+        "--mock-tokens-per-second",
+        "200",
+    )
+    started.media = media
+    try:
+        yield started
+    finally:
+        started.stop()
+        media.close()
+    assert b"Traceback" not in started.stderr, started.stderr.decode()[-3000:]
+
+
+def test_remote_media_stay_within_their_bound_per_request(media_frontend):
+    """Four requests at once for each of an endless image and a gzip bomb (64 MiB once
+    inflated) under ``--remote-media-max-mb 2``: each refused 400 with no more fetched
+    than its bound (RSS within four requests' bounds, twice, and the slack), while
+    requests whose 1 MiB image fits (as it is, or gzipped) are answered. The bomb held
+    330 MiB before: httpx inflated each read whole before the budget saw it."""
+    port, media = media_frontend.port, media_frontend.media
+    answers: list[tuple[str, int, str | None]] = []
+
+    def chat(path: str) -> None:
+        part = {"type": "image_url", "image_url": {"url": f"{media.url}{path}"}}
+        body = {
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "see"}, part]}],
+            "max_tokens": 2,
+        }
+        status, answer = call(port, "POST", "/v1/chat/completions", KEY, body)
+        code = (answer.get("error") or {}).get("code") if status != 200 else None
+        answers.append((path, status, code))
+
+    def attack() -> None:
+        threads = [
+            threading.Thread(target=chat, args=(path,))
+            for path in ["/endless.png"] * 4 + ["/bomb.png"] * 4 + ["/fits.png", "/fits-gzip.png"]
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+
+    # Each request's fetched bytes (at most its bound), and their join into one image.
+    under_attack(media_frontend, attack, 4 * 2 * MEDIA_MB * MIB + SLACK)
+    assert sorted(answers) == sorted(
+        [("/endless.png", 400, "media_too_large")] * 4
+        + [("/bomb.png", 400, "media_too_large")] * 4
+        + [("/fits.png", 200, None), ("/fits-gzip.png", 200, None)]
+    )
