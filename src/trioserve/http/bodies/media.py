@@ -111,9 +111,10 @@ def _inflater(encoding: str | None) -> Any:
 def _inflate(inflater: Any, data: bytes, limit: int) -> bytes:
     """At most ``limit`` bytes of ``data`` inflated (more would be past the budget)."""
     try:
-        return inflater.decompress(data, limit)
+        inflated: bytes = inflater.decompress(data, limit)
     except zlib.error:
         raise _Refused("a body that does not inflate") from None
+    return inflated
 
 
 def bad_media(message: str, code: str = "invalid_media", param: str | None = None) -> HTTPError:
