@@ -196,7 +196,9 @@ def start_sides(args: argparse.Namespace, pin: bool, workdir: Path) -> list[Side
     if pin:
         env["VLLM_CPU_OMP_THREADS_BIND"] = str(MODEL_CORE)
     py, vllm_args = args.vllm_python, shlex.split(args.vllm_args)
-    admission = ["--max-concurrent-requests", str(args.most_requests)]
+    # No line per request on either side: vLLM's API server runs without uvicorn's access
+    # log and logs no requests by default; trioserve's access log (on by default) is off too.
+    frontend_options = ["--max-concurrent-requests", str(args.most_requests), "--no-access-log"]
     local = ["--host", "127.0.0.1", "--port", "0"]
     sides: list[Side] = []
     adapter_ready = None
@@ -204,7 +206,7 @@ def start_sides(args: argparse.Namespace, pin: bool, workdir: Path) -> list[Side
         frontend = procs.spawn(
             "direct",
             [py, "-m", "trioserve", "run", "--vllm", args.model, "--vllm-args", args.vllm_args]
-            + ["--vllm-cpus", str(MODEL_CORE) if pin else "all", *local, *admission]
+            + ["--vllm-cpus", str(MODEL_CORE) if pin else "all", *local, *frontend_options]
             + ["--vllm-load-timeout", str(int(args.start_timeout))],
             workdir,
             env,
@@ -249,7 +251,7 @@ def start_sides(args: argparse.Namespace, pin: bool, workdir: Path) -> list[Side
             "shared-frontend",
             # The heartbeat timeout of the direct path's EngineCore client (30 s): this
             # machine's load starved the adapter past the default 3 s.
-            [py, "-m", "trioserve", "run", "--engine", address, *local, *admission]
+            [py, "-m", "trioserve", "run", "--engine", address, *local, *frontend_options]
             + ["--heartbeat-timeout", "30"],
             workdir,
             env,
