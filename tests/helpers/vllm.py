@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import httpx
@@ -11,9 +12,7 @@ import trio
 from tests.helpers.frontends import Frontend, start_frontend
 from tests.helpers.vllm_session import FRONTEND_TIMEOUT, MODEL, Vllm
 from tests.helpers.waiting import HANG_GUARD
-from trioserve.http.bodies.agents import tool_constraint
-from trioserve.http.writers.openai import merge_logprobs, parsed_message
-from trioserve.text.agents import ParserNames, ToolUse, output_parser
+from trioserve.http.writers.openai import merge_logprobs
 
 #: An answer that runs for seconds on the tiny model.
 MAX_TOKENS = 4000
@@ -223,7 +222,7 @@ def _content(logprobs: Any) -> Any:
 
 #: A tool the tiny model is asked to call (tests/vllm/test_tool_calls_vllm.py and
 #: test_direct_vllm.py).
-WEATHER_TOOLS = [
+WEATHER_TOOLS: list[dict[str, Any]] = [
     {
         "type": "function",
         "function": {
@@ -240,46 +239,98 @@ WEATHER_TOOLS = [
 WEATHER_QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
-async def forced_call_as_vllm_writes_it(url: str, reference_url: str, choice: Any) -> None:
-    """A forced call (``choice``: ``required`` or a named function) of the hermes format,
-    through trioserve at ``url`` (``--tool-call-parser hermes``), is what vLLM's own
-    server writes under the same constraint: the reference (started without a tool-call
-    parser) is sent the structural tag vLLM's serving layer builds for the request
-    (tests/vllm/test_tool_constraints.py holds trioserve's to it, byte for byte), and
-    the greedy text it writes is trioserve's answer, read by the hermes parser."""
-    body = {"messages": WEATHER_QUESTION, "tools": WEATHER_TOOLS, "max_tokens": 80}
-    body["temperature"] = 0
-    ours = await post_json(url, "/v1/chat/completions", {**body, "tool_choice": choice})
+#: The same tool, ``strict``: vLLM's structural tag then holds the arguments to its schema
+#: too, so the tiny model's forced call is complete well within ``max_tokens``.
+STRICT_WEATHER_TOOLS = [
+    {"type": "function", "function": {**WEATHER_TOOLS[0]["function"], "strict": True}}
+]
+
+
+def _id_shape(call_id: str) -> str:
+    """A call id with its random part (vLLM's ``random_uuid``: 16 hex digits) masked:
+    what a client may rely on."""
+    return re.sub(r"(?<![0-9a-f])[0-9a-f]{16}$", "<hex>", call_id)
+
+
+def tool_message(answer: dict[str, Any]) -> dict[str, Any]:
+    """What a client of either server reads from a JSON chat answer with tools: the text,
+    each call (its id's shape, type and name, each as a list of one, and its argument
+    string) and the finish reason."""
+    choice = answer["choices"][0]
+    calls = [
+        ([_id_shape(c["id"])], [c["type"]], [c["function"]["name"]], c["function"]["arguments"])
+        for c in choice["message"].get("tool_calls") or []
+    ]
+    return {
+        "content": choice["message"]["content"] or None,
+        "tool_calls": calls,
+        "finish_reason": choice["finish_reason"],
+    }
+
+
+async def stream_tool_message(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The same, reassembled from an SSE stream's deltas: a call's id, type and name as
+    every delta of the call carried them (a value after the call's first delta marked
+    ``late``), its argument deltas joined."""
+    body = {"model": MODEL, **body, "stream": True}
+    content: list[str] = []
+    calls: dict[int, tuple[list[Any], list[Any], list[Any], list[str]]] = {}
+    finish = None
+    async with client(url) as http, http.stream("POST", CHAT, json=body) as response:
+        assert response.status_code == 200, await response.aread()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            for choice in json.loads(line[6:])["choices"]:
+                delta = choice.get("delta") or {}
+                content.append(delta.get("content") or "")
+                for call in delta.get("tool_calls") or []:
+                    first = call["index"] not in calls
+                    ids, types, names, arguments = calls.setdefault(call["index"], ([], [], [], []))
+                    function = call.get("function") or {}
+                    for seen, value in (
+                        (ids, call.get("id") and _id_shape(call["id"])),
+                        (types, call.get("type")),
+                        (names, function.get("name")),
+                    ):
+                        if value is not None:
+                            seen.append(value if first else ("late", value))
+                    arguments.append(function.get("arguments") or "")
+                if choice.get("finish_reason"):
+                    finish = choice["finish_reason"]
+    return {
+        "content": "".join(content) or None,
+        "tool_calls": [
+            (ids, types, names, "".join(arguments))
+            for _, (ids, types, names, arguments) in sorted(calls.items())
+        ],
+        "finish_reason": finish,
+    }
+
+
+async def tool_answers_as_vllm_serves_them(
+    url: str, reference_url: str, choice: Any, tools: list[dict[str, Any]] = WEATHER_TOOLS
+) -> dict[str, Any]:
+    """The same chat request with ``tools`` and ``tool_choice`` ``choice``, through
+    trioserve at ``url`` (``--tool-call-parser hermes``) and ``vllm serve`` (the session's
+    reference, ``--enable-auto-tool-choice --tool-call-parser hermes``): the answers a
+    client reads are equal, JSON and streamed (the deltas reassembled: call ids' shape,
+    names in the call's first delta, argument strings, finish reason). Each server holds
+    a forced call to the structural tag it builds itself and parses the greedy text with
+    its own hermes parser. Returns trioserve's JSON reading."""
+    body = {"messages": WEATHER_QUESTION, "tools": tools, "max_tokens": 80, "temperature": 0}
+    body["tool_choice"] = choice
+    ours = await post_json(url, CHAT, body)
+    theirs = await post_json(reference_url, CHAT, body)
     assert ours.status_code == 200, ours.text
-    constraint = tool_constraint("hermes", WEATHER_TOOLS, choice, None, {})
-    assert constraint is not None and "structural_tag" in constraint
-    theirs = await post_json(
-        reference_url,
-        "/v1/chat/completions",
-        {
-            **body,
-            "tool_choice": "none",
-            "structured_outputs": constraint,
-            "skip_special_tokens": False,
-        },
-    )
     assert theirs.status_code == 200, theirs.text
-    text = theirs.json()["choices"][0]["message"]["content"]
-    # Held to the tag: the model's text opens the call's envelope.
-    assert text.startswith('<tool_call>{"name": "get_weather", "arguments": ') or text.startswith(
-        '<tool_call>\n{"name": "get_weather", "arguments": '
-    ), text
-    named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
-    use = ToolUse(WEATHER_TOOLS, named or choice, named)
-    parser = output_parser(ParserNames("hermes"), use)
-    assert parser is not None
-    expected, _ = parsed_message(parser, text)
-    message = ours.json()["choices"][0]["message"]
-    assert message["content"] == expected["content"]
-    calls = [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]]
-    wanted = [(c["function"]["name"], c["function"]["arguments"]) for c in expected["tool_calls"]]
-    assert calls == wanted
-    assert ours.json()["choices"][0]["finish_reason"] in ("tool_calls", "stop", "length")
-    assert (ours.json()["choices"][0]["finish_reason"] == "length") == (
-        theirs.json()["choices"][0]["finish_reason"] == "length"
-    )
+    read = tool_message(ours.json())
+    assert read == tool_message(theirs.json()), (read, theirs.json())
+    streamed = await stream_tool_message(url, body)
+    reference = await stream_tool_message(reference_url, body)
+    assert streamed == reference, (streamed, reference)
+    if read["finish_reason"] != "length":
+        # Greedy, one answer either way; cut off, a call begun is answered as text in
+        # JSON, while its deltas have been streamed already (by both servers alike).
+        assert streamed == read, (streamed, read)
+    return read

@@ -35,6 +35,10 @@ VLLM_OPTIONS = [
     "--max-num-seqs",
     "64",
 ]
+#: The reference server's tool-call options: vLLM's hermes parser, as the tool tests'
+#: frontends have it (``--tool-call-parser hermes``), so both read the same calls.
+REFERENCE_TOOL_PARSER = "hermes"
+REFERENCE_TOOL_OPTIONS = ["--enable-auto-tool-choice", "--tool-call-parser", REFERENCE_TOOL_PARSER]
 #: Seconds of frontend silence before the session's engine reclaims its requests, and of
 #: engine silence before a test's frontend gives up on it: generous, since two cores
 #: running vLLM next to the tests can starve either side for seconds.

@@ -11,7 +11,9 @@ Started once per session, since start-up is the slow part (about a minute on two
   on another (its scheduler's running and waiting counts, KV-cache usage, and requests by
   finish reason: the figures the abort tests read, from vLLM's side);
 - vLLM's own API server (``python -m vllm.entrypoints.openai.api_server``) on the same
-  model and options: the reference the parity tests compare with.
+  model and options: the reference the parity tests compare with. It parses tool calls
+  (``REFERENCE_TOOL_OPTIONS``: hermes, the format the tool tests ask of trioserve), which
+  changes nothing for a request without ``tools``; one reference serves every test.
 
 Each test starts its own trioserve frontend in-process, connected to the shared engine.
 """
@@ -29,6 +31,7 @@ from tests.helpers.processes import free_port
 from tests.helpers.vllm_session import (
     FRONTEND_TIMEOUT,
     HOW_TO_RUN,
+    REFERENCE_TOOL_OPTIONS,
     ROOT,
     START_GUARD,
     VLLM_OPTIONS,
@@ -88,7 +91,8 @@ def vllm(tiny_model: tuple[str, Path], tmp_path_factory: pytest.TempPathFactory)
     reference = start(
         python,
         ["-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
-        + ["--host", "127.0.0.1", "--port", str(reference_port), *VLLM_OPTIONS],
+        + ["--host", "127.0.0.1", "--port", str(reference_port), *VLLM_OPTIONS]
+        + REFERENCE_TOOL_OPTIONS,
         where / "reference.log",
     )
     try:

@@ -24,17 +24,16 @@ import trio
 from tests.helpers.vllm import (
     CHAT,
     COMPLETIONS,
-    WEATHER_QUESTION,
-    WEATHER_TOOLS,
+    STRICT_WEATHER_TOOLS,
     chat,
     client,
     completion,
     details,
     essentials,
-    forced_call_as_vllm_writes_it,
     post_json,
     stream_details,
     stream_essentials,
+    tool_answers_as_vllm_serves_them,
 )
 from tests.helpers.vllm_session import MODEL, ROOT, START_GUARD, VLLM_OPTIONS, Vllm, vllm_env
 from tests.helpers.waiting import HANG_GUARD
@@ -419,18 +418,20 @@ async def test_a_client_gone_mid_stream_is_aborted_in_vllms_scheduler(direct: Di
     assert after == before + 1
 
 
-async def test_tools_are_parsed_and_forced_calls_written_as_vllm_writes_them(
+async def test_tool_answers_are_vllm_serves_answers_json_and_streamed(
     vllm: Vllm, direct: Direct
 ) -> None:
-    body = {"messages": WEATHER_QUESTION, "tools": WEATHER_TOOLS, "max_tokens": 16}
-    auto = await post_json(direct.url, CHAT, {**body, "temperature": 0})
-    assert auto.status_code == 200, auto.text
-    assert auto.json()["choices"][0]["message"]["tool_calls"] == []  # the tiny model calls none
-    # Forced: the frontend hands EngineCore vLLM's structural tag for hermes; the engine
-    # writes what vLLM's own server writes under it, read by the frontend's hermes parser.
-    await forced_call_as_vllm_writes_it(direct.url, vllm.reference_url, "required")
+    # The frontend reads the engine's text with its hermes parser and hands EngineCore
+    # vLLM's structural tag for a forced call: each answer, JSON and streamed, is what
+    # vllm serve (the same parser flags) answers.
+    auto = await tool_answers_as_vllm_serves_them(direct.url, vllm.reference_url, "auto")
+    assert auto["tool_calls"] == []  # the tiny model calls none
     named = {"type": "function", "function": {"name": "get_weather"}}
-    await forced_call_as_vllm_writes_it(direct.url, vllm.reference_url, named)
+    await tool_answers_as_vllm_serves_them(direct.url, vllm.reference_url, "required")
+    strict = await tool_answers_as_vllm_serves_them(
+        direct.url, vllm.reference_url, named, STRICT_WEATHER_TOOLS
+    )
+    assert [names for _, _, names, _ in strict["tool_calls"]] == [["get_weather"]]
     await _idle(direct)
 
 

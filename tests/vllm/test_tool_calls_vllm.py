@@ -1,16 +1,25 @@
 """Tools through trioserve to a real vLLM engine (the shared engine, the SDK's path): a
 request with ``tools`` is served (it was a 400), the tools reach vLLM's chat template,
-and a forced call is held by vLLM's structured outputs to the structural tag vLLM's own
-server sets for the hermes format, which trioserve hands it: the engine writes what
-``vllm serve`` writes under it. Every request ends in vLLM."""
+and each answer, JSON and streamed, is what ``vllm serve`` answers with the same parser
+flags (``--enable-auto-tool-choice --tool-call-parser hermes``): ``auto`` (the tiny
+model calls nothing), and calls forced by ``required`` or a named function, held to the
+structural tag each server builds, with tools strict or not. Every request ends in vLLM."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
-from tests.helpers.vllm import CHAT, forced_call_as_vllm_writes_it, frontend_on, post_json, settled
+from tests.helpers.vllm import (
+    CHAT,
+    STRICT_WEATHER_TOOLS,
+    frontend_on,
+    post_json,
+    settled,
+    tool_answers_as_vllm_serves_them,
+)
 from tests.helpers.vllm_session import MODEL, Vllm
 
 pytestmark = pytest.mark.integration
@@ -36,19 +45,24 @@ def body(**fields: Any) -> dict[str, Any]:
     return {"messages": MESSAGES, "tools": TOOLS, "max_tokens": 40, "temperature": 0, **fields}
 
 
-async def test_tools_are_served_and_forced_calls_constrained_by_vllm(vllm: Vllm, nursery) -> None:
+async def test_tool_answers_are_vllm_serves_answers_json_and_streamed(vllm: Vllm, nursery) -> None:
     frontend = await frontend_on(nursery, vllm, tool_call_parser="hermes")
-    auto = await post_json(frontend.url, CHAT, body())
-    assert auto.status_code == 200, auto.text  # vLLM's renderer refused tools before
-    assert auto.json()["choices"][0]["message"]["tool_calls"] == []  # the tiny model calls none
+    auto = await tool_answers_as_vllm_serves_them(frontend.url, vllm.reference_url, "auto")
+    assert auto["tool_calls"] == [] and auto["content"]  # the tiny model calls none
 
-    # The tiny model's weights are random: held by vLLM's structured outputs to the
-    # structural tag vLLM's own server would set (a <tool_call> envelope of the tool),
-    # it writes exactly what vLLM's server writes under it; cut off by max_tokens, the
-    # call is answered as text (docs/api.md).
-    await forced_call_as_vllm_writes_it(frontend.url, vllm.reference_url, "required")
+    # The tiny model's weights are random: held to the structural tag (a <tool_call>
+    # envelope of the tool), it writes a call; its arguments are free JSON unless the
+    # tool is strict, and may run past max_tokens (then both answer it as text).
     named = {"type": "function", "function": {"name": "get_weather"}}
-    await forced_call_as_vllm_writes_it(frontend.url, vllm.reference_url, named)
+    for choice in ("required", named):
+        await tool_answers_as_vllm_serves_them(frontend.url, vllm.reference_url, choice)
+        strict = await tool_answers_as_vllm_serves_them(
+            frontend.url, vllm.reference_url, choice, STRICT_WEATHER_TOOLS
+        )
+        # Strict, the arguments are held to the schema: one whole call.
+        [(ids, types, names, arguments)] = strict["tool_calls"]
+        assert (ids, types, names) == (["chatcmpl-tool-<hex>"], ["function"], ["get_weather"])
+        assert json.loads(arguments)["city"] in ("Paris", "Oslo")
     await settled(vllm)
 
 

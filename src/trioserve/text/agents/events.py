@@ -57,8 +57,9 @@ Event = TextDelta | ReasoningDelta | ToolCallStart | ToolCallArguments | ToolCal
 
 
 def tool_call_id() -> str:
-    """A call id as vLLM makes them (``make_tool_call_id``)."""
-    return f"chatcmpl-tool-{uuid.uuid4().hex}"
+    """A call id as vLLM makes them (``make_tool_call_id``: ``random_uuid``, 16 hex
+    digits of a UUID4)."""
+    return f"chatcmpl-tool-{uuid.uuid4().int & 0xFFFF_FFFF_FFFF_FFFF:016x}"
 
 
 def joined(events: list[Event]) -> list[Event]:
