@@ -25,6 +25,10 @@ HERMES = [
     '<tool_call>\n{"arguments": {"city": "Paris"}, "name": "get_weather"}\n</tool_call>',
     '<tool_call>\n{"name": "no_arguments"}\n</tool_call>',
     '<tool_call>{"name":"compact","arguments":{"x":1}}</tool_call>',
+    # Whitespace a constrained model writes (JSON allows it), and a call cut off in it:
+    # streamed, the partial arguments' trailing whitespace waits for what follows.
+    '<tool_call>{"name": "get_weather", "arguments": {"city"    :  "Oslo"  }  }</tool_call>',
+    '<tool_call>{"name": "get_weather", "arguments": {"city"      ',
 ]
 
 THINKING = [

@@ -43,8 +43,12 @@ class ObjectCall:
         make_id: Callable[[], str],
         arguments: tuple[str, ...] = ("arguments",),
         name: str | None = None,
+        hold_space: bool = False,
     ) -> None:
         self.index = index
+        #: Arguments still being written are sent without their trailing whitespace
+        #: until more follows (vLLM's hermes parser streams the stripped partial text).
+        self.hold_space = hold_space
         self.make_id = make_id
         self.keys = arguments
         self.scanner = ObjectScanner()
@@ -126,6 +130,8 @@ class ObjectCall:
             end = span[1]
         elif scanner.key in self.keys and scanner.value_start >= 0 and not scanner.error:
             end = scanner.pos
+            if self.hold_space:
+                end = len(scanner.text[:end].rstrip())
         else:
             return
         if end > self._sent_to:

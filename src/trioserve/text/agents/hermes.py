@@ -73,7 +73,7 @@ class HermesToolParser(SteppedParser):
                 self.held, self.buffer = self.held + buffer, ""
             elif stripped[0] == "{":
                 self.held += buffer[: len(buffer) - len(stripped)]
-                self.call = ObjectCall(self.calls, self.make_id)
+                self.call = ObjectCall(self.calls, self.make_id, hold_space=True)
                 self.buffer, self.state = stripped, _CALL
             else:  # not a call: the model's text
                 self._text(self.held, out)
