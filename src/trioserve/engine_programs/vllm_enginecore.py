@@ -47,6 +47,7 @@ import trio
 
 from ..enginecore import codec
 from ..enginecore.client import EngineCoreClient
+from ..enginecore.events import RequestTimes
 from ..enginecore.launcher import open_child_engine
 from ..enginecore.server_options import (
     model_directory,
@@ -240,7 +241,7 @@ class EngineCoreBackend:
         figures = self.figures
         first = True
         opening = True  # nothing has been yielded yet
-        times = codec.RequestTimes()
+        times = RequestTimes()
         try:
             while True:
                 for output in await outputs.take():

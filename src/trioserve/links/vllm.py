@@ -38,6 +38,7 @@ from ..engine import Prepared, Preparer, Subscription
 from ..engine.subscription import DEFAULT_BUFFER
 from ..enginecore import codec
 from ..enginecore.client import EngineCoreClient
+from ..enginecore.events import RequestTimes
 from ..errors import EngineLostError, TextInputError
 from ..protocol import ErrorInfo, ModelCard, OutputItem, Submit, Usage
 from ..text.assets import ModelText
@@ -379,13 +380,13 @@ class _Stream:
         self.first = True  # the first item (the prompt's details) is still to leave
         self.seq = 0
         #: The engine's queued and scheduled times, once its outputs carry events.
-        self.times: codec.RequestTimes | None = None
+        self.times: RequestTimes | None = None
 
     def output(self, output: codec.EngineCoreOutput) -> None:
         reason = output.finish_reason
         if output.events:
             if self.times is None:
-                self.times = codec.RequestTimes()
+                self.times = RequestTimes()
             self.times.update(output.events)
         if reason is not None:
             self.ended = True
