@@ -1,5 +1,6 @@
-"""--tool-call-parser, --reasoning-parser and --enable-auto-tool-choice on the command
-line, and the same options inside --vllm-args: the frontend's, never silently ignored."""
+"""--tool-call-parser, --reasoning-parser, --tool-strict-level and --enable-auto-tool-choice
+on the command line, and the same options inside --vllm-args: the frontend's, never
+silently ignored."""
 
 from __future__ import annotations
 
@@ -37,6 +38,20 @@ def test_the_frontends_reasoning_parser_is_given_to_the_vllm_engine_too():
     flags = resolve("hermes", "qwen3", False, ["--dtype", "float32"])
     assert flags.engine_args == ["--dtype", "float32", "--reasoning-parser", "qwen3"]
     assert resolve("hermes", "qwen3", False, None).engine_args == []
+
+
+def test_the_tool_strict_level_is_the_frontends_on_the_command_line_or_in_vllm_args():
+    args = build_parser().parse_args(["run", "--tool-strict-level", "parameter"])
+    assert args.tool_strict_level == "parameter"
+    assert build_parser().parse_args(["run"]).tool_strict_level == "auto"
+    inside = resolve("hermes", "", False, ["--tool-strict-level", "function", "--dtype", "half"])
+    assert inside.tool_strict_level == "function"
+    assert inside.engine_args == ["--dtype", "half"]  # the frontend's: not the engine's
+    assert resolve("hermes", "", False, None, "parameter").tool_strict_level == "parameter"
+    with pytest.raises(FlagError, match="given twice"):
+        resolve("hermes", "", False, ["--tool-strict-level=function"], "parameter")
+    with pytest.raises(FlagError, match="give auto, function, parameter"):
+        resolve("hermes", "", False, ["--tool-strict-level", "everything"])
 
 
 @pytest.mark.parametrize(

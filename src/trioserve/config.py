@@ -547,6 +547,16 @@ class Settings:
         help="parse tool calls out of chat answers in this format, as vLLM names it "
         '(every engine); turns on tool_choice "auto" (without it, "auto" is refused)',
     )
+    tool_strict_level: str = option(
+        "auto",
+        group="agents",
+        choices=("auto", "function", "parameter"),
+        help="what a tool-call format's structural tag holds the model to, as vLLM's "
+        "--tool-strict-level: `auto` (forced calls; with tool_choice auto only a tool "
+        "that says strict: true or parallel_tool_calls false), `function` (the call's "
+        "envelope for every request with tools), `parameter` (also every tool's arguments, "
+        "as if each said strict: true)",
+    )
     reasoning_parser: str = option(
         "",
         group="agents",

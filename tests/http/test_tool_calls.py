@@ -233,6 +233,25 @@ async def test_auto_is_constrained_only_for_a_strict_tool_or_one_call(frontend):
     assert tag["stop_after_first"] is True and tag["at_least_one"] is False
 
 
+@pytest.mark.parametrize("level", ["function", "parameter"])
+async def test_a_tool_strict_level_constrains_auto_for_every_tool(nursery, http_server, level):
+    # --tool-strict-level function: a call the model opens is held to the envelope, with
+    # any tool, strict or not; parameter: its arguments to the tool's schema too.
+    engine = await start_engine(nursery)
+    frontend = await start_frontend(
+        nursery, engine, server=http_server, tool_call_parser="hermes", tool_strict_level=level
+    )
+    submits = capture_submits(frontend)
+    await post(frontend, chat("Sunny."))
+    tag = json.loads(submits[-1].params["structured_outputs"]["structural_tag"])["format"]
+    assert tag["type"] == "triggered_tags" and tag["triggers"] == ["<tool_call>"]
+    schemas = [t["content"]["json_schema"] for t in tag["tags"]]
+    if level == "parameter":
+        assert schemas[0] == TOOLS[0]["function"]["parameters"]
+    else:
+        assert schemas == [True] * len(schemas)
+
+
 async def test_auto_with_a_strict_tool_and_a_response_format_is_the_calls_or_the_format(
     frontend,
 ):

@@ -66,6 +66,7 @@ def parser_class(case: dict[str, Any]) -> Any:
         tool_parser_name=case.get("tool_parser"),
         reasoning_parser_name=case.get("reasoning_parser"),
         enable_auto_tools=case.get("tool_parser") is not None,
+        tool_strict_level=case.get("tool_strict_level", "auto"),
     )
 
 

@@ -1,9 +1,10 @@
 """The constraint trioserve hands the engine for a request with tools is vLLM 0.32's own:
 the same structural tag (byte for byte) or JSON schema, for every tool-call format, for
 ``required``, a named function, and ``auto`` (constrained only with a strict tool or
-``parallel_tool_calls: false``), as vLLM's serving layer adjusts the same request
-(``constraint_reference.py``, run by the vLLM interpreter; no engine). What the model can
-write under a forced call is what it could write under ``vllm serve``."""
+``parallel_tool_calls: false``), at each ``--tool-strict-level``, as vLLM's serving layer
+adjusts the same request (``constraint_reference.py``, run by the vLLM interpreter; no
+engine). What the model can write under a forced call is what it could write under
+``vllm serve``."""
 
 from __future__ import annotations
 
@@ -74,7 +75,22 @@ REQUESTS = [
     (TOOLS, "auto", False, {"type": "json_object"}),
     (STRICT, "required", None, {"so": {"regex": "(sunny|rainy)"}}),
 ]
-CASES = [(name, *request) for name in FORMATS for request in REQUESTS]
+#: ``--tool-strict-level`` above "auto": every request with tools has its call envelope
+#: constrained ("function"), and every tool's arguments too ("parameter").
+LEVELED = [
+    (TOOLS, "auto", None, None),
+    (TOOLS, "required", None, None),
+    (STRICT, "auto", None, None),
+    (TOOLS, "auto", None, {"type": "json_object"}),
+    (TOOLS, "auto", False, None),
+]
+CASES = [(name, *request, "auto") for name in FORMATS for request in REQUESTS]
+CASES += [
+    (name, *request, level)
+    for level in ("function", "parameter")
+    for name in FORMATS
+    for request in LEVELED
+]
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +105,9 @@ def vllm_constraints() -> list[Any]:
             "tool_choice": choice,
             "parallel_tool_calls": parallel,
             "response_format": response_format,
+            "tool_strict_level": level,
         }
-        for name, tools, choice, parallel, response_format in CASES
+        for name, tools, choice, parallel, response_format, level in CASES
     ]
     result = subprocess.run(
         [python, str(REFERENCE)],
@@ -106,13 +123,13 @@ def vllm_constraints() -> list[Any]:
 
 @pytest.mark.parametrize(("index", "case"), list(enumerate(CASES)), ids=repr)
 def test_the_engine_is_constrained_as_vllm_serve_constrains_it(vllm_constraints, index, case):
-    name, tools, choice, parallel, response_format = case
+    name, tools, choice, parallel, response_format, level = case
     params: dict[str, Any] = {}
     if response_format is not None and "so" in response_format:
         params["structured_outputs"] = response_format["so"]
     elif response_format is not None:
         params["response_format"] = response_format
-    ours = tool_constraint(name, copy.deepcopy(tools), choice, parallel, params)
+    ours = tool_constraint(name, copy.deepcopy(tools), choice, parallel, params, level)
     theirs = vllm_constraints[index]
     if name == "mistral" or "json" in (theirs or {}):
         assert ours == theirs

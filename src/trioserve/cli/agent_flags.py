@@ -1,6 +1,7 @@
 """``trioserve run``'s tool-call and reasoning options (``--tool-call-parser NAME``,
-``--reasoning-parser NAME``: ``config.Settings``; ``--enable-auto-tool-choice``, accepted:
-a named tool-call parser turns ``auto`` on), checked together, for every engine.
+``--reasoning-parser NAME``, ``--tool-strict-level LEVEL``: ``config.Settings``;
+``--enable-auto-tool-choice``, accepted: a named tool-call parser turns ``auto`` on),
+checked together, for every engine.
 
 With ``--vllm``, the same options inside ``--vllm-args`` are the frontend's too (it is
 the frontend that parses answers; vLLM's engine would only ignore them), so they are
@@ -15,6 +16,7 @@ from __future__ import annotations
 import attrs
 
 from ..text.agents import REASONING_PARSERS, TOOL_CALL_PARSERS
+from ..text.agents.structural_tags import TOOL_STRICT_LEVELS
 
 
 class FlagError(ValueError):
@@ -25,6 +27,7 @@ class FlagError(ValueError):
 class ParserFlags:
     tool_call_parser: str = ""
     reasoning_parser: str = ""
+    tool_strict_level: str = "auto"
     #: With ``--vllm``: the engine's arguments, once the frontend's are taken out.
     engine_args: list[str] = attrs.Factory(list)
 
@@ -63,7 +66,11 @@ def _one(option: str, own: str | None, inside: list[str | None]) -> str:
 
 
 def resolve(
-    tool_call_parser: str, reasoning_parser: str, auto: bool, vllm_args: list[str] | None
+    tool_call_parser: str,
+    reasoning_parser: str,
+    auto: bool,
+    vllm_args: list[str] | None,
+    tool_strict_level: str = "auto",
 ) -> ParserFlags:
     """The frontend's formats from the options (and from ``--vllm-args`` when the
     engine is vLLM: ``vllm_args``, split), checked against the formats there are."""
@@ -71,8 +78,10 @@ def resolve(
     tool_inside: list[str | None] = []
     reasoning_inside: list[str | None] = []
     auto_inside: list[str | None] = []
+    strict_inside: list[str | None] = []
     if vllm_args is not None:
         engine_args, tool_inside = _take(engine_args, "--tool-call-parser", True)
+        engine_args, strict_inside = _take(engine_args, "--tool-strict-level", True)
         engine_args, auto_inside = _take(engine_args, "--enable-auto-tool-choice", False)
         _, reasoning_inside = _take(engine_args, "--reasoning-parser", True)
     tool = _one("--tool-call-parser", tool_call_parser, tool_inside)
@@ -87,8 +96,14 @@ def resolve(
             f"--vllm-args: --reasoning-parser {reasoning!r} is not a format trioserve "
             "parses; it knows " + ", ".join(sorted(REASONING_PARSERS))
         )
+    own_strict = tool_strict_level if tool_strict_level != "auto" else None
+    strict = _one("--tool-strict-level", own_strict, strict_inside) or "auto"
+    if strict not in TOOL_STRICT_LEVELS:
+        raise FlagError(
+            f"--vllm-args: --tool-strict-level {strict!r}: give " + ", ".join(TOOL_STRICT_LEVELS)
+        )
     if (auto or auto_inside) and not tool:
         raise FlagError("--enable-auto-tool-choice needs --tool-call-parser NAME")
     if vllm_args is not None and reasoning and not reasoning_inside:
         engine_args += ["--reasoning-parser", reasoning]
-    return ParserFlags(tool, reasoning, engine_args)
+    return ParserFlags(tool, reasoning, strict, engine_args)

@@ -271,11 +271,13 @@ def run(args: argparse.Namespace) -> int:
             settings.reasoning_parser,
             options.enable_auto_tool_choice,
             shlex.split(options.vllm_args) if options.vllm else None,
+            settings.tool_strict_level,
         )
     except agent_flags.FlagError as exc:
         raise CommandError(str(exc), USAGE_ERROR) from None
     settings.tool_call_parser = flags.tool_call_parser
     settings.reasoning_parser = flags.reasoning_parser
+    settings.tool_strict_level = flags.tool_strict_level
     preflight.check_tls_files(settings)
     preflight.check_upload_dir(settings.upload_dir)
     preflight.check_tokenizer(settings.tokenizer)

@@ -100,7 +100,9 @@ class Services:
     def __attrs_post_init__(self) -> None:
         settings = self.settings
         self.parsers = ParserNames(
-            settings.tool_call_parser or None, settings.reasoning_parser or None
+            settings.tool_call_parser or None,
+            settings.reasoning_parser or None,
+            settings.tool_strict_level,
         )
         if settings.tokenizer and self.texts.default is None:
             self.texts.set_default(ModelText.load(settings.tokenizer))

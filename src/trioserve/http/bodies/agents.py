@@ -120,6 +120,7 @@ def tool_constraint(
     choice: Any,
     parallel: bool | None,
     params: dict[str, Any],
+    strict_level: str = "auto",
 ) -> dict[str, Any] | None:
     """The structured outputs constraint that holds the model to the calls, as vLLM 0.32's
     server sets it for the request's tool-call format (``text/agents/structural_tags.py``):
@@ -135,7 +136,9 @@ def tool_constraint(
         )
         own = _own_constraint(params) if constrained else None
         output = None if own is None else output_format(own)
-        tag = structural_tag(tool_call_parser, tools, choice, parallel, constrained, output)
+        tag = structural_tag(
+            tool_call_parser, tools, choice, parallel, constrained, output, strict_level
+        )
         return None if tag is None else {"structural_tag": tag}
     if tool_call_parser == "mistral":
         # vLLM's Mistral parser forces nothing over structured outputs of the request's
@@ -236,7 +239,9 @@ def parse_agent_options(
     if tools and choice != "none":
         named = choice["function"]["name"] if isinstance(choice, dict) else None
         tool_use = ToolUse(tools, named or choice, named, parallel is not False)
-        constraint = tool_constraint(names.tool_call, tools, choice, parallel, params)
+        constraint = tool_constraint(
+            names.tool_call, tools, choice, parallel, params, names.tool_strict_level
+        )
         if constraint is not None:
             # As vLLM's adjust_request: the call is the answer, whatever format was asked;
             # the client's options of structured outputs (disable_any_whitespace, ...) stay.

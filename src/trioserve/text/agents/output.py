@@ -31,6 +31,9 @@ class ParserNames:
 
     tool_call: str | None = None
     reasoning: str | None = None
+    #: vLLM's ``--tool-strict-level``: ``auto``, ``function`` or ``parameter``
+    #: (``text/agents/structural_tags.py``).
+    tool_strict_level: str = "auto"
 
 
 @attrs.frozen

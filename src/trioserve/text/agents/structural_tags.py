@@ -184,6 +184,13 @@ def output_format(constraint: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+#: vLLM's ``--tool-strict-level`` (``ToolStrictLevel``): ``auto`` derives the call
+#: constraint from ``tool_choice`` and each tool's ``strict``; ``function`` constrains the
+#: call envelope of every request with tools; ``parameter`` also holds every tool's
+#: arguments to its schema, as if each said ``strict: true``.
+TOOL_STRICT_LEVELS = {"auto": 0, "function": 1, "parameter": 2}
+
+
 def structural_tag(
     format_name: str,
     tools: list[dict[str, Any]],
@@ -191,6 +198,7 @@ def structural_tag(
     parallel: bool | None,
     constrained: bool,
     output: dict[str, Any] | None = None,
+    strict_level: str = "auto",
 ) -> str | None:
     """The structural tag (JSON text) vLLM's server constrains a request of tool-call
     format ``format_name`` with, or None when it sets none. ``choice`` is the request's
@@ -205,11 +213,14 @@ def structural_tag(
     functions = [t["function"] for t in tools if t.get("type", "function") == "function"]
     auto = choice == "auto"
     single = parallel is False
-    # vLLM's tool strict level: "auto", raised to "function" (the envelope constrained)
-    # when the calls must be counted.
-    envelope = single and not (auto and constrained)
-    if auto and not envelope and not any(f.get("strict") is True for f in functions):
+    # vLLM's tool strict level, raised to "function" (the envelope constrained) when the
+    # calls must be counted.
+    level = TOOL_STRICT_LEVELS[strict_level]
+    if single and not (auto and constrained):
+        level = max(level, TOOL_STRICT_LEVELS["function"])
+    if auto and level == 0 and not any(f.get("strict") is True for f in functions):
         return None
+    pinned = level >= TOOL_STRICT_LEVELS["parameter"]
     joined = auto and constrained
     if joined and output is None:
         return None
@@ -221,7 +232,7 @@ def structural_tag(
         simplified = "auto" if auto and not joined else "required"
     if not functions:
         return None
-    calls = [(f["name"], _arguments(f, f.get("strict") is True)) for f in functions]
+    calls = [(f["name"], _arguments(f, pinned or f.get("strict") is True)) for f in functions]
     tag = _BUILDERS[model](calls, simplified)
     if single:
         _single_call(tag)
