@@ -1,25 +1,46 @@
-"""Every early end of a request reaches vLLM: checked from vLLM's side.
+"""Every early end of a request reaches vLLM: checked from vLLM's side, on both paths.
 
 Each test starts an answer that would run for thousands of tokens (seconds on this model),
-ends it early in one way, and then reads the engine process's metrics until vLLM is idle
-again: vLLM's own scheduler figures (``vllm:num_requests_running`` and ``..._waiting`` at
-0, ``vllm:kv_cache_usage_perc`` at 0), and then asserts, on deltas over the test:
+ends it early in one way, and then asserts that vLLM is idle again and never finished it.
+The cases run on both paths (``path``):
 
-- the SDK received exactly one abort, for a request it knew, and the request ended as
-  aborted (or orphaned, for a frontend that died), not finished;
-- vLLM never finished it (``vllm:request_success_total{finished_reason="length"}`` did not
-  move) and generated fewer tokens than it was asked for.
+- shared: a frontend in-process on the session's ``trioserve engine vllm``. The engine
+  process's metrics are read until vLLM is idle: its own scheduler figures
+  (``vllm:num_requests_running`` and ``..._waiting`` at 0, ``vllm:kv_cache_usage_perc`` at
+  0); then, on deltas over the test, the SDK received exactly one abort, for a request it
+  knew, and the request ended as aborted (or orphaned, for a frontend that died), not
+  finished; vLLM never finished it (``vllm:request_success_total{finished_reason="length"}``
+  did not move) and generated fewer tokens than it was asked for.
+- direct: a frontend in-process that is a client of the session's EngineCore
+  (tests/helpers/enginecore_session.py: no engine of its own), with the direct path's link
+  and text layer. From what crossed the client's sockets and from vLLM: exactly one ADD and
+  exactly one ABORT for it left the frontend; vLLM's scheduler runs and queues nothing and
+  its KV cache is empty again (its own figures, sent with a probe's step:
+  :func:`~tests.helpers.enginecore_session.scheduler_idle`); vLLM never finished it (no
+  output of it carried a finish reason) and generated fewer tokens than it was asked for.
+
+Then the cases of one path only: a killed frontend (shared: the engine reclaims a silent
+frontend's requests; the direct path's counterpart, a killed worker, is in
+test_direct_workers.py), and the WebSocket over the direct path.
 """
 
 from __future__ import annotations
 
 import json
 import signal
+from typing import Any
 
 import pytest
 import trio
 import trio_websocket
 
+from tests.helpers.enginecore_session import (
+    DirectFrontend,
+    HeadlessEngine,
+    scheduler_idle,
+    start_direct_frontend,
+)
+from tests.helpers.frontends import Frontend
 from tests.helpers.http import raw_request, read_until
 from tests.helpers.processes import Proc
 from tests.helpers.vllm import (
@@ -31,8 +52,9 @@ from tests.helpers.vllm import (
     running_in_vllm,
     settled,
 )
-from tests.helpers.vllm_session import Vllm
+from tests.helpers.vllm_session import MODEL, Vllm
 from tests.helpers.waiting import HANG_GUARD
+from trioserve.text.assets import ModelText
 
 pytestmark = pytest.mark.integration
 
@@ -53,38 +75,120 @@ def assert_ended_early(before: dict[str, float], after: dict[str, float], how: s
     assert delta("vllm:generation_tokens_total") < MAX_TOKENS
 
 
-async def test_disconnect_while_streaming_aborts_in_vllm(vllm: Vllm, nursery) -> None:
-    frontend = await frontend_on(nursery, vllm)
-    before = await settled(vllm)
+async def ended_early(direct: DirectFrontend) -> None:
+    """The one request of the test was aborted once in vLLM, and never finished there."""
+    tap = direct.tap
+    [request_id] = tap.requests
+    await tap.aborted_once(request_id)
+    stats = await scheduler_idle(direct.client)
+    assert (stats.num_running_reqs, stats.num_waiting_reqs, stats.kv_cache_usage) == (0, 0, 0.0)
+    assert tap.aborted == [request_id]  # one ABORT, and none for anything else
+    assert not tap.finished_in_engine(request_id)
+    assert tap.generated(request_id) < MAX_TOKENS
+    assert direct.client.in_flight == 0
+
+
+class SharedPath:
+    """A frontend on the session's ``trioserve engine vllm``, judged by the engine's
+    metrics (vLLM's and the SDK's), as deltas from when the frontend was up."""
+
+    def __init__(self, vllm: Vllm) -> None:
+        self.vllm = vllm
+        self.before: dict[str, float] = {}
+
+    async def start(self, nursery: trio.Nursery, **settings: Any) -> Frontend:
+        frontend = await frontend_on(nursery, self.vllm, **settings)
+        self.before = await settled(self.vllm)
+        return frontend
+
+    async def running(self) -> None:
+        """Until the request runs in vLLM."""
+        await running_in_vllm(self.vllm)
+
+    async def submitted(self) -> None:
+        """Until the request has reached the engine (not settled before: vLLM is idle
+        until it has)."""
+        await reached_vllm(self.vllm, self.before)
+
+    async def ended_early(self) -> None:
+        assert_ended_early(self.before, await settled(self.vllm), "aborted")
+
+
+class DirectPath:
+    """A frontend that is a client of the session's EngineCore, judged by what crossed
+    its sockets and by vLLM's scheduler figures."""
+
+    def __init__(self, engine: HeadlessEngine, text: ModelText) -> None:
+        self.engine = engine
+        self.text = text
+        self.direct: DirectFrontend | None = None
+
+    async def start(self, nursery: trio.Nursery, **settings: Any) -> Frontend:
+        self.direct = await start_direct_frontend(nursery, self.engine, self.text, **settings)
+        return self.direct.frontend
+
+    async def running(self) -> None:
+        assert self.direct is not None
+        tap = self.direct.tap
+        with trio.fail_after(HANG_GUARD):
+            while not tap.requests:
+                await trio.sleep(0.02)
+        await tap.running(tap.requests[0])
+
+    async def submitted(self) -> None:
+        # The frontend ends a client that stops reading itself (slow_client): until its
+        # ABORT has left.
+        assert self.direct is not None
+        with trio.fail_after(HANG_GUARD * 3):
+            while not self.direct.tap.aborted:
+                await trio.sleep(0.05)
+
+    async def ended_early(self) -> None:
+        assert self.direct is not None
+        await ended_early(self.direct)
+
+
+@pytest.fixture(scope="module")
+def text(enginecore: HeadlessEngine) -> ModelText:
+    return ModelText.load(enginecore.model_dir)
+
+
+@pytest.fixture(params=["shared", "direct"])
+def path(request: pytest.FixtureRequest) -> SharedPath | DirectPath:
+    """The path under test; only its session engine is started."""
+    if request.param == "shared":
+        return SharedPath(request.getfixturevalue("vllm"))
+    return DirectPath(request.getfixturevalue("enginecore"), request.getfixturevalue("text"))
+
+
+async def test_disconnect_while_streaming_aborts_in_vllm(path, nursery) -> None:
+    frontend = await path.start(nursery)
     stream = await raw_request(
         frontend, "POST", "/v1/completions", json.dumps({**LONG, "stream": True}).encode()
     )
     await read_until(stream, b'"text"')
     await stream.aclose()
-    assert_ended_early(before, await settled(vllm), "aborted")
+    await path.ended_early()
 
 
-async def test_disconnect_while_waiting_for_json_aborts_in_vllm(vllm: Vllm, nursery) -> None:
-    frontend = await frontend_on(nursery, vllm)
-    before = await settled(vllm)
+async def test_disconnect_while_waiting_for_json_aborts_in_vllm(path, nursery) -> None:
+    frontend = await path.start(nursery)
     stream = await raw_request(frontend, "POST", "/v1/completions", json.dumps(LONG).encode())
-    await running_in_vllm(vllm)
+    await path.running()
     await stream.aclose()
-    assert_ended_early(before, await settled(vllm), "aborted")
+    await path.ended_early()
 
 
-async def test_deadline_aborts_in_vllm(vllm: Vllm, nursery) -> None:
-    frontend = await frontend_on(nursery, vllm)
-    before = await settled(vllm)
+async def test_deadline_aborts_in_vllm(path, nursery) -> None:
+    frontend = await path.start(nursery)
     async with client(frontend.url) as http:
         answer = await http.post("/v1/completions", json=LONG, headers={"x-request-timeout": "1"})
     assert answer.status_code == 504, answer.text
-    assert_ended_early(before, await settled(vllm), "aborted")
+    await path.ended_early()
 
 
-async def test_delete_request_aborts_in_vllm(vllm: Vllm, nursery) -> None:
-    frontend = await frontend_on(nursery, vllm)
-    before = await settled(vllm)
+async def test_delete_request_aborts_in_vllm(path, nursery) -> None:
+    frontend = await path.start(nursery)
     async with (
         client(frontend.url) as http,
         http.stream(
@@ -97,14 +201,13 @@ async def test_delete_request_aborts_in_vllm(vllm: Vllm, nursery) -> None:
         assert deleted.status_code in (200, 202, 204), deleted.text
         rest = [line async for line in lines]
     assert not any("[DONE]" in line for line in rest)  # ended with an error, not completed
-    assert_ended_early(before, await settled(vllm), "aborted")
+    await path.ended_early()
 
 
-async def test_websocket_cancel_aborts_in_vllm(vllm: Vllm, nursery) -> None:
-    frontend = await frontend_on(nursery, vllm)
-    before = await settled(vllm)
+async def test_websocket_cancel_aborts_in_vllm(path, nursery) -> None:
+    frontend = await path.start(nursery)
     url = frontend.url.replace("http", "ws") + "/v1/ws"
-    with trio.fail_after(HANG_GUARD):
+    with trio.fail_after(HANG_GUARD * 3):
         async with trio_websocket.open_websocket_url(url) as ws:
             request = {"type": "request", "id": "w", "endpoint": "completions", "body": LONG}
             await ws.send_message(json.dumps(request))
@@ -114,12 +217,11 @@ async def test_websocket_cancel_aborts_in_vllm(vllm: Vllm, nursery) -> None:
             while (message := json.loads(await ws.get_message()))["type"] == "chunk":
                 pass
             assert message["error"]["code"] == "request_cancelled"
-    assert_ended_early(before, await settled(vllm), "aborted")
+    await path.ended_early()
 
 
-async def test_drain_deadline_aborts_in_vllm(vllm: Vllm, nursery) -> None:
-    frontend = await frontend_on(nursery, vllm, drain_delay=0.0, graceful_timeout=1.0)
-    before = await settled(vllm)
+async def test_drain_deadline_aborts_in_vllm(path, nursery) -> None:
+    frontend = await path.start(nursery, drain_delay=0.0, graceful_timeout=1.0)
     stream = await raw_request(
         frontend, "POST", "/v1/completions", json.dumps({**LONG, "stream": True}).encode()
     )
@@ -129,12 +231,11 @@ async def test_drain_deadline_aborts_in_vllm(vllm: Vllm, nursery) -> None:
     assert b"[DONE]" not in tail
     with trio.fail_after(HANG_GUARD):
         await frontend.stopped.wait()
-    assert_ended_early(before, await settled(vllm), "aborted")
+    await path.ended_early()
 
 
-async def test_a_client_that_stops_reading_is_ended_and_aborted_in_vllm(vllm, nursery) -> None:
-    frontend = await frontend_on(nursery, vllm, stream_buffer=8)
-    before = await settled(vllm)
+async def test_a_client_that_stops_reading_is_ended_and_aborted_in_vllm(path, nursery) -> None:
+    frontend = await path.start(nursery, stream_buffer=8)
     sock = trio.socket.socket()
     sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 4096)
     await sock.connect((frontend.host, frontend.port))
@@ -142,11 +243,13 @@ async def test_a_client_that_stops_reading_is_ended_and_aborted_in_vllm(vllm, nu
     body = json.dumps({**LONG, "stream": True}).encode()
     head = "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
     await stream.send_all(f"{head}content-length: {len(body)}\r\n\r\n".encode() + body)
-    # Never read: the frontend ends the request itself (slow_client) and aborts it. (Not
-    # settled before the submit has reached the engine: vLLM is idle until it has.)
-    await reached_vllm(vllm, before)
-    assert_ended_early(before, await settled(vllm), "aborted")
+    # Never read: the frontend ends the request itself (slow_client) and aborts it.
+    await path.submitted()
+    await path.ended_early()
     await stream.aclose()
+
+
+# -- the shared path only: a frontend killed ------------------------------------------------
 
 
 async def test_a_killed_frontends_requests_are_reclaimed_in_vllm(vllm: Vllm, nursery) -> None:
@@ -165,3 +268,58 @@ async def test_a_killed_frontends_requests_are_reclaimed_in_vllm(vllm: Vllm, nur
     frontend.signal(signal.SIGKILL)
     await frontend.wait()
     assert_ended_early(before, await settled(vllm), "orphaned")
+
+
+# -- the direct path only: the WebSocket ----------------------------------------------------
+
+
+async def test_a_websocket_request_streams_the_json_answer_over_the_direct_path(
+    enginecore, text, nursery
+) -> None:
+    direct = await start_direct_frontend(nursery, enginecore, text)
+    body = {"model": MODEL, "prompt": "The quick brown fox", "max_tokens": 24, "temperature": 0}
+    async with client(direct.frontend.url) as http:
+        answer = (await http.post("/v1/completions", json=body)).json()
+    chunks, done = [], None
+    url = direct.frontend.url.replace("http", "ws") + "/v1/ws"
+    with trio.fail_after(HANG_GUARD * 3):
+        async with trio_websocket.open_websocket_url(url) as ws:
+            request = {"type": "request", "id": "s", "endpoint": "completions", "body": body}
+            await ws.send_message(json.dumps(request))
+            while (message := json.loads(await ws.get_message()))["type"] == "chunk":
+                chunks.append(message["data"])
+            done = message
+    assert done["type"] == "done", done
+    assert len(chunks) > 1  # streamed, not one piece
+    assert "".join(c["choices"][0]["text"] for c in chunks) == answer["choices"][0]["text"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == answer["choices"][0]["finish_reason"]
+    usage = answer["usage"]
+    assert done["usage"] == {k: usage[k] for k in done["usage"]}
+    # Two requests, both finished by the engine: no ABORT.
+    assert len(direct.tap.requests) == 2 and direct.tap.aborted == []
+    assert all(direct.tap.finished_in_engine(r) for r in direct.tap.requests)
+
+
+async def test_closing_the_websocket_aborts_each_of_its_requests_once_in_vllm(
+    enginecore, text, nursery
+) -> None:
+    direct = await start_direct_frontend(nursery, enginecore, text)
+    url = direct.frontend.url.replace("http", "ws") + "/v1/ws"
+    with trio.fail_after(HANG_GUARD * 3):
+        async with trio_websocket.open_websocket_url(url) as ws:
+            for name in ("a", "b"):
+                request = {"type": "request", "id": name, "endpoint": "completions", "body": LONG}
+                await ws.send_message(json.dumps(request))
+            seen: set[str] = set()
+            while seen != {"a", "b"}:
+                message = json.loads(await ws.get_message())
+                assert message["type"] == "chunk", message
+                seen.add(message["id"])
+    tap = direct.tap
+    assert len(tap.requests) == 2
+    for request_id in tap.requests:
+        await tap.aborted_once(request_id)
+    stats = await scheduler_idle(direct.client)
+    assert (stats.num_running_reqs, stats.kv_cache_usage) == (0, 0.0)
+    assert sorted(tap.aborted) == sorted(tap.requests)
+    assert not any(tap.finished_in_engine(r) for r in tap.requests)
