@@ -17,7 +17,6 @@ from tests.helpers.vllm_session import (
     MODEL,
     START_GUARD,
     VLLM_OPTIONS,
-    Vllm,
     start,
 )
 
@@ -25,12 +24,13 @@ pytestmark = pytest.mark.integration
 
 
 async def test_sigterm_drains_the_vllm_engine_without_failing_its_streams(
-    vllm: Vllm, nursery, tmp_path
+    tiny_model, nursery, tmp_path
 ):
+    python, model_dir = tiny_model
     address = f"tcp://127.0.0.1:{free_port()}"
     engine = start(
-        vllm.python,
-        ["-m", "trioserve", "engine", "vllm", str(vllm.model_dir), "--bind", address]
+        python,
+        ["-m", "trioserve", "engine", "vllm", str(model_dir), "--bind", address]
         + ["--grace-period", "300", *VLLM_OPTIONS],
         tmp_path / "engine.log",
     )

@@ -14,24 +14,29 @@ import pytest
 import trio
 
 from tests.helpers.processes import Proc
-from tests.helpers.vllm_session import MODEL, START_GUARD, VLLM_OPTIONS, Vllm, vllm_env
+from tests.helpers.vllm_session import MODEL, START_GUARD, VLLM_OPTIONS, vllm_env
 
 pytestmark = pytest.mark.integration
 
 
-async def test_run_vllm_serves_the_model_to_the_openai_client(vllm: Vllm, nursery) -> None:
+async def test_run_vllm_serves_the_model_to_the_openai_client(tiny_model, nursery) -> None:
+    python, model_dir = tiny_model
+    # No --drain-delay: the drain's steps are the same, without 5 s of serving on for
+    # load balancers (tests/process/test_cli_signals.py holds that wait).
     frontend = await Proc.start(
         nursery,
         "run",
         "--port",
         "0",
+        "--drain-delay",
+        "0",
         "--vllm",
-        str(vllm.model_dir),
+        str(model_dir),
         "--vllm-args",
         shlex.join(VLLM_OPTIONS),
         "--vllm-path",
         "shared",
-        python=vllm.python,
+        python=python,
         env=vllm_env(),
     )
     # It listens once the model is loaded, and says so while it loads.
@@ -96,7 +101,8 @@ def _engine_cores(pid: int) -> list[int]:
     return found
 
 
-async def test_run_vllm_stops_with_status_1_when_the_enginecore_dies(vllm: Vllm, nursery) -> None:
+async def test_run_vllm_stops_with_status_1_when_the_enginecore_dies(tiny_model, nursery) -> None:
+    python, model_dir = tiny_model
     # vLLM's EngineCore killed behind the shared engine (`trioserve engine vllm`): it used
     # to keep answering pings while every request failed, /health 200 for 30 s and more.
     # Now it exits when its EngineCore client loses the engine, and the run stops with
@@ -107,12 +113,12 @@ async def test_run_vllm_stops_with_status_1_when_the_enginecore_dies(vllm: Vllm,
         "--port",
         "0",
         "--vllm",
-        str(vllm.model_dir),
+        str(model_dir),
         "--vllm-args",
         shlex.join(VLLM_OPTIONS),
         "--vllm-path",
         "shared",
-        python=vllm.python,
+        python=python,
         env=vllm_env(),
     )
     match = await frontend.wait_for_output(
