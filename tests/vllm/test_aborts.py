@@ -59,20 +59,22 @@ from trioserve.text.assets import ModelText
 pytestmark = pytest.mark.integration
 
 
-def assert_ended_early(before: dict[str, float], after: dict[str, float], how: str) -> None:
+def assert_ended_early(
+    before: dict[str, float], after: dict[str, float], how: str, requests: int = 1
+) -> None:
     def delta(name: str) -> float:
         return after[name] - before[name]
 
     ends = {k: delta(f"trioserve_engine_{k}_total") for k in ("finished", "aborted", "orphaned")}
     seen = {k: delta(f"trioserve_engine_{k}_total") for k in ("aborts_received", "unknown_aborts")}
-    assert delta("trioserve_engine_submitted_total") == 1
-    assert ends == {"finished": 0, "aborted": 0, "orphaned": 0, how: 1}, (ends, seen)
+    assert delta("trioserve_engine_submitted_total") == requests
+    assert ends == {"finished": 0, "aborted": 0, "orphaned": 0, how: requests}, (ends, seen)
     assert delta("trioserve_engine_finished_total") == 0
     if how == "aborted":
-        assert delta("trioserve_engine_aborts_received_total") == 1  # exactly one abort
+        assert delta("trioserve_engine_aborts_received_total") == requests  # one abort each
         assert delta("trioserve_engine_unknown_aborts_total") == 0
     assert delta('vllm:request_success_total{finished_reason="length"}') == 0
-    assert delta("vllm:generation_tokens_total") < MAX_TOKENS
+    assert delta("vllm:generation_tokens_total") < MAX_TOKENS * requests
 
 
 async def ended_early(direct: DirectFrontend) -> None:
@@ -254,20 +256,27 @@ async def test_a_client_that_stops_reading_is_ended_and_aborted_in_vllm(path, nu
 
 async def test_a_killed_frontends_requests_are_reclaimed_in_vllm(vllm: Vllm, nursery) -> None:
     """A frontend that dies sends no abort: the engine notices its silence (the session's
-    engine runs with --frontend-timeout FRONTEND_TIMEOUT) and aborts its requests itself."""
+    engine runs with --frontend-timeout FRONTEND_TIMEOUT) and aborts its requests itself.
+
+    The dead frontend's request asks for ``n`` choices (``orphans`` engine requests): one
+    answer of MAX_TOKENS takes the tiny model about 9 s on a quiet machine, less than the
+    engine's 10 s of patience, so one request alone could finish first (it did); 16
+    (the most ``n`` takes) in one batch take about twice as long."""
+    orphans = 16
     before = await settled(vllm)
     frontend = await Proc.start(nursery, "run", "--port", "0", "--engine", vllm.address)
     match = await frontend.wait_for_output(r"Running on (http://127\.0\.0\.1:\d+)")
     await frontend.wait_for_output(r"engine \S+ connected")
     host, port = match[1].decode().removeprefix("http://").split(":")
     stream = await trio.open_tcp_stream(host, int(port))
-    body = json.dumps({**LONG, "stream": True}).encode()
+    sampled = {"n": orphans, "temperature": 1.0, "seed": 1}  # (greedy n > 1 is refused)
+    body = json.dumps({**LONG, **sampled, "stream": True}).encode()
     head = "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
     await stream.send_all(f"{head}content-length: {len(body)}\r\n\r\n".encode() + body)
     await read_until(stream, b'"text"')
     frontend.signal(signal.SIGKILL)
     await frontend.wait()
-    assert_ended_early(before, await settled(vllm), "orphaned")
+    assert_ended_early(before, await settled(vllm), "orphaned", orphans)
 
 
 # -- the direct path only: the WebSocket ----------------------------------------------------
