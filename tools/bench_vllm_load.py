@@ -347,15 +347,7 @@ async def run_long_prompt(spec: dict) -> dict:
             "temperature": 0,
         },
     )
-    ctx: dict = {
-        "measuring": False,
-        "events": 0,
-        "answers": 0,
-        "gaps": array("d"),
-        "zeros": array("d", [0.0] * 64),
-        "failed": 0,
-        "why": "",
-    }
+    ctx = load.stream_context()
     streams: list[load.Stream] = []
     opening = asyncio.Semaphore(64)
 

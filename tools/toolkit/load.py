@@ -474,6 +474,20 @@ class Stream:
             self.first.set_exception(RuntimeError(why))
 
 
+def stream_context() -> dict:
+    """What the streams of one run share (:class:`Stream` counts into it): whether the
+    window is open, the events and answers counted, the gaps between events, failures."""
+    return {
+        "measuring": False,
+        "events": 0,
+        "answers": 0,
+        "gaps": array("d"),
+        "zeros": array("d", [0.0] * 64),
+        "failed": 0,
+        "why": "",
+    }
+
+
 async def run_stream(args: argparse.Namespace) -> dict:
     host, port = args.host, args.port
     request = chat_request(
@@ -486,15 +500,7 @@ async def run_stream(args: argparse.Namespace) -> dict:
             "mock_tokens_per_second": args.rate,
         },
     )
-    ctx: dict = {
-        "measuring": False,
-        "events": 0,
-        "answers": 0,
-        "gaps": array("d"),
-        "zeros": array("d", [0.0] * 64),
-        "failed": 0,
-        "why": "",
-    }
+    ctx = stream_context()
     meter = CpuMeter(args.frontend_pid, args.engine_pid)
     streams: list[Stream] = []
     # Streams still waiting for their first token, at most: a burst of connections larger
