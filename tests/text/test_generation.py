@@ -105,3 +105,19 @@ def test_an_echo_without_generation_shows_neither_the_token_nor_its_logprobs(pla
     delta = gen.step([token], "length", ([[token]], [[-0.5]], [1]))
     assert delta is not None and (delta.text, delta.logprobs) == ("", None)
     assert delta.finish_reason == "length"
+
+
+def test_the_first_token_begins_the_answer_even_without_text(plain: ModelText):
+    # Part of a character: no text yet, but the answer has begun (the writers open the
+    # client's stream, as vLLM's server sends its first chunk); later parts say nothing.
+    ids = plain.encode("🙂🙂", add_special_tokens=False)
+    assert len(ids) > 2  # each smile in parts
+    gen = generation(plain)
+    assert gen.step([], None, None) is None  # a prefill chunk: no token yet
+    first = gen.step(ids[:1], None, None)
+    assert first is not None and first.text == "" and first.finish_reason is None
+    later = [gen.step([token], None, None) for token in ids[1:]]
+    texts = [None if d is None else d.text for d in later]
+    assert "" not in texts and "".join(t for t in texts if t) == "🙂🙂"  # no empty deltas
+    last = gen.step([], "length", None)
+    assert last is not None and last.finish_reason == "length"

@@ -240,7 +240,6 @@ class EngineCoreBackend:
         text = GenerationText(self.served.text, request.task, prompt.token_ids, sampling)
         figures = self.figures
         first = True
-        opening = True  # nothing has been yielded yet
         times = RequestTimes()
         try:
             while True:
@@ -261,14 +260,7 @@ class EngineCoreBackend:
                         output.stop_reason,
                     )
                     if delta is None:
-                        if opening and output.new_token_ids:
-                            # The first token with no text yet (half a character, or held
-                            # back for a stop string): an empty delta, so the frontend
-                            # opens the client's stream now, as vLLM's server does.
-                            opening = False
-                            yield Output()
                         continue
-                    opening = False
                     if delta.error:
                         figures.ended("error")
                         raise RequestError(500, "vLLM's engine failed the request")

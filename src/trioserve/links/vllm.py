@@ -409,9 +409,7 @@ class _Stream:
         )
         self.seq += 1
         if delta is None:
-            if head is None:
-                return
-            delta = Delta("", token_ids=[] if self.return_ids else None)
+            return  # (the first step with ids always has a delta: the head rides on it)
         if delta.error:
             sub.deliver(
                 OutputItem(

@@ -69,6 +69,7 @@ class GenerationText:
 
     __slots__ = (
         "answer_logprobs",
+        "begun",
         "detokenizer",
         "echo_only",
         "logprobs",
@@ -80,6 +81,8 @@ class GenerationText:
         self, model: ModelText, task: str, prompt_token_ids: list[int], sampling: Sampling
     ) -> None:
         self.prompt_tokens = len(prompt_token_ids)
+        #: Whether a step has had token ids: the answer has begun.
+        self.begun = False
         self.detokenizer = sampling.detokenizer(model, prompt_token_ids)
         params = sampling.params
         self.echo_only = sampling.echo_only
@@ -109,7 +112,13 @@ class GenerationText:
         """One engine output: its new ids, the engine's finish reason (None while it
         runs), its logprob rows (None when none were asked for) and its stop reason (the
         stop token's id). None: nothing to send yet (text held back, or a character not
-        yet whole, and no logprobs or kept ids)."""
+        yet whole, and no logprobs or kept ids), except at the first step with token ids,
+        which answers a delta even without text: the answer has begun, and the client is
+        told so when the engine's first token comes (vLLM's server sends its first chunk
+        then)."""
+        opens = bool(new_token_ids) and not self.begun
+        if opens:
+            self.begun = True
         detok = self.detokenizer
         before = len(detok.token_ids)
         stop_string = detok.update(new_token_ids, finish_reason == STOP)
@@ -121,7 +130,9 @@ class GenerationText:
         stopped = stop_string is not None and finish_reason is None
         if finish_reason is None and not stopped:
             text = "" if self.echo_only else detok.next_text(False)
-            return Delta(text, logprobs, token_ids=kept) if text or logprobs or kept else None
+            if text or logprobs or kept or opens:
+                return Delta(text, logprobs, token_ids=kept)
+            return None
         if finish_reason == ERROR:
             return Delta("", None, ERROR, error=True)
         if stop_string is not None:
