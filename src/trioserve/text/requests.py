@@ -55,11 +55,9 @@ def unserved_field(params: dict[str, Any]) -> tuple[str, str] | None:
 
 
 #: The most characters of text a request may carry to be prepared in the event loop rather
-#: than in a worker thread. Rendering and encoding cost about 50 µs plus 0.2 µs a character
-#: (a short chat with the bench's tiny model: 53 µs at 100 characters, 253 µs at 1,000), the
-#: hop to a worker thread and back about 130 µs of CPU: below this, the hop is the larger
-#: cost, and the loop's other requests wait at most a quarter of a millisecond
-#: (docs/benchmarks.md).
+#: than in a worker thread: below it the hop to the thread costs more CPU than the
+#: rendering and encoding, and the loop's other requests wait at most about a quarter of a
+#: millisecond (the figures: docs/benchmarks.md, "A short request").
 INLINE_CHARS = 1024
 
 
