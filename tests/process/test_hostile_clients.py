@@ -9,11 +9,12 @@ keep the test short. No timings are asserted.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 from tools import hostile_clients as hostile
@@ -70,9 +71,31 @@ class Stream:
         assert self.done, f"the other client's stream did not end {ended}"
 
 
+@contextlib.contextmanager
+def running(*args: str) -> Iterator[hostile.Frontend]:
+    """A frontend (``tools/hostile_clients.py``'s) with ``args`` and the mock at 200
+    tokens/s, stopped at the end, whose log must hold no traceback."""
+    started = hostile.Frontend(*args, "--mock-tokens-per-second", "200")
+    try:
+        yield started
+    finally:
+        started.stop()
+    assert b"Traceback" not in started.stderr, started.stderr.decode()[-3000:]
+
+
+def call(port: int, method: str, path: str, key: str, body: dict | None = None):
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    headers = {"content-type": "application/json", "authorization": f"Bearer {key}"}
+    connection.request(method, path, None if body is None else json.dumps(body), headers)
+    response = connection.getresponse()
+    answer = response.read()
+    connection.close()
+    return response.status, json.loads(answer) if answer else None
+
+
 @pytest.fixture(params=["builtin", "hypercorn"])
 def frontend(request):
-    started = hostile.Frontend(
+    with running(
         "--server",
         request.param,
         "--api-key",
@@ -81,15 +104,9 @@ def frontend(request):
         str(BODY_MEMORY_MB),
         "--ws-max-message-kb",
         str(WS_MESSAGE_KB),
-        "--mock-tokens-per-second",
-        "200",
-    )
-    started.server = request.param
-    try:
+    ) as started:
+        started.server = request.param
         yield started
-    finally:
-        started.stop()
-    assert b"Traceback" not in started.stderr, started.stderr.decode()[-3000:]
 
 
 def under_attack(frontend, attack: Callable[[], None], bound: int) -> None:
@@ -255,7 +272,7 @@ STORE_MB = 1
 
 @pytest.fixture(params=["builtin", "hypercorn"])
 def store_frontend(request):
-    started = hostile.Frontend(
+    with running(
         "--server",
         request.param,
         "--api-key",
@@ -264,14 +281,8 @@ def store_frontend(request):
         str(BODY_MEMORY_MB),
         "--responses-store-mb",
         str(STORE_MB),
-        "--mock-tokens-per-second",
-        "200",
-    )
-    try:
+    ) as started:
         yield started
-    finally:
-        started.stop()
-    assert b"Traceback" not in started.stderr, started.stderr.decode()[-3000:]
 
 
 def test_responses_with_large_echoed_fields_stay_within_the_store_and_body_bounds(
@@ -286,13 +297,7 @@ def test_responses_with_large_echoed_fields_stay_within_the_store_and_body_bound
     statuses = []
 
     def post(body: dict) -> int:
-        connection = http.client.HTTPConnection("127.0.0.1", store_frontend.port, timeout=60)
-        headers = {"content-type": "application/json", "authorization": f"Bearer {KEY}"}
-        connection.request("POST", "/v1/responses", json.dumps(body), headers)
-        response = connection.getresponse()
-        response.read()
-        connection.close()
-        return response.status
+        return call(store_frontend.port, "POST", "/v1/responses", KEY, body)[0]
 
     def attack() -> None:
         for _ in range(20):
@@ -318,7 +323,7 @@ TENANT_BODY_MB = 8
 
 @pytest.fixture(params=["builtin", "hypercorn"])
 def tenants_frontend(request):
-    started = hostile.Frontend(
+    with running(
         "--server",
         request.param,
         "--api-key",
@@ -329,24 +334,8 @@ def tenants_frontend(request):
         str(TENANT_BODY_MB),
         "--responses-store-mb",
         str(TENANT_STORE_MB),
-        "--mock-tokens-per-second",
-        "200",
-    )
-    try:
+    ) as started:
         yield started
-    finally:
-        started.stop()
-    assert b"Traceback" not in started.stderr, started.stderr.decode()[-3000:]
-
-
-def call(port: int, method: str, path: str, key: str, body: dict | None = None):
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    headers = {"content-type": "application/json", "authorization": f"Bearer {key}"}
-    connection.request(method, path, None if body is None else json.dumps(body), headers)
-    response = connection.getresponse()
-    answer = response.read()
-    connection.close()
-    return response.status, json.loads(answer) if answer else None
 
 
 def test_one_key_s_large_stored_responses_stay_in_its_share_and_keep_the_other_key_s(
@@ -461,26 +450,22 @@ class MediaServer:
 def media_frontend():
     # Fetching media is the application's, the same under either server: one server here.
     media = MediaServer()
-    started = hostile.Frontend(
-        "--api-key",
-        KEY,
-        "--max-body-memory-mb",
-        str(BODY_MEMORY_MB),
-        "--allow-remote-media",
-        "--remote-media-allow",
-        "127.0.0.1/32",
-        "--remote-media-max-mb",
-        str(MEDIA_MB),
-        "--mock-tokens-per-second",
-        "200",
-    )
-    started.media = media
     try:
-        yield started
+        with running(
+            "--api-key",
+            KEY,
+            "--max-body-memory-mb",
+            str(BODY_MEMORY_MB),
+            "--allow-remote-media",
+            "--remote-media-allow",
+            "127.0.0.1/32",
+            "--remote-media-max-mb",
+            str(MEDIA_MB),
+        ) as started:
+            started.media = media
+            yield started
     finally:
-        started.stop()
         media.close()
-    assert b"Traceback" not in started.stderr, started.stderr.decode()[-3000:]
 
 
 def test_remote_media_stay_within_their_bound_per_request(media_frontend):
