@@ -66,9 +66,11 @@ class VllmText:
     ids and sampling parameters of one EngineCore request."""
 
     def __init__(self, model: ModelText, limits: EngineLimits) -> None:
-        self.model = model
-        self.limits = limits
         self.served = ServedText(model, limits)
+
+    @property
+    def model(self) -> ModelText:
+        return self.served.text
 
     async def prepare(self, message: Submit) -> Prepared:
         if small_enough_inline(message.task, message.inputs, message.params):
