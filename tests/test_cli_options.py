@@ -1,16 +1,20 @@
-"""`trioserve run`'s options are derived from Settings and RunOptions (options.py): every
-field is an option, its default the field's, its unit converted, each in a group of
-`run --help`."""
+"""`trioserve run`'s options are derived from Settings, RunOptions and the mock's
+MockOptions (options.py): every field is an option, its default the field's, its unit
+converted, each in a group of `run --help`; the --mock-* options reach the mock as given."""
 
 from __future__ import annotations
+
+import os
 
 import attrs
 import pytest
 
 from trioserve.cli import build_parser
-from trioserve.cli.run import GROUPS, RunOptions
+from trioserve.cli.run import GROUPS, MOCK_PREFIX, RunOptions, _child_engine
 from trioserve.config import Settings
 from trioserve.engine import routing
+from trioserve.engine_programs.mock_program import MockOptions
+from trioserve.engine_programs.process import ProcessOptions
 from trioserve.options import described_fields, from_args
 
 
@@ -67,6 +71,7 @@ def test_the_help_shows_every_group_in_order_each_with_its_options():
     places = [text.index(f"\n{title}:\n") for title in GROUPS.values()]
     assert places == sorted(places)
     used = {d.group for cls in (Settings, RunOptions) for _, d in described_fields(cls)}
+    used |= {d.group for _, d in described_fields(MockOptions, MOCK_PREFIX)}
     assert used == set(GROUPS)
 
 
@@ -75,3 +80,31 @@ def test_a_default_is_shown_as_typed_with_the_unit_as_metavar():
     assert "--request-timeout SECONDS deadline of every generation request" in text
     assert "X-Request-Timeout header (default: 600)" in text
     assert "--max-body-mb MiB largest request body in MiB (413 past it) (default: 128)" in text
+
+
+def mock_started_by(*argv: str) -> tuple[MockOptions, ProcessOptions]:
+    """The options the mock that `run ARGV` starts reads from its command line."""
+    args = parse(*argv)
+    child = _child_engine(args, from_args(RunOptions, args), "ipc:///tmp/engine.sock", [])
+    [_python, dash_m, trioserve, *rest] = child.command
+    assert (dash_m, trioserve) == ("-m", "trioserve")
+    started = build_parser().parse_args(rest)
+    assert (started.command, started.engine_kind) == ("engine", "mock")
+    return from_args(MockOptions, started), from_args(ProcessOptions, started)
+
+
+def test_the_mock_options_given_to_run_reach_the_mock_it_starts():
+    mock, process = mock_started_by(
+        "--mock-tokens-per-second", "7.5", "--mock-ttft-ms", "0", "--mock-model", "m",
+        "--mock-answer-tokens", "3", "--mock-fault-injection",
+    )  # fmt: skip
+    assert mock == MockOptions(
+        tokens_per_second=7.5, ttft_ms=0, model="m", answer_tokens=3, allow_fault_injection=True
+    )
+    assert process.bind == "ipc:///tmp/engine.sock"
+    assert process.exit_with_parent == os.getpid()
+
+
+def test_the_mock_run_starts_by_default_is_the_mocks_default():
+    mock, _ = mock_started_by()
+    assert mock == MockOptions()

@@ -8,14 +8,17 @@ EngineCore: tests/vllm/test_vllm_attach.py."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from functools import partial
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 import trio
 
-from tests.helpers.fake_enginecore import FakeEngineCore, attach_fake_enginecore
+from tests.helpers.fake_enginecore import READY, FakeEngineCore, attach_fake_enginecore
 from tests.helpers.processes import free_port
 from tests.helpers.text_models import build_text_model
 from tests.helpers.waiting import HANG_GUARD
@@ -149,3 +152,68 @@ def test_attach_misuse_is_one_line_and_status_2(attach, model, path, workers, sa
     with pytest.raises(CommandError) as raised:
         preflight.check_vllm_attach(attach, model, path, workers)
     assert says in str(raised.value) and raised.value.exit_status == 2
+
+
+async def test_an_engine_of_another_vllm_release_is_refused_in_one_line_naming_both(
+    nursery, tmp_path
+) -> None:
+    model_dir = build_text_model(tmp_path / "model", harder=False)
+    handshake = f"127.0.0.1:{free_port()}"
+
+    async def never_served(**_: Any) -> None:
+        raise AssertionError("an engine of another release was served")
+
+    refusals: list[CommandError] = []
+    refused = trio.Event()
+
+    async def attached() -> None:
+        # (From inside its nursery: `trioserve run` says the group's one CommandError.)
+        with pytest.RaisesGroup(CommandError) as raised:
+            await serve_attached(
+                str(model_dir),
+                ["--served-model-name", "m"],
+                handshake=handshake,
+                load_timeout=HANG_GUARD,  # refused at once, or this says "within"
+                serve=never_served,
+            )
+        refusals.append(raised.value.exceptions[0])
+        refused.set()
+
+    newer = msgspec.structs.replace(READY, vllm_version="0.40.1")
+    with trio.fail_after(HANG_GUARD):
+        async with trio.open_nursery() as both:
+            both.start_soon(attached)
+            # (Held until refused: an engine that left at once could take its unsent
+            # ready response with it.)
+            async with attach_fake_enginecore(f"tcp://{handshake}", newer):
+                await refused.wait()
+    [refusal] = refusals
+    assert "0.40.1" in str(refusal) and "0.32.x" in str(refusal), refusal
+    assert refusal.exit_status == 1
+
+
+def test_no_engine_within_the_load_timeout_is_one_line_and_status_1(tmp_path) -> None:
+    model_dir = build_text_model(tmp_path / "model", harder=False)
+    port = free_port()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trioserve",
+            "run",
+            "--vllm",
+            str(model_dir),
+            "--port",
+            "0",
+            "--vllm-attach",
+            f"127.0.0.1:{port}",
+            "--vllm-load-timeout",
+            "0.5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert f"no vLLM EngineCore connected to tcp://127.0.0.1:{port} within 0.5 s" in done.stderr

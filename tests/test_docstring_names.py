@@ -1,11 +1,19 @@
 """Every dotted ``trioserve.*`` name in a docstring or comment of src/ resolves: to a module,
-or to an attribute of one. Modules move (``http/uploads.py`` became ``http/bodies/uploads.py``)
-and prose naming the old place sends a reader to nothing.
+or to an attribute of one; and every path to a file of the project in the docstrings and
+comments of src/, tools/ and tests/ names a file that is there. Modules move (the uploads
+module left ``http/`` for ``http/bodies/``) and prose naming the old place sends a reader
+to nothing.
 
 Some dotted names are not modules but names the code itself spells as strings: loggers
 (``trioserve.access``), WebSocket subprotocols (``trioserve.bearer.<KEY>``), span attributes
 (``trioserve.request.id``). Prose may name those; they are read from the code's string
 constants, not listed here, so a name stays allowed only while the code uses it.
+
+A path (``http/bodies/media.py``, ``tests/vllm/test_parity.py``, ``docs/api.md``) may be
+written from the repository's root, from ``src/trioserve/`` or from the mentioning file's
+directory; a bare ``<name>.py`` must be the name of some file of the project. Another
+project's file is written with its own top directory (h11's ``h11/_state.py``), which is
+none of those places' directories, and is not checked.
 """
 
 from __future__ import annotations
@@ -17,9 +25,14 @@ import re
 import tokenize
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parent.parent / "src" / "trioserve"
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "src" / "trioserve"
+#: Whose docstrings and comments are read for paths.
+SCANNED = (SRC, ROOT / "tools", ROOT / "tests")
 
 DOTTED = re.compile(r"\btrioserve(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
+#: A file named in prose: a path, or a bare name, ending in .py or .md (not inside a URL).
+PATH = re.compile(r"(?<![\w./:-])((?:[\w.-]+/)*[\w.-]+\.(?:py|md))\b")
 
 
 def resolves(dotted: str) -> bool:
@@ -99,3 +112,65 @@ def test_a_name_of_a_module_that_is_gone_is_found():
     assert resolves("trioserve.http.bodies.uploads")
     assert resolves("trioserve.transport.owner.SocketOwner")
     assert not resolves("trioserve.transport.owner.NoSuchOwner")
+
+
+#: The names of the project's Python files, for a bare ``<name>.py``.
+FILE_NAMES = {path.name for top in SCANNED for path in top.rglob("*.py")}
+
+
+def names_a_missing_file(path: str, mentioned_in: Path) -> bool:
+    """Whether ``path``, written in the prose of the file ``mentioned_in``, names a file of
+    the project that is not there (see the module's docstring for where it may start)."""
+    first, slash, _ = path.partition("/")
+    if not slash:
+        # A bare name (only .py: a bare .md may be a document outside the repository).
+        return path.endswith(".py") and path not in FILE_NAMES
+    bases = (ROOT, SRC, mentioned_in.parent)
+    if first in (".", "..") or not any((base / first).is_dir() for base in bases):
+        return False  # outside the repository, or another project's file
+    return not any((base / path).is_file() for base in bases)
+
+
+def test_every_path_to_a_project_file_in_docstrings_and_comments_is_there():
+    mentions = []
+    for top in SCANNED:
+        for path in sorted(top.rglob("*.py")):
+            prose, _ = prose_and_code_strings(path.read_text())
+            mentions.extend(
+                (path, line, match.group(1))
+                for line, text in prose
+                for match in PATH.finditer(text)
+            )
+    assert len(mentions) > 200, "the scan finds the paths the prose does give"
+    missing = [
+        f"{path.relative_to(ROOT)}:{line}: {name}"
+        for path, line, name in mentions
+        if names_a_missing_file(name, path)
+    ]
+    assert missing == []
+
+
+def test_a_path_to_a_file_that_is_not_there_is_found():
+    here = SRC / "server" / "http1" / "protocol.py"
+    for gone in (
+        "h11_server.py",
+        "tests/text/test_agents_chunking.py",
+        "http/bodies/tools.py",
+        "src/trioserve/zmtp.py",
+        "tools/no_such_tool.py",
+        "docs/no_such_page.md",
+    ):
+        assert names_a_missing_file(gone, here), gone
+    for there in (
+        "serve.py",
+        "tests/text/agents/test_chunking.py",
+        "http/bodies/agents.py",
+        "server/http1/connection.py",
+        "src/trioserve/transport/zmtp.py",
+        "tools/wakeups.py",
+        "docs/architecture.md",
+    ):
+        assert not names_a_missing_file(there, here), there
+    # Another project's file, and one outside the repository, are not ours to check.
+    assert not names_a_missing_file("vllm/v1/engine/core.py", here)
+    assert not names_a_missing_file("../shared/vllm-enginecore.md", here)

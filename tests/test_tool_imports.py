@@ -1,10 +1,11 @@
-"""The measuring tools in tools/ import each other without a circle, the library
-(tools/toolkit) imports no program, and every tool imports as it runs."""
+"""The measuring tools are a package (``tools``) whose modules import each other without a
+circle, whose library (``tools.toolkit``) imports no program, and whose every module imports
+by its dotted name from the repository's root, as ``python -m tools.NAME`` runs it, with no
+edit of ``sys.path``."""
 
 from __future__ import annotations
 
 import ast
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,41 +15,45 @@ TOOLS = ROOT / "tools"
 
 
 def tool_modules() -> dict[str, Path]:
-    """Every tool by the name it is imported as from tools/ (``bench``, ``toolkit.load``)."""
-    modules = {path.stem: path for path in TOOLS.glob("*.py")}
-    for path in (TOOLS / "toolkit").glob("*.py"):
-        modules["toolkit" if path.stem == "__init__" else f"toolkit.{path.stem}"] = path
+    """Every module of the package by its dotted name (``tools.bench``,
+    ``tools.toolkit.load``; a package by its own: ``tools.toolkit``)."""
+    modules = {}
+    for path in TOOLS.rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return modules
 
 
 def imported_tools(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """The tools ``name`` imports, at the top or inside a function (a late import closes a
-    circle as well): ``import loadgen``, ``from toolkit import load``, ``from tools import
-    fuzz_runner``, ``from . import load``."""
-    package = "toolkit" if name.startswith("toolkit") else ""
+    """The modules of ``tools`` that ``name`` imports, at the top or inside a function (a
+    late import closes a circle as well): ``from tools import loadgen``, ``from
+    tools.toolkit import load``, ``from . import load``."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = package if node.level else (node.module or "")
-            if node.level and node.module:
-                base = f"{package}.{node.module}"
-            base = base.removeprefix("tools.").removeprefix("tools")
-            targets = [f"{base}.{alias.name}".strip(".") for alias in node.names] + [base]
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}".strip(".")
+            targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
         else:
             continue
-        for target in targets:
-            target = target.removeprefix("tools.")
-            if target in modules and target != name:
-                found.add(target)
-    return found
+        found |= {target for target in targets if target in modules and target != name}
+    return found - {"tools"}
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = tool_modules()
+    return {name: imported_tools(name, path, modules) for name, path in modules.items()}
 
 
 def test_the_tools_import_each_other_without_a_circle():
-    modules = tool_modules()
-    graph = {name: imported_tools(name, path, modules) for name, path in modules.items()}
-    assert graph["bench_vllm"] >= {"bench_vllm_load", "toolkit.load"}  # the graph is read
+    graph = import_graph()
+    assert graph["tools.bench_vllm"] >= {"tools.bench_vllm_load", "tools.toolkit.processes"}
+    assert graph["tools.toolkit.load"] >= {"tools.toolkit.procfs"}  # relative imports read
 
     def circle_from(name: str, path: list[str]) -> list[str] | None:
         for imported in sorted(graph[name]):
@@ -64,26 +69,25 @@ def test_the_tools_import_each_other_without_a_circle():
 
 
 def test_the_toolkit_imports_no_program():
-    modules = tool_modules()
-    for name, path in modules.items():
-        if name.startswith("toolkit"):
-            programs = {i for i in imported_tools(name, path, modules) if "toolkit" not in i}
+    for name, imported in import_graph().items():
+        if name.startswith("tools.toolkit"):
+            programs = {i for i in imported if not i.startswith("tools.toolkit")}
             assert programs == set(), name
 
 
-def test_every_tool_imports_as_it_runs():
-    # A program is run from tools/ (``python tools/bench.py``: its siblings are top-level)
-    # or from the root (``python -m tools.fuzz_http``); the child is given both.
+def test_no_tool_edits_sys_path():
+    for name, path in tool_modules().items():
+        assert "sys.path" not in path.read_text(), name
+
+
+def test_every_tool_imports_by_its_dotted_name_from_the_root():
+    # As ``python -m tools.NAME`` finds it: from the root (the current directory), with
+    # nothing of tools/ on the path.
     names = sorted(tool_modules())
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
     script = "import importlib, sys\nfor name in sys.argv[1:]:\n    importlib.import_module(name)"
     result = subprocess.run(
         [sys.executable, "-c", script, *names],
-        cwd=TOOLS,
-        env=env,
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,

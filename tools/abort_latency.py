@@ -6,8 +6,8 @@ opens a request, waits until it is generating, closes the connection and waits f
 engine to see the abort. Streaming (SSE, closed after the first event) and non-streaming
 (JSON, closed while waiting) are measured separately. All traffic is on 127.0.0.1.
 
-    python tools/abort_latency.py --count 300
-    python tools/abort_latency.py --count 300 --write-docs docs/benchmarks.md
+    python -m tools.abort_latency --count 300
+    python -m tools.abort_latency --count 300 --write-docs docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -160,14 +160,16 @@ def table(figures: dict[str, dict[str, float]], command: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.abort_latency", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--count", type=int, default=300, help="disconnects per response kind")
     parser.add_argument("--json", type=Path, help="also write the figures here as JSON")
     parser.add_argument("--write-docs", type=Path, help="update this markdown file's table")
     parser.add_argument("--quiet", action="store_true", help="no progress display")
     args = parser.parse_args()
     figures = trio.run(measure, args.count, not args.quiet)
-    command = "python tools/abort_latency.py --count " + str(args.count)
+    command = "python -m tools.abort_latency --count " + str(args.count)
     text = table(figures, command)
     print(text)
     if args.json:

@@ -14,7 +14,7 @@ token, NULL beside CURVE, measured the same way in alternation.
   (frontend CPU per relayed token event), for ``--rounds`` rounds, NULL then CURVE in
   one round and CURVE then NULL in the next.
 
-    python tools/bench_curve.py [--rounds 3] [--duration 5]
+    python -m tools.bench_curve [--rounds 3] [--duration 5]
 
 Prints the figures and writes them as JSON with ``--json``. All traffic is on 127.0.0.1;
 every step is bounded in time.
@@ -38,12 +38,11 @@ from pathlib import Path
 
 import trio
 
-from toolkit.load import cpu_seconds
+from tools.toolkit.processes import ROOT, tool_command
+from tools.toolkit.procfs import cpu_seconds
 from trioserve.protocol import Ping, encode
 from trioserve.transport.keys import client_keys, write_keypair
 from trioserve.transport.zmtp import ZmtpDealer
-
-TOOLS = Path(__file__).resolve().parent
 
 #: Seconds a process has to come up.
 START_TIMEOUT = 20.0
@@ -201,8 +200,7 @@ def measure_handshakes(keys: Keys, count: int, logs: Path, rounds: int) -> dict:
 def loadgen(mode: str, url: str, frontend: int, engine: int, args) -> dict:
     command = [
         *pin(1, args.pinned),
-        sys.executable,
-        str(TOOLS / "loadgen.py"),
+        *tool_command("loadgen"),
         mode,
         "--url",
         url,
@@ -220,7 +218,12 @@ def loadgen(mode: str, url: str, frontend: int, engine: int, args) -> dict:
     else:
         command += ["--streams", str(args.streams), "--rate", str(args.rate)]
     done = subprocess.run(
-        command, capture_output=True, text=True, timeout=args.duration * 10 + 60, check=True
+        command,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=args.duration * 10 + 60,
+        check=True,
     )
     return json.loads(done.stdout)
 
@@ -278,7 +281,9 @@ def summary(runs: list[dict], key: str) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.bench_curve", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per load run")
     parser.add_argument("--concurrency", type=int, default=32)

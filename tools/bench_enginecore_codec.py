@@ -1,7 +1,7 @@
 """What decoding one EngineCore step's outputs costs: trioserve's codec (msgspec, into typed
 structs) against msgpack into lists, the alternative it was chosen over.
 
-    python tools/bench_enginecore_codec.py [--outputs 64] [--rounds 10] [--per-round 2000]
+    python -m tools.bench_enginecore_codec [--outputs 64] [--rounds 10] [--per-round 2000]
 
 A step of ``--outputs`` requests, one new token each (the steady state of a batch), encoded
 as vLLM encodes it (array-like structs; this codec's encoder writes the same bytes), decoded
@@ -24,7 +24,9 @@ from trioserve.enginecore import codec
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.bench_enginecore_codec", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--outputs", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--per-round", type=int, default=2000)

@@ -23,8 +23,8 @@ their prompt cached (hit rate), the share of prompt tokens served from cache, th
 to first token (p50, p90, mean, client-side) and the time the whole workload took; then
 affinity / least-load for each.
 
-    python tools/bench_routing.py                    # 2 rounds, about a minute
-    python tools/bench_routing.py --rounds 3 --json figures.json --write-docs docs/benchmarks.md
+    python -m tools.bench_routing                    # 2 rounds, about a minute
+    python -m tools.bench_routing --rounds 3 --json figures.json --write-docs docs/benchmarks.md
 
 All traffic is on 127.0.0.1; every step is bounded in time.
 """
@@ -49,7 +49,7 @@ from typing import Any
 import httpx
 import trio
 
-from toolkit.reports import write_docs
+from tools.toolkit.reports import write_docs
 
 BEGIN, END = "<!-- bench-routing:begin -->", "<!-- bench-routing:end -->"
 POLICIES = ("least-load", "affinity")
@@ -251,7 +251,7 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> s
     lines = [
         "## Routing: least-load against affinity (prefix-cache hits)",
         "",
-        f"`python tools/bench_routing.py {shown_args()}`".replace(" `", "`"),
+        f"`python -m tools.bench_routing {shown_args()}`".replace(" `", "`"),
         "",
         f"{args.engines} mock engines with a prefix cache of {args.cache_blocks} blocks "
         f"of 16 words each; {args.sessions} sessions with a system prompt of "
@@ -284,7 +284,9 @@ def shown_args() -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.bench_routing", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--engines", type=int, default=3)
     parser.add_argument("--sessions", type=int, default=24)
     parser.add_argument("--turns", type=int, default=6)

@@ -1,8 +1,8 @@
 """What a long prompt costs the text layer, and whether it stalls other Python work.
 
-    python tools/bench_tokenize.py [--model DIR] [--tokens 100000] [--rounds 5]
+    python -m tools.bench_tokenize [--model DIR] [--tokens 100000] [--rounds 5]
 
-Builds the harder tiny Llama's text assets (tools/tiny_llama.py ``--text-only``) unless a
+Builds the harder tiny Llama's text assets (``tools.tiny_llama``'s ``--text-only``) unless a
 model directory is given, makes a prompt of about ``--tokens`` tokens from varied text
 (accents, CJK, emoji), and reports, as medians over the rounds:
 
@@ -29,8 +29,6 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
 
 TEXT = (
     "The quick brown fox jumps over the lazy dog. Grüße aus Köln! Café, naïve, façade. "
@@ -86,11 +84,13 @@ def _short_chat_costs(model: object, count: int = 3000) -> dict[str, float]:
 
 
 def main() -> None:
-    from tiny_llama import build_text_only
+    from tools.tiny_llama import build_text_only
     from trioserve.text.assets import ModelText
     from trioserve.text.prompts import chat_prompt
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.bench_tokenize", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--model", help="a model directory (default: the harder tiny Llama)")
     parser.add_argument("--tokens", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=5)

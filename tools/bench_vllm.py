@@ -34,7 +34,7 @@ Figures (each the median over rounds with its range, and side / vLLM per round):
   ``trioserve_engine_generation_tokens_total``), since a server that falls behind puts
   several tokens in one event (the client's events are in the JSON beside it);
 - non-streaming requests/s at c=32 and c=256, streaming tokens/s at c=32 and c=256
-  (``tools/loadgen.py``, every request greedy with ``ignore_eos``);
+  (``tools.loadgen``'s runs, every request greedy with ``ignore_eos``);
 - TTFT at c=1, each side alone; abort latency (the client closes, the engine's running
   count as the side's metrics say it drops to 0);
 - a long prompt (``--long-prompt-tokens``) arriving while ``--long-prompt-streams`` streams
@@ -46,9 +46,15 @@ Goals, as ratios to vLLM's API server: CPU per token ≤ 0.3, TTFT p50 ≤ 0.9, 
 requests/s at c=32 ≥ 1.5, streaming tokens/s at c=256 ≥ 1.2. A goal is "met" only when
 every round of two or more meets it, "not met" when none does, else "undecided".
 
-    python tools/bench_vllm.py --vllm-python /work/main/.venv-vllm/bin/python --rounds 3
-    python tools/bench_vllm.py --quick --json figures.json    # a few minutes, one round
-    python tools/bench.py --vllm [the options above]           # the same
+    python -m tools.bench_vllm --vllm-python /work/main/.venv-vllm/bin/python --rounds 3
+    python -m tools.bench_vllm --quick --json figures.json    # a few minutes, one round
+    python -m tools.bench_vllm --engine null ...               # the frontends alone
+
+``--engine null``: each side's engine is ``tools.null_enginecore`` (tokens at no cost,
+measured apart as the model is), so that the frontends, not the model, limit the figures;
+the direct path attaches to it (``--vllm-attach``), vLLM's API server takes it as its remote
+engine (``--data-parallel-size-local 0``); the shared side is not run.
+    python -m tools.bench --vllm [the options above]           # the same
 
 All traffic is on 127.0.0.1, bounded in count; every step is bounded in time; every process
 this script starts is in a process group of its own, killed at the end (and sent SIGTERM if
@@ -61,7 +67,6 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -69,24 +74,32 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import bench_vllm_load  # (the load child's modes)
-import bench_vllm_procs as procs  # (spawning, pinning, per-thread CPU)
-from toolkit import load, machine, processes, reports
-from toolkit.progress import Progress
-
-TOOLS = Path(__file__).resolve().parent
+from tools import bench_vllm_load  # (the load child's modes)
+from tools import bench_vllm_procs as procs  # (spawning, pinning, per-thread CPU)
+from tools import bench_vllm_report as reporting
+from tools.bench_vllm_sides import (
+    DIRECT,
+    MODEL_CORE,
+    SERVER_CORE,
+    SHARED,
+    VLLM,
+    Side,
+    chat,
+    served_name,
+    start_sides,
+)
+from tools.toolkit import machine, processes, reports
+from tools.toolkit.progress import Progress
 
 BEGIN, END = "<!-- bench-vllm:begin -->", "<!-- bench-vllm:end -->"
-SERVER_CORE, MODEL_CORE = 0, 1
+#: The table of ``--engine null`` runs, apart from the model's.
+NULL_BEGIN, NULL_END = "<!-- bench-vllm-null:begin -->", "<!-- bench-vllm-null:end -->"
 #: The load generator and this script share the non-model processes' core: vLLM's Worker
 #: starves whatever else runs on its core, and the model should have its core alone.
 LOAD_CORE = SERVER_CORE
-DIRECT, SHARED, VLLM = "direct", "shared", "vLLM API server"
 ALL_SIDES = {"direct": DIRECT, "shared": SHARED, "vllm": VLLM}
 #: vLLM options every side gets unless ``--vllm-args`` says otherwise.
 #: The context is longer than the tiny model's 8,192 positions (VLLM_ALLOW_LONG_MAX_MODEL_LEN)
@@ -94,196 +107,13 @@ ALL_SIDES = {"direct": DIRECT, "shared": SHARED, "vllm": VLLM}
 #: after it) refuses a text of more than max_model_len times the longest token's characters
 #: unread.
 VLLM_ARGS = "--served-model-name tiny --max-model-len 16384 --enforce-eager --dtype float32"
-#: Goals: figure key -> (the ratio side / vLLM, at most (True) or at least (False)).
-GOALS = {
-    "cpu_per_token": (0.3, True),
-    "ttft_p50": (0.9, True),
-    "json_c32_rps": (1.5, False),
-    "stream_c256_tps": (1.2, False),
-}
-#: Mixed text for the long prompt (accents, CJK, emoji), as tools/bench_tokenize.py's.
+#: Mixed text for the long prompt (accents, CJK, emoji), as tools.bench_tokenize's.
 LONG_TEXT = (
     "The quick brown fox jumps over the lazy dog. Grüße aus Köln! Café, naïve, façade. "
     "日本語のテキストも少しあります。中文测试 漢字 한국어 텍스트. Emoji: 🙂 🚀 ✨ 👩‍💻 👍🏽. "
     '{"key": "value", "list": [1, 2, 3]} 1 2 3 4 5 6 7 8 9 10 100 1000\n'
 )
 DASH = reports.DASH
-
-
-# -- the sides ------------------------------------------------------------------------------
-
-
-@dataclass
-class Side:
-    label: str
-    procs: list[processes.Proc]
-    url: str = ""
-    #: (metrics page, counter): the server's own count of generated tokens.
-    token_counter: tuple[str, str] = ("", "")
-    #: (metrics page, gauge): the engine's running requests, as the side reports them.
-    running: tuple[str, str] = ("", "")
-    ttft_histogram_url: str | None = None  # vLLM's TTFT histogram, where the side has one
-    counted: dict[str, int] = field(default_factory=dict)  # the non-model processes
-    names: dict[int, str] = field(default_factory=dict)  # their pid -> comm
-    model: dict[int, str] = field(default_factory=dict)  # their descendants: pid -> comm
-
-    def alive(self) -> bool:
-        return all(proc.popen.poll() is None for proc in self.procs)
-
-    def log_tails(self) -> str:
-        return "\n".join(f"--- {p.name}:\n{p.log_tail(1500)}" for p in self.procs)
-
-    def watched(self, pin: bool) -> list[dict]:
-        out = [
-            {"pid": pid, "name": name, "role": "counted", "core": SERVER_CORE if pin else None}
-            for name, pid in self.counted.items()
-        ]
-        out += [
-            {
-                "pid": pid,
-                "name": f"model:{what}:{pid}",
-                "role": "model",
-                "core": MODEL_CORE if pin else None,
-            }
-            for pid, what in self.model.items()
-        ]
-        return out
-
-    def tops(self) -> list[int]:
-        return list(self.counted.values())
-
-
-def chat(url: str, model: str, extra: dict, timeout: float = 30) -> tuple[int, dict]:
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": load.PROMPT}],
-        "temperature": 0,
-        **extra,
-    }
-    request = urllib.request.Request(
-        url + "/v1/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={"content-type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as reply:
-            return reply.status, json.loads(reply.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, {}
-
-
-def wait_ready(side: Side, model: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not side.alive():
-            break
-        with contextlib.suppress(OSError, ValueError):
-            status, _ = chat(side.url, model, {"max_tokens": 2}, timeout=30)
-            if status == 200:
-                return
-        time.sleep(0.5)
-    raise RuntimeError(f"{side.label} is not answering:\n{side.log_tails()}")
-
-
-def start_sides(args: argparse.Namespace, pin: bool, workdir: Path) -> list[Side]:
-    """Every side asked for, started at once (the models load side by side), up and
-    answering, and pinned."""
-    env = {
-        **os.environ,
-        "VLLM_CPU_KVCACHE_SPACE": str(args.kv_cache_gib),
-        "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
-    }
-    if pin:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = str(MODEL_CORE)
-    py, vllm_args = args.vllm_python, shlex.split(args.vllm_args)
-    # No line per request on either side: vLLM's API server runs without uvicorn's access
-    # log and logs no requests by default; trioserve's access log (on by default) is off too.
-    frontend_options = ["--max-concurrent-requests", str(args.most_requests), "--no-access-log"]
-    local = ["--host", "127.0.0.1", "--port", "0"]
-    sides: list[Side] = []
-    adapter_ready = None
-    if DIRECT in args.sides:
-        frontend = procs.spawn(
-            "direct",
-            [py, "-m", "trioserve", "run", "--vllm", args.model, "--vllm-args", args.vllm_args]
-            + ["--vllm-cpus", str(MODEL_CORE) if pin else "all", *local, *frontend_options]
-            + ["--vllm-load-timeout", str(int(args.start_timeout))],
-            workdir,
-            env,
-        )
-        sides.append(Side(DIRECT, [frontend], counted={"frontend": frontend.pid}))
-    if SHARED in args.sides:
-        address = f"tcp://127.0.0.1:{processes.free_port()}"
-        metrics = f"http://127.0.0.1:{processes.free_port()}"
-        adapter = procs.spawn(
-            "shared-adapter",
-            [py, "-m", "trioserve", "engine", "vllm", args.model, "--bind", address]
-            + ["--metrics-port", metrics.rsplit(":", 1)[1], *vllm_args],
-            workdir,
-            env,
-        )
-        shared = Side(SHARED, [adapter], counted={"adapter": adapter.pid})
-        shared.token_counter = (metrics + "/metrics", "vllm:generation_tokens_total")
-        shared.running = (metrics + "/metrics", "vllm:num_requests_running")
-        shared.ttft_histogram_url = metrics + "/metrics"
-        adapter_ready = (shared, address)
-        sides.append(shared)
-    if VLLM in args.sides:
-        port = processes.free_port()
-        api = procs.spawn(
-            "vllm-api-server",
-            [py, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model, *vllm_args]
-            + ["--host", "127.0.0.1", "--port", str(port), "--disable-uvicorn-access-log"],
-            workdir,
-            env,
-        )
-        b = Side(VLLM, [api], url=f"http://127.0.0.1:{port}", counted={"frontend": api.pid})
-        b.token_counter = (b.url + "/metrics", "vllm:generation_tokens_total")
-        b.running = (b.url + "/metrics", "vllm:num_requests_running")
-        b.ttft_histogram_url = b.url + "/metrics"
-        sides.append(b)
-    if adapter_ready is not None:
-        shared, address = adapter_ready
-        adapter = shared.procs[0]
-        procs_ready = re.compile("vLLM engine serving")
-        processes.wait_for_log(adapter, procs_ready, args.start_timeout)
-        frontend = procs.spawn(
-            "shared-frontend",
-            # The heartbeat timeout of the direct path's EngineCore client (30 s): this
-            # machine's load starved the adapter past the default 3 s.
-            [py, "-m", "trioserve", "run", "--engine", address, *local, *frontend_options]
-            + ["--heartbeat-timeout", "30"],
-            workdir,
-            env,
-        )
-        shared.procs.insert(0, frontend)
-        shared.counted = {"frontend": frontend.pid, "adapter": adapter.pid}
-        shared.url = processes.wait_for_log(frontend, processes.URL_RE, 60).group(1)
-    for side in sides:
-        if side.label == DIRECT:
-            side.url = processes.wait_for_log(
-                side.procs[0], processes.URL_RE, args.start_timeout
-            ).group(1)
-            # Counted step by step as EngineCore's outputs arrive, as vLLM counts its own.
-            side.token_counter = (
-                side.url + "/metrics",
-                "trioserve_engine_generation_tokens_total",
-            )
-            side.running = (side.url + "/metrics", "trioserve_engine_requests_running")
-    for side in sides:
-        wait_ready(side, served_name(args), args.start_timeout)
-        for pid in side.counted.values():
-            side.names[pid] = procs.comm(pid)
-            side.model.update({child: procs.comm(child) for child in procs.descendants(pid)})
-        # The adapter is the shared frontend's engine, not its child: never its model.
-        for pid in side.counted.values():
-            side.model.pop(pid, None)
-        if pin:
-            for pid in side.counted.values():
-                procs.pin_threads(pid, SERVER_CORE)
-            for child in side.model:
-                procs.pin_threads(child, MODEL_CORE)
-    return sides
 
 
 # -- the plan -------------------------------------------------------------------------------
@@ -339,8 +169,7 @@ def build_plan(args: argparse.Namespace) -> Plan:
 def run_child(spec: dict, pin: bool, progress: Progress, status: str, timeout: float) -> dict:
     command = [
         *processes.pin_prefix(LOAD_CORE, pin),
-        sys.executable,
-        str(Path(__file__).resolve()),
+        *processes.tool_command("bench_vllm"),
         "_loadgen",
         json.dumps(spec),
     ]
@@ -373,7 +202,7 @@ def measure_round(
         base = {"model": model, "url": side.url, "counted": side.counted, "ramp_timeout": 300}
         status = f"round {r + 1}/{plan.rounds}: {step} · {side.label}"
         result = run_child({**base, **spec}, pin, progress, status, timeout)
-        record(side, step, result, summarize(step.split(":")[0], result))
+        record(side, step, result, reporting.summarize(step.split(":")[0], result))
 
     for kind, level in plan.load_steps():
         for side in order:
@@ -424,69 +253,7 @@ def measure_round(
     return results, failures
 
 
-def summarize(kind: str, result: dict) -> str:
-    if "error" in result:
-        return ""
-    if kind in ("json", "stream"):
-        rate = (
-            f"{result['rps']:.1f} req/s, p50 {result['p50_ms']:.0f} ms"
-            if kind == "json"
-            else f"ITL p50 {result['itl_p50_ms']:.0f} ms"
-        )
-        parts = ", ".join(
-            f"{name} {p['cpu_pct']:.0f}%" for name, p in result["threads"]["processes"].items()
-        )
-        return (
-            f"{rate}, {result['tokens_per_s']:.0f} tokens/s, "
-            f"{result['server_cpu_us_per_token']:.0f} µs CPU/token (non-model "
-            f"{result['server_cpu_pct']:.0f}% of a core; {parts}; others "
-            f"{result['other_cpu_pct']:.0f}%)"
-        )
-    if kind == "ttft":
-        return (
-            f"p50 {result['p50_ms']:.1f} ms, mean {result['mean_ms']:.1f} ms, vLLM's own "
-            f"mean {result['engine_mean_ms']:.1f} ms"
-        )
-    if kind == "long_prompt":
-        w = result["windows"]
-        return (
-            f"ITL p99 {w['before']['itl_p99_ms']:.0f} / {w['with']['itl_p99_ms']:.0f} / "
-            f"{w['after']['itl_p99_ms']:.0f} ms (before / with / after), "
-            f"{result['long_prompts']} long prompts, {result['long_prompt_p50_ms']:.0f} ms "
-            f"each, answered {result['long_prompt_statuses']}"
-        )
-    return (
-        f"SSE p50 {result['sse_p50_ms']:.1f} ms (max {result['sse_max_ms']:.1f}), JSON p50 "
-        f"{result['json_p50_ms']:.1f} ms (max {result['json_max_ms']:.1f}); a scrape takes "
-        f"{result['scrape_p50_ms']:.1f} ms"
-    )
-
-
 # -- main -----------------------------------------------------------------------------------
-
-
-def _gist(answer: dict) -> str:
-    """What two servers answering the same greedy request must agree on."""
-    choice = (answer.get("choices") or [{}])[0]
-    usage = answer.get("usage") or {}
-    return json.dumps(
-        [
-            (choice.get("message") or {}).get("content"),
-            choice.get("finish_reason"),
-            usage.get("prompt_tokens"),
-            usage.get("completion_tokens"),
-        ]
-    )
-
-
-def served_name(args: argparse.Namespace) -> str:
-    argv = shlex.split(args.vllm_args)
-    for i, arg in enumerate(argv):
-        if arg == "--served-model-name" and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith("--served-model-name="):
-            return arg.split("=", 1)[1]
-    return args.model
 
 
 def _vllm_version(python: str) -> str:
@@ -526,7 +293,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
         pass
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=Formatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.bench_vllm", description=__doc__, formatter_class=Formatter
+    )
     parser.add_argument("--quick", action="store_true", help="one short round (a few minutes)")
     parser.add_argument(
         "--vllm-python",
@@ -534,13 +303,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="a python with vllm (vllm-cpu) and trioserve installed: runs every side",
     )
     parser.add_argument(
-        "--model", help="the model (a path); default: a tiny Llama built by tools/tiny_llama.py"
+        "--model", help="the model (a path); default: a tiny Llama built by tools.tiny_llama"
     )
     parser.add_argument(
         "--sides",
         type=lambda t: [ALL_SIDES[s] for s in t.split(",")],
-        default=list(ALL_SIDES.values()),
-        help="which sides, of direct,shared,vllm (vllm is the reference of the ratios)",
+        default=None,
+        help="which sides, of direct,shared,vllm (vllm is the reference of the ratios); "
+        "default: all three (--engine null: direct,vllm)",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=("vllm", "null"),
+        default="vllm",
+        help="each side's engine: vLLM's EngineCore with the model, or a null EngineCore "
+        "(tools.null_enginecore: tokens at no cost, so that the frontends are what limits "
+        "the figures; the direct and vllm sides only)",
+    )
+    parser.add_argument(
+        "--null-step-ms",
+        type=float,
+        default=1.0,
+        help="--engine null: the least time between two engine steps (a step is one token "
+        "for every running request)",
     )
     parser.add_argument("--vllm-args", default=VLLM_ARGS, help="vLLM options, every side")
     parser.add_argument("--kv-cache-gib", type=float, default=1, help="VLLM_CPU_KVCACHE_SPACE")
@@ -587,10 +372,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import bench_vllm_report as reporting
-
     args = parse_args(argv)
     plan = build_plan(args)
+    if args.sides is None:  # every side the engine allows
+        args.sides = [DIRECT, VLLM] if args.engine == "null" else list(ALL_SIDES.values())
+    if args.engine == "null" and SHARED in args.sides:
+        print("--engine null measures the direct and vllm sides only", file=sys.stderr)
+        return 2
     args.sides = [label for label in ALL_SIDES.values() if label in args.sides]
     labels = args.sides
     reference = VLLM if VLLM in labels else labels[-1]
@@ -598,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         max(plan.json_levels + plan.stream_levels + [plan.long_prompt_streams]) + 64
     )
     command = (
-        "python tools/bench_vllm.py"
+        "python -m tools.bench_vllm"
         + (" " + shlex.join(sys.argv[1:] if argv is None else argv)).rstrip()
     )
     pin = not args.no_pin and (os.cpu_count() or 1) >= 2 and shutil.which("taskset") is not None
@@ -632,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.model is None:
         args.model = str(workdir / "tiny")
         subprocess.run(
-            [args.vllm_python, str(TOOLS / "tiny_llama.py"), args.model],
+            [*processes.tool_command("tiny_llama", args.vllm_python), args.model],
+            cwd=processes.ROOT,
             check=True,
             capture_output=True,
             timeout=300,
@@ -701,10 +490,15 @@ def main(argv: list[str] | None = None) -> int:
                 failures.append(f"{side.label}: process group {proc.pid} outlived the run")
     if sys.stderr.isatty():
         print(file=sys.stderr)
-    same = all(status == 200 for status, _ in answers) and len({_gist(b) for _, b in answers}) == 1
+    same = (
+        all(status == 200 for status, _ in answers)
+        and len({reporting.gist(b) for _, b in answers}) == 1
+    )
+    begin, end = (NULL_BEGIN, NULL_END) if args.engine == "null" else (BEGIN, END)
     meta = {
-        "begin": BEGIN,
-        "end": END,
+        "begin": begin,
+        "end": end,
+        "engine": args.engine,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "commit": code,
         "source_per_round": sources,
@@ -719,9 +513,9 @@ def main(argv: list[str] | None = None) -> int:
         "commands": {
             s.label: [
                 shlex.join(
-                    ["python", *p.popen.args[1:]]
-                    if any("vllm.entrypoints" in arg for arg in p.popen.args)
-                    else ["trioserve", *p.popen.args[3:]]
+                    ["trioserve", *p.popen.args[3:]]
+                    if list(p.popen.args[1:3]) == ["-m", "trioserve"]
+                    else ["python", *p.popen.args[1:]]
                 )
                 for p in s.procs
             ]
@@ -746,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
         meta["placement"].setdefault(label, [])
     plan.rounds = len(rounds)  # those measured (a budget or a signal may stop it early)
     figures = reporting.figures_of(plan, rounds, labels, reference)
-    goals = reporting.goals_of(figures, GOALS)
+    goals = reporting.goals_of(figures)
     text = reporting.report(plan, meta, figures, goals, labels, reference)
     print(text)
     if args.json:
@@ -764,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     if args.write_docs:
-        reports.write_docs(args.write_docs, text, BEGIN, END)
+        reports.write_docs(args.write_docs, text, begin, end)
     return 1 if failures else 0
 
 

@@ -1,9 +1,9 @@
-"""The load child of tools/bench_vllm.py: one process per measurement, pinned with the load
+"""The load child of ``tools.bench_vllm``: one process per measurement, pinned with the load
 generator, driving one side and reading its processes (/proc) and metrics.
 
 Modes (``spec["mode"]``):
 
-- ``json`` / ``stream``: ``toolkit/load.py``'s runs with vLLM's request body, every answer
+- ``json`` / ``stream``: ``tools.toolkit.load``'s runs with vLLM's request body, every answer
   greedy with ``ignore_eos``; the CPU of each of the side's processes and threads over the
   window (:class:`bench_vllm_procs.ThreadMeter`), and the tokens generated meanwhile as the
   client received them (the same count on every side: a non-streaming answer's
@@ -35,8 +35,8 @@ import urllib.request
 from array import array
 from collections.abc import Callable
 
-import bench_vllm_procs as procs
-from toolkit import load
+from tools import bench_vllm_procs as procs
+from tools.toolkit import http_client, load, procfs
 
 METRIC_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})? (\S+)$", re.M)
 TTFT_SUM, TTFT_COUNT = (
@@ -92,7 +92,7 @@ def run(spec: dict) -> dict:
 
 def run_load(spec: dict) -> dict:
     mode = spec["mode"]
-    make_request = load.chat_request
+    make_request = http_client.chat_request
 
     def chat_request(host: str, body: dict) -> bytes:
         # The mock's knobs out; every answer its full length, the same tokens on each side.
@@ -102,7 +102,7 @@ def run_load(spec: dict) -> dict:
 
     counter_url, counter = spec["token_counter"]
 
-    class SideMeter(load.CpuMeter):
+    class SideMeter(procfs.CpuMeter):
         """CPU of the side's processes, each alone, per thread, and the tokens generated."""
 
         def __init__(self, _frontend: int | None, _engine: int | None) -> None:
@@ -142,6 +142,7 @@ def run_load(spec: dict) -> dict:
             )
             return wall
 
+    # In the runs' place (they look these up in tools.toolkit.load as they run).
     load.chat_request = chat_request
     load.CpuMeter = SideMeter  # type: ignore[misc]
     load.Stream = TokenStream  # type: ignore[misc]
@@ -209,7 +210,7 @@ def run_ttft(spec: dict) -> dict:
     host, port = spec["url"].removeprefix("http://").rsplit(":", 1)
     sock = socket.create_connection((host, int(port)), timeout=30)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    request = load.chat_request(f"{host}:{port}", stream_body(spec["model"], spec["tokens"]))
+    request = http_client.chat_request(f"{host}:{port}", stream_body(spec["model"], spec["tokens"]))
     histogram = spec.get("ttft_histogram_url")
     via: list[float] = []
     before: dict[str, float] = {}
@@ -265,7 +266,7 @@ def run_abort(spec: dict) -> dict:
             sock = socket.create_connection((host, int(port)), timeout=30)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             try:
-                sock.sendall(load.chat_request(f"{host}:{port}", body))
+                sock.sendall(http_client.chat_request(f"{host}:{port}", body))
                 data = b""
                 if stream:  # generating: its first event is here
                     while b"data: " not in data:
@@ -309,8 +310,8 @@ def run_abort(spec: dict) -> dict:
 
 
 async def _long_prompt_once(host: str, port: int, request: bytes) -> tuple[int, float, bytes]:
-    conn = await load.connect(host, port)
-    response = load.Response()
+    conn = await http_client.connect(host, port)
+    response = http_client.Response()
     done = asyncio.get_running_loop().create_future()
     body = bytearray()
 
@@ -334,7 +335,7 @@ async def _long_prompt_once(host: str, port: int, request: bytes) -> tuple[int, 
 async def run_long_prompt(spec: dict) -> dict:
     """``level`` streams flowing; the inter-token gaps over a window without long prompts,
     one with them arriving back to back (each refused once tokenized), one without."""
-    make_request = load.chat_request
+    make_request = http_client.chat_request
     host, port = spec["url"].removeprefix("http://").rsplit(":", 1)
     stream_request = make_request(f"{host}:{port}", stream_body(spec["model"], spec["tokens"]))
     prompt = spec["unit"] * spec["copies"]
@@ -353,7 +354,7 @@ async def run_long_prompt(spec: dict) -> dict:
 
     async def open_one() -> None:
         async with opening:
-            conn = await load.connect(host, int(port))
+            conn = await http_client.connect(host, int(port))
             stream = TokenStream(ctx, conn, stream_request)
             streams.append(stream)
             stream.send()
@@ -403,6 +404,14 @@ async def run_long_prompt(spec: dict) -> dict:
         "long_prompt_busy_share": sum(took) / windows["with"]["window_s"] if took else 0.0,
         # Against the worse of the windows either side of it: the machine's drift is not the
         # long prompt's.
-        "itl_p99_ratio": windows["with"]["itl_p99_ms"]
-        / max(windows["before"]["itl_p99_ms"], windows["after"]["itl_p99_ms"]),
+        "itl_p99_ratio": _ratio(
+            windows["with"]["itl_p99_ms"],
+            max(windows["before"]["itl_p99_ms"], windows["after"]["itl_p99_ms"]),
+        ),
     }
+
+
+def _ratio(value: float, reference: float) -> float:
+    """``value / reference``; NaN when the reference is 0 (no gap between events in the
+    windows without long prompts: every stream's events came in bursts)."""
+    return value / reference if reference else math.nan

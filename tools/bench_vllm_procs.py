@@ -1,11 +1,11 @@
-"""The processes of tools/bench_vllm.py: starting and stopping them, pinning their threads,
+"""The processes of ``tools.bench_vllm``: starting and stopping them, pinning their threads,
 and what each thread used and where it ran (/proc), with the check that each side's
 processes stayed on the cores they were put on.
 
 CPU is counted per process, never per process tree: a side's top process (vLLM's API
 server, trioserve's frontend) has the model (EngineCore, its Worker) below it, and a tree
 count puts the model's CPU in the server's figure. (That is how ``--quick`` once reported
-vLLM's API server at 150% of a core pinned to one: ``toolkit.load.CpuMeter`` counts a
+vLLM's API server at 150% of a core pinned to one: ``toolkit.procfs.CpuMeter`` counts a
 "frontend" with its whole tree, for ``--workers``, and the API server's tree is the model.)
 """
 
@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from toolkit import processes
-from toolkit.processes import Proc, raise_fd_limit
+from tools.toolkit import processes
+from tools.toolkit.processes import Proc, raise_fd_limit
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 #: Seconds between two samples of the core each thread is on (the thread's ``processor``

@@ -1,13 +1,14 @@
-"""tools/bench_vllm.py's figures, goals and the docs/benchmarks.md table."""
+"""``tools.bench_vllm``'s figures, goals and the docs/benchmarks.md table."""
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from toolkit import reports
+from tools.toolkit import reports
 
 DASH = reports.DASH
 
@@ -279,9 +280,24 @@ def verdict(ratios: list[float], target: float, at_most: bool) -> str:
     return "undecided (the rounds straddle the goal)"
 
 
-def goals_of(figures: dict[str, dict], goals: dict[str, tuple[float, bool]]) -> dict[str, dict]:
+#: Goals (issue 25): figure key -> (the ratio side / vLLM, at most (True) or at least
+#: (False)).
+GOALS = {
+    "cpu_per_token": (0.3, True),
+    "ttft_p50": (0.9, True),
+    "json_c32_rps": (1.5, False),
+    "stream_c256_tps": (1.2, False),
+}
+
+
+def goals_of(figures: dict[str, dict]) -> dict[str, dict]:
+    """Each side's verdict on each goal whose figure was measured (a run of other levels,
+    ``--json-levels 8`` say, has no figure for the goal at c=32: it is left out, and the
+    report says so)."""
     out: dict[str, dict] = {}
-    for key, (target, at_most) in goals.items():
+    for key, (target, at_most) in GOALS.items():
+        if key not in figures:
+            continue
         for label, ratios in figures[key]["ratios"].items():
             good = [x for x in ratios if not math.isnan(x)]
             said = verdict(ratios, target, at_most)
@@ -326,9 +342,13 @@ def report(  # type: ignore[no-untyped-def]
 ) -> str:
     m = meta["machine"]
     others = [label for label in labels if label != reference]
+    null = meta.get("engine") == "null"
+    engine = "the null engine" if null else "the model"
     lines = [
         meta["begin"],
-        "## vLLM: trioserve's direct and shared paths against vLLM's own API server",
+        "### The null engine's table (the frontends alone)"
+        if null
+        else "## vLLM: trioserve's direct and shared paths against vLLM's own API server",
         "",
         f"Measured {meta['date']}, code {meta['commit']} (git HEAD + a hash of the package as "
         f"the processes loaded it) on {m['cpu']}, {m['cores']} cores, {m['memory']}, Linux "
@@ -343,7 +363,7 @@ def report(  # type: ignore[no-untyped-def]
         counted = ", ".join(f"{n} ({w})" for n, w in procs["counted"].items())
         excluded = ", ".join(f"{n} ({w})" for n, w in procs["excluded"].items()) or "none"
         lines.append(
-            f"- {label}: `{commands}`. CPU counted: {counted}; the model (measured apart, not "
+            f"- {label}: `{commands}`. CPU counted: {counted}; {engine} (measured apart, not "
             f"counted): {excluded}."
         )
     lines += [
@@ -371,7 +391,7 @@ def report(  # type: ignore[no-untyped-def]
         "the window (`vllm:generation_tokens_total`; the direct path's "
         "`trioserve_engine_generation_tokens_total`, both counted step by step), since a "
         "streamed event may carry several tokens; gaps are between a stream's events as the "
-        "client read them. TTFT: {plan.ttft_count} streaming requests a side and "
+        f"client read them. TTFT: {plan.ttft_count} streaming requests a side and "
         f"round, one at a time, each side alone. Abort: {plan.abort_count} SSE and "
         f"{plan.abort_count} non-streaming a side and round; the engine's running count polled "
         f"every {plan.abort_poll_ms:g} ms plus a scrape.",
@@ -395,6 +415,9 @@ def report(  # type: ignore[no-untyped-def]
             f"| {figure['label']} ({figure['unit']}) | " + " | ".join(cells + ratio_cells) + " |"
         )
     lines += ["", f"Goals (side / {reference}; met only when every round of two or more is):", ""]
+    unmeasured = [key for key in GOALS if key not in figures]
+    if unmeasured:
+        lines += [f"- not measured in this run (its level was not run): {', '.join(unmeasured)}"]
     for label in others:
         for goal in goals.get(label, {}).values():
             said = goal["verdict"]
@@ -407,3 +430,55 @@ def report(  # type: ignore[no-untyped-def]
         lines += ["", "Runs that failed:", ""] + [f"- {f}" for f in meta["failures"]]
     lines.append(meta["end"])
     return "\n".join(lines)
+
+
+def summarize(kind: str, result: dict) -> str:
+    if "error" in result:
+        return ""
+    if kind in ("json", "stream"):
+        rate = (
+            f"{result['rps']:.1f} req/s, p50 {result['p50_ms']:.0f} ms"
+            if kind == "json"
+            else f"ITL p50 {result['itl_p50_ms']:.0f} ms"
+        )
+        parts = ", ".join(
+            f"{name} {p['cpu_pct']:.0f}%" for name, p in result["threads"]["processes"].items()
+        )
+        return (
+            f"{rate}, {result['tokens_per_s']:.0f} tokens/s, "
+            f"{result['server_cpu_us_per_token']:.0f} µs CPU/token (non-model "
+            f"{result['server_cpu_pct']:.0f}% of a core; {parts}; others "
+            f"{result['other_cpu_pct']:.0f}%)"
+        )
+    if kind == "ttft":
+        return (
+            f"p50 {result['p50_ms']:.1f} ms, mean {result['mean_ms']:.1f} ms, vLLM's own "
+            f"mean {result['engine_mean_ms']:.1f} ms"
+        )
+    if kind == "long_prompt":
+        w = result["windows"]
+        return (
+            f"ITL p99 {w['before']['itl_p99_ms']:.0f} / {w['with']['itl_p99_ms']:.0f} / "
+            f"{w['after']['itl_p99_ms']:.0f} ms (before / with / after), "
+            f"{result['long_prompts']} long prompts, {result['long_prompt_p50_ms']:.0f} ms "
+            f"each, answered {result['long_prompt_statuses']}"
+        )
+    return (
+        f"SSE p50 {result['sse_p50_ms']:.1f} ms (max {result['sse_max_ms']:.1f}), JSON p50 "
+        f"{result['json_p50_ms']:.1f} ms (max {result['json_max_ms']:.1f}); a scrape takes "
+        f"{result['scrape_p50_ms']:.1f} ms"
+    )
+
+
+def gist(answer: dict) -> str:
+    """What two servers answering the same greedy request must agree on."""
+    choice = (answer.get("choices") or [{}])[0]
+    usage = answer.get("usage") or {}
+    return json.dumps(
+        [
+            (choice.get("message") or {}).get("content"),
+            choice.get("finish_reason"),
+            usage.get("prompt_tokens"),
+            usage.get("completion_tokens"),
+        ]
+    )

@@ -9,8 +9,8 @@ to use. Measured beside trioserve request by request, it says how much of the ti
 frontend adds is trioserve's own and how much is the floor of any trio frontend on the same
 machine (two wake-ups from idle, the engine client, the loopback hops):
 
-    python tools/floor_relay.py --engine tcp://127.0.0.1:5555 --port 8001 &
-    python tools/loadgen.py ttft --engine tcp://127.0.0.1:5555 \\
+    python -m tools.floor_relay --engine tcp://127.0.0.1:5555 --port 8001 &
+    python -m tools.loadgen ttft --engine tcp://127.0.0.1:5555 \\
         --url http://127.0.0.1:8001 --also-url http://127.0.0.1:8000
 
 prints ``Running on http://127.0.0.1:PORT`` (stderr) once the engine has welcomed it.
@@ -85,7 +85,9 @@ async def serve(engine: str, host: str, port: int) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.floor_relay", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--engine", default="tcp://127.0.0.1:5555")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)

@@ -16,6 +16,7 @@ import sys
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from tests.helpers.http1_fuzz import (
     check_parser,
     reads,
@@ -47,7 +48,7 @@ def property_for(target: str):
 
 
 def main() -> int:
-    return fuzz_runner.main(__doc__.split("\n\n")[0], ROUND, property_for)
+    return fuzz_runner.main("tools.fuzz_http", __doc__.split("\n\n")[0], ROUND, property_for)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """What the fuzz tools share: run each target's hypothesis property again and again, for as
-long as asked, and stop at the first failing example (tools/fuzz_http.py, fuzz_zmtp.py)."""
+long as asked, and stop at the first failing example (``tools.fuzz_http``, ``tools.fuzz_zmtp``)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,15 @@ from collections.abc import Callable
 
 
 def main(
-    description: str, examples: dict[str, int], property_for: Callable[[str], Callable]
+    tool: str,
+    description: str,
+    examples: dict[str, int],
+    property_for: Callable[[str], Callable],
 ) -> int:
-    """``examples``: each target's examples per round; ``property_for(target)`` its
-    property, run once per round. The exit status: 0, or 1 at the first failure."""
-    parser = argparse.ArgumentParser(description=description)
+    """``tool``: the fuzz tool's module (``tools.fuzz_http``); ``examples``: each target's
+    examples per round; ``property_for(target)`` its property, run once per round. The exit
+    status: 0, or 1 at the first failure."""
+    parser = argparse.ArgumentParser(prog=f"python -m {tool}", description=description)
     parser.add_argument("--seconds", type=float, default=60.0, help="how long to fuzz")
     parser.add_argument("--target", choices=[*examples, "all"], default="all")
     args = parser.parse_args()

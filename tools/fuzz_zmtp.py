@@ -17,6 +17,7 @@ import sys
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from tests.helpers.zmtp_fuzz import (
     check_curve,
     check_null_mutated,
@@ -83,7 +84,10 @@ def property_for(target: str):
 
 def main() -> int:
     return fuzz_runner.main(
-        __doc__.split("\n\n")[0], {t: n for t, (_, n) in TARGETS.items()}, property_for
+        "tools.fuzz_zmtp",
+        __doc__.split("\n\n")[0],
+        {t: n for t, (_, n) in TARGETS.items()},
+        property_for,
     )
 
 

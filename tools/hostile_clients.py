@@ -22,20 +22,18 @@ Scenarios (issue 27's findings):
 - ``ws-schema``: the messages of the schema finding (an ``endpoint`` that is a list or an
   object, a ping ``id`` nested 1,000 deep, ...): what each gets back.
 
-    python tools/hostile_clients.py chunked multipart ws-empty ws-loop ws-deflate ws-schema
+    python -m tools.hostile_clients chunked multipart ws-empty ws-loop ws-deflate ws-schema
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
 import http.client
 import json
 import os
 import signal
 import socket
 import statistics
-import struct
 import subprocess
 import sys
 import threading
@@ -44,7 +42,16 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tools.raw_clients import (
+    answer_of,
+    close_code,
+    connect,
+    ws_frame,
+    ws_open,
+    ws_open_negotiated,
+    ws_read_frames,
+)
+
 KEY = "hostile-clients-key"
 
 
@@ -179,21 +186,6 @@ def baseline_live_p50(port: int, seconds: float = 2.0) -> float:
     return probe.p50_ms()
 
 
-def connect(port: int) -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", port))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
-
-
-def answer_of(sock: socket.socket, timeout: float) -> bytes:
-    """What the server sent within ``timeout`` (b"" if nothing)."""
-    sock.settimeout(timeout)
-    try:
-        return sock.recv(4096)
-    except (TimeoutError, OSError):
-        return b""
-
-
 def hold_while(frontend: Frontend, seconds: float) -> float:
     """The highest RSS over ``seconds``."""
     peak = frontend.rss()
@@ -202,91 +194,6 @@ def hold_while(frontend: Frontend, seconds: float) -> float:
         peak = max(peak, frontend.rss())
         time.sleep(0.1)
     return peak
-
-
-# -- WebSocket, by hand (every frame shape, masked as a client must) --------------------
-
-
-def ws_frame(opcode: int, payload: bytes, fin: bool = True, rsv1: bool = False) -> bytes:
-    first = (0x80 if fin else 0) | (0x40 if rsv1 else 0) | opcode
-    mask = b"\x01\x02\x03\x04"
-    length = len(payload)
-    if length < 126:
-        head = struct.pack("!BB", first, 0x80 | length)
-    elif length < 65536:
-        head = struct.pack("!BBH", first, 0x80 | 126, length)
-    else:
-        head = struct.pack("!BBQ", first, 0x80 | 127, length)
-    masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload)) if payload else b""
-    return head + mask + masked
-
-
-def ws_open(port: int, *, deflate: bool = False, key: str | None = None) -> socket.socket:
-    return ws_open_negotiated(port, deflate=deflate, key=key)[0]
-
-
-def ws_open_negotiated(
-    port: int, *, deflate: bool = False, key: str | None = None
-) -> tuple[socket.socket, bool]:
-    """A WebSocket, and whether the server agreed to permessage-deflate."""
-    sock = connect(port)
-    nonce = base64.b64encode(os.urandom(16))
-    lines = [
-        b"GET /v1/ws HTTP/1.1",
-        b"host: 127.0.0.1",
-        b"upgrade: websocket",
-        b"connection: Upgrade",
-        b"sec-websocket-version: 13",
-        b"sec-websocket-key: " + nonce,
-    ]
-    if deflate:
-        lines.append(b"sec-websocket-extensions: permessage-deflate")
-    if key:
-        lines.append(b"authorization: Bearer " + key.encode())
-    sock.sendall(b"\r\n".join(lines) + b"\r\n\r\n")
-    head = b""
-    while b"\r\n\r\n" not in head:
-        data = sock.recv(4096)
-        if not data:
-            raise OSError("closed during the handshake")
-        head += data
-    if not head.startswith(b"HTTP/1.1 101"):
-        raise OSError(f"handshake refused: {head[:200]!r}")
-    return sock, b"permessage-deflate" in head.lower()
-
-
-def ws_read_frames(sock: socket.socket, timeout: float) -> list[tuple[int, bytes]]:
-    """The server's frames until it closes or ``timeout`` of silence (unmasked)."""
-    sock.settimeout(timeout)
-    data = b""
-    try:
-        while True:
-            piece = sock.recv(65536)
-            if not piece:
-                break
-            data += piece
-    except (TimeoutError, OSError):
-        pass
-    frames = []
-    while len(data) >= 2:
-        opcode, length = data[0] & 0x0F, data[1] & 0x7F
-        offset = 2
-        if length == 126:
-            (length,) = struct.unpack("!H", data[2:4])
-            offset = 4
-        elif length == 127:
-            (length,) = struct.unpack("!Q", data[2:10])
-            offset = 10
-        frames.append((opcode, data[offset : offset + length]))
-        data = data[offset + length :]
-    return frames
-
-
-def close_code(frames: list[tuple[int, bytes]]) -> int | None:
-    for opcode, payload in frames:
-        if opcode == 8:
-            return struct.unpack("!H", payload[:2])[0] if len(payload) >= 2 else 1005
-    return None
 
 
 # -- scenarios ---------------------------------------------------------------------------
@@ -591,7 +498,9 @@ SCENARIOS: dict[str, Callable[[list[str]], None]] = {
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.hostile_clients", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("scenarios", nargs="+", choices=sorted(SCENARIOS))
     parser.add_argument("--server", choices=("builtin", "hypercorn"), default=None)
     parser.add_argument("--deflate-sockets", type=int, default=DEFLATE_SOCKETS[0])

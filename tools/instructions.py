@@ -17,9 +17,9 @@ the frontend counts (the ZeroMQ I/O thread too). Kinds: a non-streaming chat com
 of 16 tokens, and the same streamed (SSE; the engine produces the 16 tokens at once, so
 they leave in one or two writes). All traffic is on 127.0.0.1.
 
-    python tools/instructions.py                      # 400 requests of each kind
-    python tools/instructions.py --requests 40        # a smoke run
-    python tools/instructions.py --write-docs docs/benchmarks.md
+    python -m tools.instructions                      # 400 requests of each kind
+    python -m tools.instructions --requests 40        # a smoke run
+    python -m tools.instructions --write-docs docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -38,9 +38,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from toolkit import load, processes, reports
-
-TOOLS = Path(__file__).resolve().parent
+from tools.toolkit import http_client, processes, reports
 
 BEGIN, END = "<!-- instructions:begin -->", "<!-- instructions:end -->"
 PROMPT = "Count the instructions of one request."
@@ -62,7 +60,7 @@ def drive(
     """``count`` requests over ``concurrency`` keep-alive connections; returns how many
     were answered 200. ``before`` runs once every connection is open and ``after`` once
     every answer is in, so that what they count is the requests, not the connections."""
-    request = load.chat_request(f"127.0.0.1:{port}", body)
+    request = http_client.chat_request(f"127.0.0.1:{port}", body)
     share = [count // concurrency + (i < count % concurrency) for i in range(concurrency)]
     share = [n for n in share if n]
     sockets = [socket.create_connection(("127.0.0.1", port), timeout=120) for _ in share]
@@ -74,7 +72,7 @@ def drive(
         try:
             for _ in range(n):
                 sock.sendall(request)
-                response = load.Response()
+                response = http_client.Response()
                 while not response.done:
                     data = sock.recv(65536)
                     if not data:
@@ -197,7 +195,7 @@ def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
                 if name == "trioserve":
                     command = [sys.executable, "-m", "trioserve", "--log-level", "warning", "run"]
                 else:
-                    command = [sys.executable, str(TOOLS / "reference_server.py")]
+                    command = processes.tool_command("reference_server")
                 results[name] = measure_frontend(name, command + common, port, args, workdir)
         finally:
             engine.stop()
@@ -224,7 +222,9 @@ def table(results: dict[str, dict[str, float]], command: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.instructions", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--requests", type=int, default=400, help="counted, per kind")
     parser.add_argument("--warmup", type=int, default=64, help="uncounted, per kind, first")
     parser.add_argument("--concurrency", type=int, default=8, help="keep-alive connections")
@@ -236,7 +236,7 @@ def main() -> None:
         if shutil.which(tool) is None:
             parser.error(f"{tool} is not installed (Debian: apt-get install valgrind)")
     shown = f"--requests {args.requests} --warmup {args.warmup} --concurrency {args.concurrency}"
-    command = f"python tools/instructions.py {shown}"
+    command = f"python -m tools.instructions {shown}"
     results = measure(args)
     text = table(results, command)
     reports.publish(text, command, results, args.json, args.write_docs, BEGIN, END)

@@ -24,13 +24,14 @@ Modes (one JSON object on stdout; progress on stderr with ``--progress``):
   the frontend's resident memory, then resets every connection and waits for the engine to
   see every abort.
 
-    python tools/loadgen.py stream --url http://127.0.0.1:8000 --streams 256 --rate 20 \\
+    python -m tools.loadgen stream --url http://127.0.0.1:8000 --streams 256 --rate 20 \\
         --frontend-pid 1234 --engine-pid 1233
 
 An ``https://`` URL speaks TLS (json, stream, idle), checking the server's certificate
 against ``--ca-certs`` or, with ``--insecure-tls``, not at all.
 
-The client and the runs are ``toolkit/load.py``'s; this is their command line.
+The client is ``tools.toolkit.http_client``'s, the runs ``tools.toolkit.load``'s; this is their
+command line.
 """
 
 from __future__ import annotations
@@ -42,12 +43,14 @@ from urllib.parse import urlsplit
 
 import uvloop
 
-from toolkit import load
-from toolkit.processes import raise_fd_limit
+from tools.toolkit import http_client, load
+from tools.toolkit.processes import raise_fd_limit
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.loadgen", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("mode", choices=["json", "stream", "ttft", "idle"])
     parser.add_argument("--url", required=True, help="the frontend, http://127.0.0.1:PORT")
     parser.add_argument(
@@ -100,7 +103,7 @@ def main() -> None:
         if args.insecure_tls:
             tls.check_hostname = False
             tls.verify_mode = ssl.CERT_NONE
-        load.TLS = tls
+        http_client.TLS = tls
     args.also = []
     for url in [args.url, *args.also_url]:
         split = urlsplit(url)

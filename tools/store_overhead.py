@@ -8,8 +8,8 @@ store counted per response (each shape in a fresh process: memory freed by one w
 hide another's growth). Counted must be at least RSS for every shape: that is what
 ``RECORD_OVERHEAD``, ``EVENT_SLOT`` and ``parts_bytes`` are set from.
 
-    python tools/store_overhead.py                 # the default shapes
-    python tools/store_overhead.py --tokens 16 2000 --count 20000
+    python -m tools.store_overhead                 # the default shapes
+    python -m tools.store_overhead --tokens 16 2000 --count 20000
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import argparse
 import gc
 import json
 import subprocess
-import sys
 
 import trio
 import trio.testing
 
+from tools.toolkit.processes import ROOT, tool_command
 from trioserve.http.bodies.responses import parse_response
 from trioserve.http.responses_store import RecordWriter, ResponseStore, StoredResponse
 from trioserve.http.writers.responses import ResponseEvents
@@ -103,7 +103,8 @@ def main(args: argparse.Namespace) -> None:
                 count = max(args.count // scale // max(1, tokens // 100), 200)
                 shape = [kind, str(count), str(tokens), str(instructions)]
                 out = subprocess.run(
-                    [sys.executable, __file__, "--one", *shape],
+                    [*tool_command("store_overhead"), "--one", *shape],
+                    cwd=ROOT,
                     check=True,
                     capture_output=True,
                     text=True,
@@ -116,7 +117,9 @@ def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.store_overhead", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--tokens", type=int, nargs="+", default=[16, 200, 2000])
     parser.add_argument("--instructions", type=int, nargs="+", default=[0, 10_000])
     parser.add_argument("--count", type=int, default=20_000, help="responses of 16-100 tokens")

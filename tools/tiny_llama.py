@@ -5,11 +5,11 @@ attention refuses 16), weights drawn from a fixed seed and saved as safetensors,
 byte-level BPE tokenizer trained with ``tokenizers`` on a few sentences, with a chat
 template. Built twice, it is the same model: greedy answers are reproducible.
 
-    python tools/tiny_llama.py DIR            # needs torch, transformers and tokenizers
-    python tools/tiny_llama.py --harder DIR   # the harder model (below)
-    python tools/tiny_llama.py --text-only [--harder] DIR   # its text assets; tokenizers only
+    python -m tools.tiny_llama DIR            # needs torch, transformers and tokenizers
+    python -m tools.tiny_llama --harder DIR   # the harder model (below)
+    python -m tools.tiny_llama --text-only [--harder] DIR   # its text assets; tokenizers only
 
-Used by the vLLM tests (tests/vllm/conftest.py) and by ``tools/bench.py --vllm``.
+Used by the vLLM tests (tests/vllm/conftest.py) and by ``python -m tools.bench --vllm``.
 
 **The harder model** (``--harder``) is what the text layer's parity tests serve: added
 special tokens for the roles and tool calls, a chat template with a default system prompt,
@@ -28,6 +28,10 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported where used: --text-only needs tokenizers alone
+    import tokenizers
 
 SEED = 1234
 VOCAB_SIZE = 512
@@ -117,7 +121,7 @@ HARDER_GENERATION = {
 }
 
 
-def build_tokenizer(harder: bool = False):
+def build_tokenizer(harder: bool = False) -> tokenizers.Tokenizer:
     """The tokenizer (``tokenizers`` only), trained on the corpus: the same every time."""
     import tokenizers
     from tokenizers import decoders, models, pre_tokenizers, processors, trainers
@@ -141,7 +145,7 @@ def build_tokenizer(harder: bool = False):
     return tokenizer
 
 
-def text_assets(tokenizer, harder: bool) -> dict[str, object]:
+def text_assets(tokenizer: tokenizers.Tokenizer, harder: bool) -> dict[str, object]:
     """The JSON files besides tokenizer.json, by name (what transformers would save)."""
     eos = tokenizer.token_to_id("</s>")
     bos = tokenizer.token_to_id("<s>")
@@ -280,7 +284,7 @@ if __name__ == "__main__":
     flags = {a for a in sys.argv[1:] if a.startswith("--")}
     paths = [a for a in sys.argv[1:] if not a.startswith("--")]
     if len(paths) != 1 or flags - {"--harder", "--text-only"}:
-        sys.exit("usage: python tools/tiny_llama.py [--harder] [--text-only] DIR")
+        sys.exit("usage: python -m tools.tiny_llama [--harder] [--text-only] DIR")
     if "--text-only" in flags:
         print(build_text_only(paths[0], harder="--harder" in flags))
     elif "--harder" in flags:

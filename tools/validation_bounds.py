@@ -9,7 +9,7 @@ longest gap between its wake-ups while a body is handled is the longest time tha
 did nothing else (heartbeats, other clients' tokens). Reports that and the answer's
 status and time for each body.
 
-    python tools/validation_bounds.py
+    python -m tools.validation_bounds
 """
 
 from __future__ import annotations

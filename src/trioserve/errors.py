@@ -125,11 +125,16 @@ class RequestError(TrioserveError):
     """Raised by an engine backend (the SDK) to end a request with an HTTP status the
     client will see."""
 
-    def __init__(self, status: int, message: str, type: str = "engine_error") -> None:
+    def __init__(
+        self, status: int, message: str, type: str = "engine_error", *, param: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        #: The machine-readable code the client reads (OpenAI's ``code``).
         self.type = type
+        #: The request's parameter at fault, if one is (OpenAI's ``param``).
+        self.param = param
 
 
 class InputError(TrioserveError):

@@ -18,14 +18,14 @@ import math
 import os
 import warnings
 import weakref
-from collections.abc import Iterator, Sequence, Sized
+from collections.abc import Callable, Iterator, Sequence, Sized
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, multiprocess
 from prometheus_client import values as prometheus_values
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from .ends import EndReason
@@ -408,6 +408,14 @@ def forget_engine(address: str) -> None:
             pass
 
 
+#: prometheus-client's multiprocess mode has no annotations: what this module calls of it,
+#: with the types it takes and returns (a registry or None and the directory; a collector).
+_files_collector: Callable[[CollectorRegistry | None, str], Collector] = (
+    multiprocess.MultiProcessCollector
+)
+_mark_process_dead: Callable[[int, str], None] = multiprocess.mark_process_dead
+
+
 class _WorkersCollector(Collector):
     """Every worker's figures, from the files of multiprocess mode.
 
@@ -418,10 +426,10 @@ class _WorkersCollector(Collector):
     """
 
     def __init__(self, directory: str) -> None:
-        self.files = MultiProcessCollector(None, path=directory)
+        self.files = _files_collector(None, directory)
         self.engine_gauges = {gauge._name for gauge in _ENGINE_GAUGES}
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[Metric]:
         # A gauge's children by label values (the engine's address), kept by the library.
         known = {key[0] for gauge in _ENGINE_GAUGES for key in list(gauge._metrics)}
         for family in self.files.collect():
@@ -458,7 +466,7 @@ def sample_worker() -> None:
 
 def forget_worker(directory: str, pid: int) -> None:
     """Worker ``pid`` is gone: its gauges leave the figures (its counts stay in the sums)."""
-    mark_process_dead(pid, directory)
+    _mark_process_dead(pid, directory)
 
 
 def render() -> tuple[bytes, str]:

@@ -15,6 +15,12 @@ What a field's default says about its option:
   given in the unit and stored multiplied by its scale, an int field rounded down);
 - a str: a string; an empty default (or ``unset=True``) shows no default and stores the
   field's default when the option is not given.
+
+A command that starts another program may offer some of that program's options as its
+own, under a prefix (``trioserve run``'s ``--mock-*`` are the mock engine's): a field
+made with ``offered=Offered(...)`` says how, and ``add_options``/``from_args`` given the
+prefix read those fields only; :func:`argv_of` writes the program's command line back
+from the instance.
 """
 
 from __future__ import annotations
@@ -47,6 +53,16 @@ KIB = Unit("KiB", 1024)
 
 
 @attrs.frozen
+class Offered:
+    """How a command that starts a program offers one of the program's options under a
+    prefix: its help there, and its flag when that is not ``--PREFIX`` and the field's
+    name."""
+
+    help: str
+    flag: str | None = None
+
+
+@attrs.frozen
 class Option:
     """What a field's command-line option is (see the module's docstring)."""
 
@@ -63,6 +79,8 @@ class Option:
     unset: bool = False
     #: The option may be given without a value, which is then this.
     const: Any = None
+    #: Offered by a command that starts this program, under a prefix (None: not offered).
+    offered: Offered | None = None
 
 
 def number(kind: type[_Number]) -> Callable[[str], _Number]:
@@ -136,31 +154,47 @@ def option(
     metavar: str | None = None,
     unset: bool = False,
     const: Any = None,
+    offered: Offered | None = None,
     repr: bool = True,
 ) -> Any:
     """An attrs field with a default and the command-line option that sets it."""
-    described = Option(help, group, flag, unit, kind, choices, metavar, unset, const)
+    described = Option(help, group, flag, unit, kind, choices, metavar, unset, const, offered)
     if isinstance(default, list):
         return attrs.field(factory=list, metadata={KEY: described}, repr=repr)
     return attrs.field(default=default, metadata={KEY: described}, repr=repr)
 
 
-def described_fields(cls: type) -> list[tuple[attrs.Attribute[Any], Option]]:
-    """The fields of ``cls`` that have an option, in their order."""
-    return [(field, field.metadata[KEY]) for field in attrs.fields(cls) if KEY in field.metadata]
+def described_fields(cls: type, prefix: str = "") -> list[tuple[attrs.Attribute[Any], Option]]:
+    """The fields of ``cls`` that have an option, in their order; with a ``prefix``, those
+    offered under it, each described as offered (its flag and help there)."""
+    fields = [(f, f.metadata[KEY]) for f in attrs.fields(cls) if KEY in f.metadata]
+    if not prefix:
+        return fields
+    return [
+        (field, _as_offered(field, described, described.offered, prefix))
+        for field, described in fields
+        if described.offered is not None
+    ]
 
 
-def flag_of(field: attrs.Attribute[Any], described: Option, prefix: str = "") -> str:
-    return described.flag or f"--{prefix}{field.name.replace('_', '-')}"
+def _as_offered(
+    field: attrs.Attribute[Any], described: Option, offered: Offered, prefix: str
+) -> Option:
+    flag = offered.flag or f"--{prefix}{field.name.replace('_', '-')}"
+    return attrs.evolve(described, help=offered.help, flag=flag, offered=None)
 
 
-def dest_of(field: attrs.Attribute[Any], described: Option, prefix: str = "") -> str:
+def flag_of(field: attrs.Attribute[Any], described: Option) -> str:
+    return described.flag or f"--{field.name.replace('_', '-')}"
+
+
+def dest_of(field: attrs.Attribute[Any], described: Option) -> str:
     """Where argparse keeps the value: the flag's name (as argparse would name it), so that
     ``--max-body-mb`` is ``args.max_body_mb``, in MiB; a ``--no-`` switch keeps the field's
     name."""
     if isinstance(_default(field), bool) and _default(field):
         return field.name
-    return flag_of(field, described, prefix).removeprefix("--").replace("-", "_")
+    return flag_of(field, described).removeprefix("--").replace("-", "_")
 
 
 def _default(field: attrs.Attribute[Any]) -> Any:
@@ -175,15 +209,16 @@ def add_options(
     types: Mapping[str, Callable[[type], Callable[[str], Any]]],
     prefix: str = "",
 ) -> None:
-    """Add an option for each described field of ``cls`` to the argument group (or parser)
-    ``groups`` maps its ``group`` to. ``types`` maps a field's ``kind`` (or its type's
-    name, "int" or "float", when it has none) to a function of the field's Python type that
-    returns the argparse type. Raises KeyError for a group or a kind not in the tables."""
-    for field, described in described_fields(cls):
+    """Add an option for each described field of ``cls`` (with a ``prefix``: each offered
+    under it) to the argument group (or parser) ``groups`` maps its ``group`` to. ``types``
+    maps a field's ``kind`` (or its type's name, "int" or "float", when it has none) to a
+    function of the field's Python type that returns the argparse type. Raises KeyError for
+    a group or a kind not in the tables."""
+    for field, described in described_fields(cls, prefix):
         group = groups[described.group]
         default = _default(field)
-        flag = flag_of(field, described, prefix)
-        dest = dest_of(field, described, prefix)
+        flag = flag_of(field, described)
+        dest = dest_of(field, described)
         if isinstance(default, bool):
             action = "store_false" if default else "store_true"
             group.add_argument(flag, dest=dest, action=action, help=described.help)
@@ -216,13 +251,14 @@ def add_options(
 
 def from_args(cls: type[_T], args: argparse.Namespace, prefix: str = "", **given: Any) -> _T:
     """An instance of ``cls`` with the values of its options in ``args`` (as
-    :func:`add_options` added them), and ``given`` for the fields that are not read from
-    ``args`` as they are."""
+    :func:`add_options` added them, with the same ``prefix``), and ``given`` for the fields
+    that are not read from ``args`` as they are; a field not offered under ``prefix`` is its
+    default."""
     values: dict[str, Any] = {}
-    for field, described in described_fields(cls):
+    for field, described in described_fields(cls, prefix):
         if field.name in given:
             continue
-        value = getattr(args, dest_of(field, described, prefix))
+        value = getattr(args, dest_of(field, described))
         default = _default(field)
         if value is None:
             continue  # not given: the field's default
@@ -234,3 +270,27 @@ def from_args(cls: type[_T], args: argparse.Namespace, prefix: str = "", **given
                 value = int(value)
         values[field.name] = value
     return cls(**values, **given)
+
+
+def argv_of(instance: object) -> list[str]:
+    """The command line that gives a program the values of ``instance``, whose class's
+    options it parses (:func:`add_options`, then :func:`from_args`, which reads it back
+    into an equal instance). A value that is its field's default is left out: an option
+    not given is its field's default."""
+    argv: list[str] = []
+    for field, described in described_fields(type(instance)):
+        value = getattr(instance, field.name)
+        default = _default(field)
+        if value == default:
+            continue
+        flag = flag_of(field, described)
+        if isinstance(default, bool):
+            argv.append(flag)  # the switch away from the default
+        elif isinstance(default, list):
+            for item in value:
+                argv += [flag, str(item)]
+        elif described.unit is not None and described.unit.scale != 1:
+            argv += [flag, repr(value / described.unit.scale)]
+        else:
+            argv += [flag, str(value)]
+    return argv

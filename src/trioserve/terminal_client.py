@@ -34,7 +34,7 @@ def _delta(chunk: dict[str, Any]) -> str:
     return choice.get("text") or ""
 
 
-def _body(prompt: str, endpoint: str, max_tokens: int | None, model: str | None) -> dict:
+def _body(prompt: str, endpoint: str, max_tokens: int | None, model: str | None) -> dict[str, Any]:
     body: dict[str, Any] = (
         {"messages": [{"role": "user", "content": prompt}]}
         if endpoint == "chat"

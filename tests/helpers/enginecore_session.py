@@ -124,7 +124,7 @@ class Collect:
         self.ended = trio.Event()
         self.first = trio.Event()
 
-    def output(self, output: codec.EngineCoreOutput) -> None:
+    def output(self, output: codec.EngineCoreOutput, timestamp: float = 0.0) -> None:
         assert not self.ended.is_set(), f"an output after the end: {output}"
         self.outputs.append(output)
         self.first.set()
@@ -241,10 +241,16 @@ class DirectFrontend:
 
 
 async def start_direct_frontend(
-    nursery: trio.Nursery, engine: HeadlessEngine, text: ModelText, index: int = 0, **settings: Any
+    nursery: trio.Nursery,
+    engine: HeadlessEngine,
+    text: ModelText,
+    index: int = 0,
+    limits: EngineLimits | None = None,
+    **settings: Any,
 ) -> DirectFrontend:
     """What ``trioserve run --vllm`` serves (direct path), on the session's engine as client
-    ``index``, with the built-in server; the client closes with ``nursery``."""
+    ``index``, with the built-in server; the client closes with ``nursery``. ``limits``:
+    the text pipeline's view of vLLM's server options (by default none given)."""
 
     async def hold(task_status: trio.TaskStatus[EngineCoreClient]) -> None:
         async with engine.client(index) as client:
@@ -253,7 +259,8 @@ async def start_direct_frontend(
 
     client: EngineCoreClient = await nursery.start(hold)
     tap = Tap(client)
-    limits = EngineLimits(max_model_len=engine.ready.max_model_len)
+    if limits is None:
+        limits = EngineLimits(max_model_len=engine.ready.max_model_len)
     links = VllmLinks(client, VllmText(text, limits), [MODEL])
     frontend = await start_frontend(
         nursery, None, server="builtin", links=[(f"vllm://{MODEL}", links)], **settings

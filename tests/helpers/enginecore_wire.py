@@ -104,10 +104,10 @@ def _same_shape(ours: type, theirs: type, *, keep_order: bool, partial: bool = F
 
 @case
 def request_structs_mirror_vllms_field_by_field() -> None:
+    from vllm import sampling_params as vsp
     from vllm.v1 import engine as ve
 
     from trioserve.enginecore import codec
-    from vllm import sampling_params as vsp
 
     _same_shape(codec.EngineCoreRequest, ve.EngineCoreRequest, keep_order=True)
     _same_shape(codec.SamplingParams, vsp.SamplingParams, keep_order=False)

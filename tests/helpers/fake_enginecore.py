@@ -6,8 +6,8 @@ It connects to one client's sockets as EngineCore does (a DEALER whose identity 
 data-parallel rank, ``b"\\x00\\x00"``, to the input ROUTER; a PUSH to the output PULL),
 registers with a ready response, answers utility calls (the client's heartbeat) until told
 to stop, records every ADD and ABORT, and sends the outputs the test makes. The frames are
-the codec's structs encoded with msgspec, as vLLM encodes them (tests/vllm/
-test_enginecore_codec.py holds the codec to vLLM's own).
+the codec's structs encoded with msgspec, as vLLM encodes them
+(tests/vllm/test_enginecore_codec.py holds the codec to vLLM's own).
 """
 
 from __future__ import annotations
@@ -102,9 +102,11 @@ class FakeEngineCore:
 
 
 @contextlib.asynccontextmanager
-async def open_fake_enginecore(pair: ClientAddresses) -> AsyncIterator[FakeEngineCore]:
+async def open_fake_enginecore(
+    pair: ClientAddresses, ready: codec.EngineCoreReadyResponse = READY
+) -> AsyncIterator[FakeEngineCore]:
     """A fake engine connected to ``pair`` (the client may bind before or after), having
-    sent its ready response."""
+    sent its ready response (``ready``)."""
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     input_sock = ctx.socket(zmq.DEALER)
     output_sock = ctx.socket(zmq.PUSH)
@@ -124,7 +126,7 @@ async def open_fake_enginecore(pair: ClientAddresses) -> AsyncIterator[FakeEngin
         fake = FakeEngineCore(input_pump, output_sock)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(input_pump.run)
-            input_pump.send([codec.encode_ready_response(READY)])
+            input_pump.send([codec.encode_ready_response(ready)])
             yield fake
             nursery.cancel_scope.cancel()
     finally:
@@ -134,7 +136,9 @@ async def open_fake_enginecore(pair: ClientAddresses) -> AsyncIterator[FakeEngin
 
 
 @contextlib.asynccontextmanager
-async def attach_fake_enginecore(handshake: str) -> AsyncIterator[FakeEngineCore]:
+async def attach_fake_enginecore(
+    handshake: str, ready: codec.EngineCoreReadyResponse = READY
+) -> AsyncIterator[FakeEngineCore]:
     """A fake engine that finds its client as a headless vLLM engine started elsewhere
     does: ``HELLO`` on the client's handshake socket at ``handshake``, the client's
     addresses in its answer, then the ready response on them and ``READY``. Leaving the
@@ -161,7 +165,7 @@ async def attach_fake_enginecore(handshake: str) -> AsyncIterator[FakeEngineCore
             init = msgspec.msgpack.decode(told[0][-1])
             addresses = init["addresses"]
             pair = ClientAddresses(addresses["inputs"][0], addresses["outputs"][0])
-            async with open_fake_enginecore(pair) as fake:
+            async with open_fake_enginecore(pair, ready) as fake:
                 pump.send([msgspec.msgpack.encode({"status": "READY", **status})])
                 yield fake
             nursery.cancel_scope.cancel()

@@ -1,4 +1,5 @@
-"""The built-in HTTP/1.1 server alone (no frontend), with a small ASGI app."""
+"""The built-in HTTP/1.1 server alone (no frontend), with a small ASGI app, and what a raw
+stream reads of its answers."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any, cast
 
 import trio
 
+from tests.helpers.waiting import HANG_GUARD
 from trioserve.http.channel import ASGIApp, AsgiHandler, HttpHandler, Receive, Send
 from trioserve.server.http1 import Http1Config, serve_http1
 
@@ -91,3 +93,22 @@ async def serve(
 def get(path: str, extra: str = "") -> bytes:
     """A GET request for ``path``, with ``extra`` header lines."""
     return f"GET {path} HTTP/1.1\r\nhost: x\r\n{extra}\r\n".encode()
+
+
+async def read_responses(stream: trio.SocketStream, count: int) -> bytes:
+    """What ``stream`` receives until ``count`` responses with JSON bodies have arrived, or
+    the server closes."""
+    data = b""
+    with trio.fail_after(HANG_GUARD):
+        while data.count(b"HTTP/1.1 ") < count or not data.endswith(b"}"):
+            chunk = await stream.receive_some(65536)
+            if not chunk:
+                break
+            data += chunk
+    return data
+
+
+def refusal(data: bytes) -> tuple[bytes, dict]:
+    """The head and the JSON error of a response the server gave of its own."""
+    head, _, body = data.partition(b"\r\n\r\n")
+    return head, json.loads(body)["error"]

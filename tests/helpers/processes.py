@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import trio
 
@@ -38,9 +39,11 @@ class Proc:
         program: tuple[str, ...] = ("-m", "trioserve"),
         python: str = sys.executable,
         env: dict[str, str] | None = None,
+        cwd: Path | None = None,
     ) -> Proc:
         process = await trio.lowlevel.open_process(
             [python, *program, *args],
+            cwd=cwd,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             env={**(env or os.environ), "PYTHONUNBUFFERED": "1"},

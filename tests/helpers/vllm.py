@@ -152,6 +152,55 @@ async def stream_logprobs(url: str, path: str, body: dict[str, Any]) -> Any:
     return merged
 
 
+TEXT = "Grüße aus Köln 日本語 🙂"
+CONTINUED = [
+    {"role": "user", "content": "Tell a story"},
+    {"role": "assistant", "content": "Once upon a time"},
+]
+#: vLLM's additions to an answer, served from the token ids of the text layer (the direct
+#: path's frontend, the shared engine): (path, body, whether vLLM streams it too; it
+#: refuses prompt_logprobs > 0 streamed).
+DETAIL_CASES = [
+    (COMPLETIONS, completion(TEXT, max_tokens=8, temperature=0, echo=True), True),
+    (COMPLETIONS, completion(TEXT, max_tokens=8, temperature=0, echo=True, logprobs=2), True),
+    (
+        COMPLETIONS,
+        completion(TEXT, max_tokens=6, temperature=0, echo=True, logprobs=1, return_token_ids=True),
+        True,
+    ),
+    (COMPLETIONS, completion(TEXT, max_tokens=6, temperature=0, prompt_logprobs=2), False),
+    (COMPLETIONS, completion("Hi", max_tokens=6, temperature=0, return_token_ids=True), True),
+    (CHAT, chat(TEXT, max_tokens=8, temperature=0, return_token_ids=True), True),
+    (
+        CHAT,
+        chat("Hi", max_tokens=6, temperature=0, prompt_logprobs=1, logprobs=True, top_logprobs=2),
+        False,
+    ),
+    (CHAT, {"messages": CONTINUED, "max_tokens": 8, "temperature": 0, "echo": True}, True),
+    (CHAT, chat("Hi", max_tokens=6, temperature=0, echo=True, top_logprobs=0), True),
+    # Echo without generation: the prompt alone (one token generated, not shown).
+    (COMPLETIONS, completion(TEXT, max_tokens=0, temperature=0, echo=True, logprobs=1), True),
+]
+
+
+#: What vLLM's server refuses in its request and sampling checks, before the engine: (path,
+#: body, what its 400 says).
+REFUSED_AT_THE_DOOR = [
+    (COMPLETIONS, completion("Hi", max_tokens=0), "max_tokens must be at least 1"),
+    (CHAT, chat("Hi", max_completion_tokens=0), "max_tokens must be at least 1"),
+    (
+        COMPLETIONS,
+        completion("Hi", max_tokens=4, prompt_logprobs=1, stream=True),
+        "`prompt_logprobs` are not available when `stream=True`.",
+    ),
+    (
+        CHAT,
+        chat("Hi", max_tokens=4, prompt_logprobs=2, stream=True),
+        "`prompt_logprobs` are not available when `stream=True`.",
+    ),
+]
+
+
 #: What vLLM's server adds to an answer when asked (``return_token_ids``,
 #: ``prompt_logprobs``), on the response (chat's prompt) or on each choice.
 DETAILS = ("prompt_token_ids", "prompt_logprobs")
@@ -214,6 +263,24 @@ async def stream_details(url: str, path: str, body: dict[str, Any]) -> dict[str,
         "token_ids": token_ids,
         **prompt,
     }
+
+
+async def details_as_vllm_serves_them(
+    url: str, reference_url: str, path: str, body: dict[str, Any], streamed: bool
+) -> None:
+    """``body`` (one of :data:`DETAIL_CASES`) through trioserve at ``url`` and ``vllm
+    serve``: the text, logprobs, token ids and prompt details a client reads are equal, in
+    JSON and, where vLLM streams them, in SSE."""
+    ours = await post_json(url, path, body)
+    theirs = await post_json(reference_url, path, body)
+    assert theirs.status_code == 200 and ours.status_code == 200, ours.text
+    expected = details(theirs.json())
+    assert any(expected.values()), theirs.json()
+    assert details(ours.json()) == expected
+    if streamed:
+        assert await stream_details(url, path, body) == await stream_details(
+            reference_url, path, body
+        )
 
 
 def _content(logprobs: Any) -> Any:

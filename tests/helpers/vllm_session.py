@@ -155,20 +155,30 @@ class Vllm:
     reference_url: str
 
     def metrics(self) -> dict[str, float]:
-        """vLLM's figures, read from its own Prometheus exposition: name{labels} -> value."""
-        with urllib.request.urlopen(self.metrics_url, timeout=10) as response:
-            text = response.read().decode()
-        figures: dict[str, float] = {}
-        for line in text.splitlines():
-            match = re.match(
-                r"^((?:vllm:|trioserve_engine_)[a-z_:]+)(\{[^}]*\})? ([0-9.eE+-]+|NaN)$", line
-            )
-            if match:
-                labels = re.sub(r',?engine="\d+"|,?model_name="[^"]*"', "", match[2] or "")
-                labels = "" if labels in ("{}", "") else "{" + labels.strip("{},") + "}"
-                key = match[1] + labels
-                figures[key] = figures.get(key, 0.0) + float(match[3])
-        return figures
+        """The shared engine's figures (vLLM's names, and the SDK's)."""
+        return prometheus_figures(self.metrics_url)
+
+    def reference_metrics(self) -> dict[str, float]:
+        """``vllm serve``'s own figures, beside the engine's."""
+        return prometheus_figures(self.reference_url + "/metrics")
+
+
+def prometheus_figures(url: str) -> dict[str, float]:
+    """The ``vllm:`` and ``trioserve_engine_`` figures of a Prometheus exposition:
+    name{labels} -> value, the engine and model labels left out."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    figures: dict[str, float] = {}
+    for line in text.splitlines():
+        match = re.match(
+            r"^((?:vllm:|trioserve_engine_)[a-z_:]+)(\{[^}]*\})? ([0-9.eE+-]+|NaN)$", line
+        )
+        if match:
+            labels = re.sub(r',?engine="\d+"|,?model_name="[^"]*"', "", match[2] or "")
+            labels = "" if labels in ("{}", "") else "{" + labels.strip("{},") + "}"
+            key = match[1] + labels
+            figures[key] = figures.get(key, 0.0) + float(match[3])
+    return figures
 
 
 @attrs.define
@@ -178,8 +188,4 @@ class SecondEngine:
 
     def running(self) -> float:
         """vLLM's own running count, from this engine's metrics."""
-        with urllib.request.urlopen(self.metrics_url, timeout=10) as response:
-            text = response.read().decode()
-        match = re.search(r"^vllm:num_requests_running\{[^}]*\} ([0-9.]+)$", text, re.M)
-        assert match, text[:500]
-        return float(match[1])
+        return prometheus_figures(self.metrics_url)["vllm:num_requests_running"]

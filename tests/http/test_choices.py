@@ -10,6 +10,7 @@ from trio_websocket import open_websocket_url
 
 from tests.helpers.http import raw_request
 from tests.helpers.waiting import wait_until
+from tests.helpers.websocket import ws_url
 from trioserve.engine_programs.mock import expected_text
 
 CHAT = ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})
@@ -106,14 +107,114 @@ async def test_a_streamed_choice_that_fails_ends_the_others_with_one_error_event
     assert frontend.ends("f.0") == ["aborted"] and frontend.ends("f.1") == ["finished"]
 
 
-async def test_n_choices_over_the_websocket_are_refused_at_n(frontend):
-    url = f"ws://{frontend.host}:{frontend.port}/v1/ws"
-    request = {"type": "request", "id": "a", "endpoint": "completions"}
-    request["body"] = {**COMPLETION[1], "n": 2}
+def ws_request(client_id: str, endpoint: str, body: dict) -> str:
+    return json.dumps({"type": "request", "id": client_id, "endpoint": endpoint, "body": body})
+
+
+def engine_id(chunk: dict) -> str:
+    """The server's request id of a WebSocket chunk (``chatcmpl-<id>``, ``cmpl-<id>``)."""
+    return chunk["data"]["id"].split("-", 1)[1]
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "body"), [("chat.completions", CHAT[1]), ("completions", COMPLETION[1])]
+)
+async def test_n_choices_over_the_websocket_are_chunks_by_index_then_one_done(
+    frontend, endpoint, body
+):
+    messages = []
     with trio.fail_after(20):
-        async with open_websocket_url(url) as ws:
-            await ws.send_message(json.dumps(request))
-            message = json.loads(await ws.get_message())
-    assert message["type"] == "error" and message["id"] == "a"
-    assert any(d["loc"] == "$.n" for d in message["error"]["details"])
-    assert frontend.engine.core.stats.submitted == 0
+        async with open_websocket_url(ws_url(frontend)) as ws:
+            await ws.send_message(ws_request("a", endpoint, {**body, "n": 3, "max_tokens": 3}))
+            while not messages or messages[-1]["type"] == "chunk":
+                messages.append(json.loads(await ws.get_message()))
+    # Every chunk is the SSE route's, tagged with its choice; one done ends the request,
+    # with the prompt counted once and the completions summed.
+    assert messages[-1] == {
+        "type": "done",
+        "id": "a",
+        "usage": {"prompt_tokens": 1, "completion_tokens": 9, "total_tokens": 10},
+    }
+    texts, finishes = {0: "", 1: "", 2: ""}, {}
+    for message in messages[:-1]:
+        assert message["type"] == "chunk" and message["id"] == "a"
+        (choice,) = message["data"]["choices"]
+        texts[choice["index"]] += choice.get("delta", {}).get("content") or choice.get("text") or ""
+        if choice["finish_reason"]:
+            finishes[choice["index"]] = choice["finish_reason"]
+    assert texts == {i: expected_text("Hi", 3) for i in range(3)}
+    assert finishes == {0: "length", 1: "length", 2: "length"}
+    request_id = engine_id(messages[0])
+    assert {engine_id(m) for m in messages[:-1]} == {request_id}
+    assert [frontend.ends(f"{request_id}.{i}") for i in range(3)] == [["finished"]] * 3
+
+
+async def test_a_cancelled_websocket_request_of_n_choices_aborts_each_once(frontend):
+    body = {**COMPLETION[1], "n": 2, "max_tokens": 100_000}
+    with trio.fail_after(20):
+        async with open_websocket_url(ws_url(frontend)) as ws:
+            await ws.send_message(ws_request("a", "completions", body))
+            first = json.loads(await ws.get_message())
+            await wait_until(lambda: len(frontend.engine.core.running) == 2, "both running")
+            await ws.send_message(json.dumps({"type": "cancel", "id": "a"}))
+            ends = []
+            while not ends:
+                message = json.loads(await ws.get_message())
+                if message["type"] != "chunk":
+                    ends.append(message)
+            # The socket goes on: the same id runs again at once.
+            await ws.send_message(
+                ws_request("a", "completions", {**COMPLETION[1], "max_tokens": 2})
+            )
+            while (message := json.loads(await ws.get_message()))["type"] == "chunk":
+                pass
+    assert message["type"] == "done"
+    (end,) = ends
+    assert end["type"] == "error" and end["id"] == "a"
+    assert end["error"]["code"] == "request_cancelled"
+    request_id = engine_id(first)
+    await wait_until(lambda: all(frontend.ends(f"{request_id}.{i}") for i in range(2)), "ended")
+    assert [frontend.ends(f"{request_id}.{i}") for i in range(2)] == [["aborted"]] * 2
+    await wait_until(lambda: len(frontend.app.services.registry) == 0, "nothing in flight")
+
+
+async def test_a_failing_websocket_choice_ends_the_others_with_one_error(frontend):
+    # Choice 1 (seed 11) fails after its first token: the request's one message of its end
+    # is that error, and choice 0 is aborted, once.
+    body = {**COMPLETION[1], "n": 2, "max_tokens": 100_000, "seed": 10}
+    body["mock_by_seed"] = {"11": {"mock_error_after": 1}}
+    with trio.fail_after(20):
+        async with open_websocket_url(ws_url(frontend)) as ws:
+            await ws.send_message(ws_request("a", "completions", body))
+            messages = [json.loads(await ws.get_message())]
+            while messages[-1]["type"] == "chunk":
+                messages.append(json.loads(await ws.get_message()))
+            await ws.send_message(json.dumps({"type": "ping", "id": 1}))
+            pong = json.loads(await ws.get_message())
+    assert messages[-1]["type"] == "error" and messages[-1]["id"] == "a"
+    assert pong == {"type": "pong", "id": 1}
+    request_id = engine_id(messages[0])
+    await wait_until(lambda: all(frontend.ends(f"{request_id}.{i}") for i in range(2)), "ended")
+    assert frontend.ends(f"{request_id}.0") == ["aborted"]
+    assert frontend.ends(f"{request_id}.1") == ["finished"]
+
+
+@pytest.mark.parametrize("end", ["close", "delete"])
+async def test_websocket_choices_end_together_with_the_socket_or_a_delete(frontend, end):
+    body = {**CHAT[1], "n": 2, "max_tokens": 100_000}
+    with trio.fail_after(20):
+        async with open_websocket_url(ws_url(frontend)) as ws:
+            await ws.send_message(ws_request("a", "chat.completions", body))
+            request_id = engine_id(json.loads(await ws.get_message()))
+            await wait_until(lambda: len(frontend.engine.core.running) == 2, "both running")
+            if end == "delete":
+                # The group's id (the chunks' own) ends every choice, as over HTTP.
+                async with frontend.client() as client:
+                    answer = await client.delete(f"/v1/requests/{request_id}")
+                assert answer.status_code == 200, answer.text
+                while (message := json.loads(await ws.get_message()))["type"] == "chunk":
+                    pass
+                assert message["type"] == "error" and message["id"] == "a"
+    await wait_until(lambda: all(frontend.ends(f"{request_id}.{i}") for i in range(2)), "ended")
+    assert [frontend.ends(f"{request_id}.{i}") for i in range(2)] == [["aborted"]] * 2
+    await wait_until(lambda: len(frontend.app.services.registry) == 0, "nothing in flight")

@@ -162,7 +162,7 @@ async def test_system_blocks_images_tools_and_results_reach_the_engine_as_chat(f
     assert messages[4] == {"role": "user", "content": "thanks"}
     assert submit.inputs["modalities"] == ["text", "image"]
     # tool_choice any is chat's required: the engine renders the tools and is held to
-    # the calls by structured outputs; the frontend parses (bodies/agents.py).
+    # the calls by structured outputs; the frontend parses (http/bodies/agents.py).
     params = dict(submit.params)
     assert params.pop("structured_outputs")["json"]["type"] == "array"
     assert params == {

@@ -156,26 +156,21 @@ async def test_a_one_token_answer_starts_with_its_token_and_leaves_the_end_to_th
 
 async def test_outputs_that_came_together_leave_in_one_write_up_to_the_end():
     # What one read of the engine's socket brought for a request (a frontend that fell
-    # behind reads several steps at once) reaches the client in one write: the first
-    # write starts the response with all the deltas; the end, with the last token, is
-    # left for the task; an error stops the sink and goes the task's way with what follows.
+    # behind reads several steps at once) reaches the client in one write, its texts in
+    # one delta (as vLLM's server merges a stream's waiting deltas): the first write
+    # starts the response; the end, with the last token, is left for the task; an error
+    # stops the sink and goes the task's way with what follows.
     server = FakeServer()
     exchange, _, sink = chat_writer(server)
     assert sink([item(0, "a"), item(1), item(2, "b")]) == []
     ((kind, status, _, body),) = server.wire
     assert (kind, status) == ("start", 200)
     events = [e + b"\n\n" for e in body.split(b"\n\n") if e]
-    assert [delta_of(e) for e in events] == [
-        {"role": "assistant", "content": "a"},
-        {"content": "b"},
-    ]
+    assert [delta_of(e) for e in events] == [{"role": "assistant", "content": "ab"}]
     last = item(5, "!", finish="stop")
     assert sink([item(3, "c"), item(4, "d"), last]) == [last]
     (_, body) = server.wire[1]
-    assert [delta_of(e + b"\n\n") for e in body.split(b"\n\n") if e] == [
-        {"content": "c"},
-        {"content": "d"},
-    ]
+    assert [delta_of(e + b"\n\n") for e in body.split(b"\n\n") if e] == [{"content": "cd"}]
     failed = OutputItem("r1", 7, error=ErrorInfo(500, "boom"))
     assert sink([item(6, "e"), failed, item(8, "f")]) == [failed, item(8, "f")]
     assert delta_of(server.wire[2][1]) == {"content": "e"}

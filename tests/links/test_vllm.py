@@ -6,6 +6,7 @@ The real engine's side is tests/vllm/test_direct_vllm.py."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import trio
 
 from tests.helpers.frontends import start_frontend
 from tests.helpers.text_models import build_text_model
+from tests.helpers.waiting import HANG_GUARD
 from trioserve.engine import open_engine_client
 from trioserve.enginecore import codec
 from trioserve.errors import EngineLostError, TextInputError
@@ -31,15 +33,21 @@ class RecordingCore:
         self.failure: str | None = None
         self.lost = trio.Event()
         self.on_stats = None
+        self.on_pass_end: Callable[[], None] | None = None
         self.added: list[codec.EngineCoreRequest] = []
-        self.sinks: dict[str, object] = {}
+        self.sinks: dict[str, OnePass] = {}
         self.aborted: list[str] = []
 
     def add(self, request, sink) -> None:
         if self.failure is not None:
             raise EngineLostError(self.failure)
         self.added.append(request)
-        self.sinks[request.request_id] = sink
+        self.sinks[request.request_id] = OnePass(self, sink)
+
+    def end_pass(self) -> None:
+        """What the client does after each read of its output socket."""
+        if self.on_pass_end is not None:
+            self.on_pass_end()
 
     def abort(self, ids) -> None:
         self.aborted.extend(ids)
@@ -47,9 +55,29 @@ class RecordingCore:
     def die(self, why: str) -> None:
         self.failure = why
         for sink in self.sinks.values():
-            sink.lost(why)  # type: ignore[attr-defined]
+            sink.lost(why)
         self.sinks.clear()
         self.lost.set()
+
+
+class OnePass:
+    """A request's sink as the client calls it: by default each output comes in a read
+    pass of its own (``output``); ``within_pass`` leaves the pass open, as the client does
+    with the outputs of several steps that were waiting."""
+
+    def __init__(self, core: RecordingCore, sink) -> None:
+        self.core = core
+        self.sink = sink
+
+    def within_pass(self, output: codec.EngineCoreOutput) -> None:
+        self.sink.output(output)
+
+    def output(self, output: codec.EngineCoreOutput) -> None:
+        self.sink.output(output)
+        self.core.end_pass()
+
+    def lost(self, why: str) -> None:
+        self.sink.lost(why)
 
 
 @pytest.fixture(scope="module")
@@ -243,7 +271,7 @@ async def test_a_chat_echo_is_the_last_message_when_it_has_the_answers_role(
     client = await served(nursery, core, model)
     message = Submit("c", "m", "chat", {"messages": messages}, {"echo": True, **params})
     prepared = await client.prepare(message, "chat")
-    assert prepared.payload[2] == echoed
+    assert prepared.payload.echo == echoed
 
 
 async def test_the_engine_lost_fails_every_request_once_and_the_link_is_out_of_service(
@@ -287,7 +315,7 @@ async def _respond(
         output = codec.EngineCoreOutput(
             request.request_id, [5], finish_reason=codec.FinishReason.LENGTH
         )
-        core.sinks[request.request_id].output(output)  # type: ignore[attr-defined]
+        core.sinks[request.request_id].output(output)
 
     nursery.start_soon(engine)
     async with frontend.client() as http:
@@ -390,3 +418,42 @@ async def test_the_last_item_carries_the_engines_queue_time(nursery, model):
         items += batch
     assert items[-1].queue_time == pytest.approx(0.5)
     assert all(item.queue_time is None for item in items[:-1])
+
+
+async def test_the_steps_one_read_brings_leave_in_one_write(nursery, model):
+    """A frontend behind its engine finds several steps waiting: a stream's outputs of all
+    of them are written at once when the client's pass ends (one SSE event), not one write
+    a step. A step alone in its pass still leaves at once."""
+    core = RecordingCore()
+    links = VllmLinks(core, VllmText(model, EngineLimits(max_model_len=512)), ["m"])  # type: ignore[arg-type]
+    frontend = await start_frontend(nursery, None, server="builtin", links=[("vllm://m", links)])
+    ids = model.encode(" quick brown fox jumps", add_special_tokens=False)
+    body = {"model": "m", "prompt": "Hi", "max_tokens": len(ids), "stream": True}
+    events: list[dict] = []
+    async with (
+        frontend.client() as http,
+        http.stream("POST", "/v1/completions", json=body) as response,
+    ):
+        lines = response.aiter_lines()
+        with trio.fail_after(HANG_GUARD):
+            while not core.added:
+                await trio.sleep(0.01)
+        [request] = core.added
+        sink = core.sinks[request.request_id]
+        sink.output(codec.EngineCoreOutput(request.request_id, ids[:1]))  # a pass of its own
+        async for line in lines:
+            if line.startswith("data: {"):
+                events.append(json.loads(line[6:]))
+                break
+        for token in ids[1:-1]:  # one pass over the steps that were waiting
+            sink.within_pass(codec.EngineCoreOutput(request.request_id, [token]))
+        core.end_pass()
+        last = codec.EngineCoreOutput(
+            request.request_id, ids[-1:], finish_reason=codec.FinishReason.LENGTH
+        )
+        sink.output(last)
+        events += [json.loads(line[6:]) async for line in lines if line.startswith("data: {")]
+    texts = [event["choices"][0]["text"] for event in events]
+    assert "".join(texts) == model.decode(ids)
+    assert texts[1] == model.decode(ids[:-1])[len(texts[0]) :]  # the waiting steps: one event
+    assert len(events) == 3 + (events[-1]["choices"][0]["text"] == "")

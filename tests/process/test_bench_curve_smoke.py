@@ -1,25 +1,23 @@
-"""tools/bench_curve.py runs (a seconds-long smoke run; no thresholds: its figures are
+"""``python -m tools.bench_curve`` runs (a seconds-long smoke run; no thresholds: its figures are
 docs/benchmarks.md's)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "bench_curve.py"
+from tools.toolkit.processes import ROOT, tool_command
 
 
 def test_the_curve_benchmark_measures_both_mechanisms(tmp_path):
     out = tmp_path / "figures.json"
     done = subprocess.run(
         [
-            sys.executable,
-            str(TOOL),
+            *tool_command("bench_curve"),
             *("--rounds", "1", "--duration", "0.5", "--warmup", "0.2", "--handshakes", "3"),
             *("--concurrency", "2", "--streams", "4", "--no-pin", "--json", str(out)),
         ],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=180,

@@ -1,16 +1,15 @@
-"""A smoke run of tools/bench_routing.py (seconds, no thresholds), so it cannot rot."""
+"""A smoke run of ``python -m tools.bench_routing`` (seconds, no thresholds), so it cannot rot."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tools.toolkit.processes import ROOT, tool_command
+
 pytestmark = pytest.mark.integration
-TOOL = Path(__file__).parents[2] / "tools" / "bench_routing.py"
 
 
 def test_the_routing_bench_runs_both_policies_and_reports_their_ratios(tmp_path):
@@ -19,7 +18,8 @@ def test_the_routing_bench_runs_both_policies_and_reports_their_ratios(tmp_path)
     args = ["--engines", "2", "--sessions", "3", "--turns", "2", "--concurrency", "2"]
     args += ["--ttft-ms", "20", "--rounds", "1", "--quiet", "--json", str(out)]
     result = subprocess.run(
-        [sys.executable, str(TOOL), *args, "--write-docs", str(doc)],
+        [*tool_command("bench_routing"), *args, "--write-docs", str(doc)],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,

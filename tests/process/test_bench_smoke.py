@@ -1,7 +1,8 @@
-"""Smoke run of the benchmark (tools/bench.py --quick): it runs and reports every figure.
+"""Smoke run of the benchmark (``python -m tools.bench --quick``): it runs and reports every figure.
 
 No thresholds: timings belong to the tool's output, not to tests. This only keeps the
-measuring instrument (bench.py, loadgen.py and toolkit/load.py, reference_server.py) from rotting.
+measuring instrument (tools.bench, tools.loadgen and tools.toolkit.load,
+tools.reference_server) from rotting.
 """
 
 from __future__ import annotations
@@ -12,16 +13,15 @@ import math
 import os
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from tests.helpers.waiting import HANG_GUARD
+from tools.toolkit.processes import ROOT, tool_command
+from tools.toolkit.procfs import process_tree, rss_bytes
 
 pytestmark = pytest.mark.integration
-TOOLS = Path(__file__).resolve().parents[2] / "tools"
 
 
 def test_bench_quick_reports_every_figure(tmp_path):
@@ -30,14 +30,14 @@ def test_bench_quick_reports_every_figure(tmp_path):
     docs.write_text("# Benchmarks\n\nSome text that must survive.\n")
     result = subprocess.run(
         [
-            sys.executable,
-            str(TOOLS / "bench.py"),
+            *tool_command("bench"),
             "--quick",
             "--json",
             str(out),
             "--write-docs",
             str(docs),
         ],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=240,
@@ -81,8 +81,7 @@ def test_bench_compares_worker_counts_without_the_reference(tmp_path):
     out = tmp_path / "bench.json"
     result = subprocess.run(
         [
-            sys.executable,
-            str(TOOLS / "bench.py"),
+            *tool_command("bench"),
             "--quick",
             "--no-pin",
             "--no-reference",
@@ -95,6 +94,7 @@ def test_bench_compares_worker_counts_without_the_reference(tmp_path):
             "--json",
             str(out),
         ],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=240,
@@ -110,8 +110,6 @@ def test_bench_compares_worker_counts_without_the_reference(tmp_path):
 
 
 def test_a_frontends_process_tree_holds_its_workers():
-    from tools.toolkit.load import process_tree, rss_bytes
-
     # sh, its sleep, and another sh with a sleep of its own: four processes.
     parent = subprocess.Popen(["sh", "-c", "sleep 30 & sh -c 'sleep 30 & wait' & wait"])
     try:

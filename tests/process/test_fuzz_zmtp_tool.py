@@ -1,20 +1,17 @@
-"""tools/fuzz_zmtp.py runs (``python -m tools.fuzz_zmtp`` from the repository's root; a smoke
-run: the properties themselves are tests/transport/test_zmtp_fuzz.py)."""
+"""``python -m tools.fuzz_zmtp`` runs (from the repository's root; a smoke run: the
+properties themselves are tests/transport/test_zmtp_fuzz.py)."""
 
 from __future__ import annotations
 
 import subprocess
-import sys
-from pathlib import Path
 
 from tests.helpers.waiting import HANG_GUARD
-
-ROOT = Path(__file__).resolve().parents[2]
+from tools.toolkit.processes import ROOT, tool_command
 
 
 def test_the_zmtp_fuzzer_runs_rounds_and_reports_no_failure():
     done = subprocess.run(
-        [sys.executable, "-m", "tools.fuzz_zmtp", "--seconds", "0.5", "--target", "curve"],
+        [*tool_command("fuzz_zmtp"), "--seconds", "0.5", "--target", "curve"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -2,9 +2,9 @@
 the frontend's RSS stays under a figure computed from its flags, and another client is
 served meanwhile (its ``/live`` answered, its stream flowing to its end).
 
-The clients are those of ``tools/hostile_clients.py`` (which measures the same against
-the defaults and reports figures; here only the bounds are asserted), at sizes that
-keep the test short. No timings are asserted.
+The clients are those of ``tools.hostile_clients`` and ``tools.raw_clients`` (the first
+measures the same against the defaults and reports figures; here only the bounds are
+asserted), at sizes that keep the test short. No timings are asserted.
 """
 
 from __future__ import annotations
@@ -17,8 +17,17 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from tools import hostile_clients as hostile
 
+from tools import hostile_clients as hostile
+from tools.raw_clients import (
+    answer_of,
+    close_code,
+    connect,
+    ws_frame,
+    ws_open,
+    ws_open_negotiated,
+    ws_read_frames,
+)
 from trioserve.server.http1.config import PIPELINE_BUFFER, RECEIVE_SIZE
 from trioserve.server.http1.websocket import max_message_fragments
 
@@ -73,7 +82,7 @@ class Stream:
 
 @contextlib.contextmanager
 def running(*args: str) -> Iterator[hostile.Frontend]:
-    """A frontend (``tools/hostile_clients.py``'s) with ``args`` and the mock at 200
+    """A frontend (``tools.hostile_clients``') with ``args`` and the mock at 200
     tokens/s, stopped at the end, whose log must hold no traceback."""
     started = hostile.Frontend(*args, "--mock-tokens-per-second", "200")
     try:
@@ -150,7 +159,7 @@ def test_keyless_chunked_bodies_are_refused_before_they_are_read(frontend):
     def attack() -> None:
         socks = []
         for _ in range(connections):
-            sock = hostile.connect(frontend.port)
+            sock = connect(frontend.port)
             sock.sendall(head)
             try:
                 sock.sendall(b"2\r\nab\r\n" * (128 * 1024))  # 256 KiB of body, 2 bytes a chunk
@@ -158,7 +167,7 @@ def test_keyless_chunked_bodies_are_refused_before_they_are_read(frontend):
                 pass  # answered and closed: as it should be
             socks.append(sock)
         for sock in socks:
-            refused.append(hostile.answer_of(sock, 5.0)[:12])
+            refused.append(answer_of(sock, 5.0)[:12])
             sock.close()
 
     under_attack(frontend, attack, connections * (RECEIVE_SIZE + PIPELINE_BUFFER) + SLACK)
@@ -178,7 +187,7 @@ def test_stalled_uploads_of_form_fields_stay_within_the_body_budget(frontend):
     def attack() -> None:
         socks = []
         for _ in range(4):  # 96 MiB of fields in all, against a 16 MiB budget
-            sock = hostile.connect(frontend.port)
+            sock = connect(frontend.port)
             sock.sendall(head)
             try:
                 for offset in range(0, len(body), MIB):
@@ -188,7 +197,7 @@ def test_stalled_uploads_of_form_fields_stay_within_the_body_budget(frontend):
                 pass
             socks.append(sock)
         for sock in socks:
-            answers.append(hostile.answer_of(sock, 5.0)[:12])
+            answers.append(answer_of(sock, 5.0)[:12])
             sock.close()
 
     # The fields held (counted), their copy as they are decoded, one read each.
@@ -201,16 +210,14 @@ def test_empty_continuation_frames_close_the_socket_within_its_bounds(frontend):
 
     def attack() -> None:
         for _ in range(3):
-            sock = hostile.ws_open(frontend.port, key=KEY)
-            data = hostile.ws_frame(1, b"{", fin=False)
-            data += hostile.ws_frame(0, b"", fin=False) * (
-                max_message_fragments(WS_MESSAGE_KB * 1024) * 2
-            )
+            sock = ws_open(frontend.port, key=KEY)
+            data = ws_frame(1, b"{", fin=False)
+            data += ws_frame(0, b"", fin=False) * (max_message_fragments(WS_MESSAGE_KB * 1024) * 2)
             try:
                 sock.sendall(data)
             except OSError:
                 pass
-            codes.append(hostile.close_code(hostile.ws_read_frames(sock, 5.0)))
+            codes.append(close_code(ws_read_frames(sock, 5.0)))
             sock.close()
 
     under_attack(frontend, attack, 3 * WS_MESSAGE_KB * 1024 + SLACK)
@@ -226,13 +233,13 @@ def test_a_compressed_frame_is_never_inflated(frontend):
 
     def attack() -> None:
         for _ in range(8):
-            sock, deflate = hostile.ws_open_negotiated(frontend.port, deflate=True, key=KEY)
+            sock, deflate = ws_open_negotiated(frontend.port, deflate=True, key=KEY)
             agreed.append(deflate)
             try:
-                sock.sendall(hostile.ws_frame(1, bomb[:-4], rsv1=True))
+                sock.sendall(ws_frame(1, bomb[:-4], rsv1=True))
             except OSError:
                 pass
-            codes.append(hostile.close_code(hostile.ws_read_frames(sock, 5.0)))
+            codes.append(close_code(ws_read_frames(sock, 5.0)))
             sock.close()
 
     under_attack(frontend, attack, SLACK)
@@ -240,14 +247,14 @@ def test_a_compressed_frame_is_never_inflated(frontend):
 
 
 def test_sockets_flooding_frames_leave_the_others_served(frontend):
-    flood = hostile.ws_frame(1, b"{", fin=False) + hostile.ws_frame(0, b"", fin=False) * 500
-    flood += hostile.ws_frame(0, b"}", fin=True)
+    flood = ws_frame(1, b"{", fin=False) + ws_frame(0, b"", fin=False) * 500
+    flood += ws_frame(0, b"}", fin=True)
 
     def attack() -> None:
         stop = threading.Event()
 
         def flooder() -> None:
-            sock = hostile.ws_open(frontend.port, key=KEY)
+            sock = ws_open(frontend.port, key=KEY)
             sock.settimeout(10)
             try:
                 while not stop.is_set():

@@ -6,20 +6,25 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import trio
 
 from tests.helpers.waiting import HANG_GUARD
+from tools.bench_plan import markers
+from tools.toolkit.processes import ROOT, tool_command
+from tools.toolkit.reports import write_docs
 
 pytestmark = pytest.mark.integration
-TOOLS = Path(__file__).resolve().parents[2] / "tools"
 
 
 def run_tool(name: str, out: Path, *args: str, timeout: float) -> str:
-    """Run ``tools/<name>`` quietly with its figures written to ``out``; its stdout."""
+    """Run ``python -m tools.<name>`` quietly with its figures written to ``out``; its
+    stdout."""
     result = subprocess.run(
-        [sys.executable, str(TOOLS / name), *args, "--quiet", "--json", str(out)],
+        [*tool_command(name), *args, "--quiet", "--json", str(out)],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -30,7 +35,7 @@ def run_tool(name: str, out: Path, *args: str, timeout: float) -> str:
 
 def test_abort_latency_tool_runs_and_reports_both_kinds(tmp_path):
     out = tmp_path / "figures.json"
-    stdout = run_tool("abort_latency.py", out, "--count", "3", timeout=120)
+    stdout = run_tool("abort_latency", out, "--count", "3", timeout=120)
     assert "| streaming (SSE) | 3 |" in stdout
     assert "| non-streaming (JSON) | 3 |" in stdout
     assert out.exists()
@@ -39,7 +44,7 @@ def test_abort_latency_tool_runs_and_reports_both_kinds(tmp_path):
 def test_instruction_count_tool_runs_and_reports_both_frontends(tmp_path):
     out = tmp_path / "figures.json"
     args = ("--requests", "6", "--warmup", "2", "--concurrency", "2")
-    stdout = run_tool("instructions.py", out, *args, timeout=600)
+    stdout = run_tool("instructions", out, *args, timeout=600)
     assert "| non-streaming (JSON), 16 tokens |" in stdout
     assert "| streaming (SSE), 16 tokens |" in stdout
     figures = json.loads(out.read_text())["results"]
@@ -48,7 +53,7 @@ def test_instruction_count_tool_runs_and_reports_both_frontends(tmp_path):
 
 def test_wakeup_tool_runs_and_reports_every_transport(tmp_path):
     out = tmp_path / "figures.json"
-    stdout = run_tool("wakeups.py", out, "--count", "5", "--gaps", "0,1", timeout=120)
+    stdout = run_tool("wakeups", out, "--count", "5", "--gaps", "0,1", timeout=120)
     rows = ("TCP loopback", "ZeroMQ DEALER-ROUTER", "ZeroMQ, the caller parked in trio")
     assert all(f"| {row} |" in stdout for row in rows)
     figures = json.loads(out.read_text())["results"]
@@ -64,15 +69,10 @@ def test_a_capacity_only_bench_run_writes_its_own_section_not_the_main_table(tmp
     doc.write_text(
         f"# B\n\n{main_table}\n\n### Capacity\n\n{capacity_begin}\nold\n{capacity_end}\n"
     )
-    # bench.py is a program: imported as it runs, from tools/, where its siblings are found.
-    write = (
-        "import sys; from pathlib import Path; from types import SimpleNamespace; import bench\n"
-        "begin, end = bench.markers(SimpleNamespace(scenarios=sys.argv[2].split(',')))\n"
-        "bench.write_docs(Path(sys.argv[1]), f'{begin}\\n{sys.argv[3]}\\n{end}', begin, end)"
-    )
+    # What tools.bench does with --write-docs: the run's table between its plan's markers.
     for scenarios, text in (("capacity", "new capacity"), ("json,capacity", "new main")):
-        command = [sys.executable, "-c", write, str(doc), scenarios, text]
-        subprocess.run(command, cwd=TOOLS, check=True, timeout=60)
+        begin, end = markers(SimpleNamespace(scenarios=scenarios.split(",")))
+        write_docs(doc, f"{begin}\n{text}\n{end}", begin, end)
         if text == "new capacity":
             assert main_table in doc.read_text()  # the main table survives a capacity run
     written = doc.read_text()
@@ -87,7 +87,9 @@ async def test_the_floor_relay_relays_tokens_and_loadgen_measures_it(nursery):
     port = free_port()
     engine = f"tcp://127.0.0.1:{port}"
     await start_engine_process(nursery, port)
-    relay = await Proc.start(nursery, "--engine", engine, program=(str(TOOLS / "floor_relay.py"),))
+    relay = await Proc.start(
+        nursery, "--engine", engine, program=("-m", "tools.floor_relay"), cwd=ROOT
+    )
     match = await relay.wait_for_output(r"Running on http://127\.0\.0\.1:(\d+)")
     relay_port = int(match.group(1))
     # The tokens of the engine's answer, in order, then [DONE] and the last chunk; and the
@@ -111,8 +113,7 @@ async def test_the_floor_relay_relays_tokens_and_loadgen_measures_it(nursery):
     await stream.aclose()
     result = await trio.run_process(
         [
-            sys.executable,
-            str(TOOLS / "loadgen.py"),
+            *tool_command("loadgen"),
             "ttft",
             "--engine",
             engine,
@@ -128,6 +129,7 @@ async def test_the_floor_relay_relays_tokens_and_loadgen_measures_it(nursery):
             "2",
         ],
         capture_stdout=True,
+        cwd=ROOT,
     )
     figures = json.loads(result.stdout)
     assert figures["count"] == 3 and figures["frontend_p50_ms"] >= 5
@@ -135,8 +137,9 @@ async def test_the_floor_relay_relays_tokens_and_loadgen_measures_it(nursery):
 
 def test_the_enginecore_codec_tool_runs_and_reports_both_decoders():
     result = subprocess.run(
-        [sys.executable, str(TOOLS / "bench_enginecore_codec.py"), "--rounds", "1"]
+        [*tool_command("bench_enginecore_codec"), "--rounds", "1"]
         + ["--per-round", "10", "--outputs", "4"],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=HANG_GUARD,
@@ -145,3 +148,68 @@ def test_the_enginecore_codec_tool_runs_and_reports_both_decoders():
     report = json.loads(result.stdout)
     assert set(report) == {"msgspec_structs", "msgpack_lists", "outputs_per_step"}
     assert report["msgspec_structs"]["min_us"] > 0 and report["msgpack_lists"]["min_us"] > 0
+
+
+async def test_the_null_enginecore_answers_the_direct_path_and_takes_its_aborts(tmp_path):
+    """tools/null_enginecore.py, the engine of ``bench_vllm --engine null``: found through
+    the direct path's handshake (``--vllm-attach``), it answers ``max_tokens`` tokens of its
+    fixed text, one a step, and an abort ends a request at once (the running figure the
+    bench reads drops to 0)."""
+    import httpx
+
+    from tests.helpers.processes import free_port
+    from tests.helpers.text_models import build_text_model
+    from tools.null_enginecore import TEXT
+
+    model_dir = build_text_model(tmp_path / "model", harder=False)
+    handshake = f"127.0.0.1:{free_port()}"
+    frontend = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "trioserve", "run", "--vllm", str(model_dir), "--port", "0"]
+        + ["--vllm-attach", handshake, "--vllm-load-timeout", str(HANG_GUARD), "--no-access-log"],
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+    )
+    engine = await trio.lowlevel.open_process(
+        [*tool_command("null_enginecore"), "--handshake", f"tcp://{handshake}"]
+        + ["--model", str(model_dir), "--step-ms", "5"],
+        cwd=ROOT,
+    )
+    try:
+        url = await _url_of(frontend)
+        async with httpx.AsyncClient(base_url=url, timeout=HANG_GUARD) as http:
+            body = {"prompt": "x", "max_tokens": 12, "temperature": 0}
+            answer = (await http.post("/v1/completions", json=body)).json()
+            assert answer["usage"]["completion_tokens"] == 12
+            assert answer["choices"][0]["text"] in TEXT * 2  # its text, cycled
+            long = {**body, "max_tokens": 100_000, "stream": True}
+            with trio.fail_after(HANG_GUARD):
+                async with http.stream("POST", "/v1/completions", json=long) as response:
+                    async for line in response.aiter_lines():
+                        if line.startswith("data: {"):
+                            assert await _running(http) == 1  # the step's figures
+                            break  # streaming: hang up
+                while await _running(http) != 0:  # the ABORT reached it
+                    await trio.sleep(0.05)
+    finally:
+        for process in (engine, frontend):
+            process.terminate()
+        with trio.fail_after(HANG_GUARD):
+            for process in (engine, frontend):
+                await process.wait()
+
+
+async def _url_of(process: trio.Process) -> str:
+    assert process.stderr is not None
+    seen = b""
+    with trio.fail_after(HANG_GUARD):
+        async for chunk in process.stderr:
+            seen += chunk
+            if b"Running on " in seen:
+                return seen.split(b"Running on ", 1)[1].split(b" ", 1)[0].decode().strip()
+    raise AssertionError(f"the frontend did not start: {seen.decode(errors='replace')}")
+
+
+async def _running(http) -> float:
+    metrics = (await http.get("/metrics")).text
+    [line] = [m for m in metrics.splitlines() if m.startswith("trioserve_engine_requests_running")]
+    return float(line.rsplit(" ", 1)[1])

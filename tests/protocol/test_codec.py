@@ -49,6 +49,7 @@ EVERY_MESSAGE = [
             OutputItem("r2", 4, modality="audio", data=b"\x00\x01\xff"),
             OutputItem("r1", 1, data=None, usage=Usage(2, 3), finish_reason="stop"),
             OutputItem("r3", 0, error=ErrorInfo(429, "too many", "rate_limit")),
+            OutputItem("r4", 0, error=ErrorInfo(400, "too hot", "invalid_request", "temperature")),
         ]
     ),
 ]
@@ -300,6 +301,61 @@ def test_an_item_s_stop_reason_that_is_not_a_string_or_an_integer_is_malformed(v
     item = {"request_id": "r", "seq": 0, "finish_reason": "stop", "stop_reason": value}
     with pytest.raises(PeerProtocolError, match="stop_reason"):
         decode(msgpack.packb(["outputs", {"items": [item]}], use_bin_type=True))
+
+
+#: A first item with what a request asked about its prompt, as the shared vLLM engine sends
+#: it (``return_token_ids``, ``prompt_logprobs``: vLLM's shape, the first position null).
+PROMPT_LOGPROBS = [
+    None,
+    {
+        "7": {"logprob": -2.5, "rank": 3, "decoded_token": " K"},
+        "9": {"logprob": -0.5, "rank": 1, "decoded_token": "ö"},
+    },
+    {"11": {"logprob": -9999.0, "rank": 40, "decoded_token": "ln"}},
+]
+
+
+def test_an_item_s_token_ids_and_prompt_details_round_trip():
+    first = OutputItem("r", 0, data="Köln", token_ids=[5, 6])
+    first.prompt_token_ids = [1, 7, 11]
+    first.prompt_logprobs = PROMPT_LOGPROBS
+    later = OutputItem("r", 1, data="!", token_ids=[8], finish_reason="stop", usage=Usage(3, 3))
+    empty = OutputItem("r", 2, token_ids=[])  # a step whose token the stop string cut
+    frame = encode(Outputs([first, later, empty]))
+    assert decode(frame) == Outputs([first, later, empty])
+    _, body = msgpack.unpackb(frame)
+    assert body["items"][1].keys() == {
+        "request_id", "seq", "data", "token_ids", "finish_reason", "usage"
+    }  # fmt: skip
+
+
+def test_an_item_without_token_ids_or_prompt_details_is_the_bytes_an_older_frontend_read():
+    # Added without a version bump: left out at nil, so what a frontend that predates them
+    # receives is what it always did (and one that has them it ignores, as every unknown
+    # field); a frontend that knows them reads None from an older engine.
+    item = OutputItem("r", 0, data="x", usage=Usage(1, 2), finish_reason="stop")
+    frame = encode(Outputs([item]))
+    for name in (b"token_ids", b"prompt_token_ids", b"prompt_logprobs"):
+        assert name not in frame
+    decoded = decode(frame).items[0]
+    assert (decoded.token_ids, decoded.prompt_token_ids, decoded.prompt_logprobs) == (None,) * 3
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("token_ids", [1, "2"]),
+        ("token_ids", 3),
+        ("token_ids", [1.5]),
+        ("prompt_token_ids", "1 2"),
+        ("prompt_token_ids", [True]),
+        ("prompt_logprobs", {"1": {}}),
+    ],
+)
+def test_token_ids_and_prompt_details_of_the_wrong_type_are_malformed(field, value):
+    item = {"request_id": "r", "seq": 0, "data": "x", field: value}
+    with pytest.raises(PeerProtocolError, match=field):
+        decode(msgpack.packb(["outputs", {"items": [item]}]))
 
 
 def _nested(depth: int) -> object:

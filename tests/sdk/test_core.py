@@ -84,6 +84,23 @@ def test_sequence_numbers_count_per_request(core):
     assert not core.output((A, "r1"), Output("late"))
 
 
+def test_what_a_backend_says_of_tokens_and_prompt_reaches_the_frontend_on_the_wire(core):
+    # A token-id backend (the shared vLLM engine) sets a request's token ids, and on its
+    # first output the prompt's ids and logprobs; the items carry them as it gave them.
+    prompt_logprobs = [None, {"7": {"logprob": -1.5, "rank": 2, "decoded_token": "x"}}]
+    core.handle(A, submit("r1"), now=0)
+    core.output(
+        (A, "r1"),
+        Output("a", token_ids=[9], prompt_token_ids=[1, 7], prompt_logprobs=prompt_logprobs),
+    )
+    core.output((A, "r1"), Output("b", token_ids=[10], finish_reason="stop"))
+    [(_, outputs)] = sent(core)
+    first, last = outputs.items
+    assert (first.token_ids, first.prompt_token_ids) == ([9], [1, 7])
+    assert first.prompt_logprobs == prompt_logprobs
+    assert (last.token_ids, last.prompt_token_ids, last.prompt_logprobs) == ([10], None, None)
+
+
 def test_abort_cancels_once_and_ignores_unknown_ids(core):
     core.handle(A, submit("r1"), now=0)
     actions = core.handle(A, encode(Abort(["r1", "ghost"])), now=0)

@@ -12,13 +12,15 @@ from trioserve.text.sampling import EngineLimits
 TEXT = "Grüße aus Köln! 日本語 🙂 and the lazy dog."
 
 
-def generation(model: ModelText, task: str = "completion", **params: object) -> GenerationText:
+def generation(
+    model: ModelText, task: str = "completion", *, stream: bool = True, **params: object
+) -> GenerationText:
     served = ServedText(model, EngineLimits(4096))
     inputs: dict[str, object] = {"prompt": "Once"}
     if task == "chat":
         inputs = {"messages": [{"role": "user", "content": "Hi"}]}
-    ready = prepare(served, task, inputs, {"max_tokens": 100, **params}, stream=True)
-    return GenerationText(model, task, ready.prompt.token_ids, ready.sampling)
+    ready = prepare(served, task, inputs, {"max_tokens": 100, **params}, stream=stream)
+    return GenerationText(model, task, ready)
 
 
 def feed(gen: GenerationText, ids: list[int], final: str | None):
@@ -99,12 +101,76 @@ def test_the_kept_token_ids_come_with_their_step_when_returned(plain: ModelText)
     assert all(d.token_ids is None for d in feed(generation(plain), ids, "length"))
 
 
+def prompt_rows(model: ModelText, prompt: str) -> tuple[list[int], tuple]:
+    """A prompt's ids, and the prompt logprobs' rows EngineCore would send for them (each
+    position after the first: its token, then one more, 7)."""
+    ids = model.encode(prompt, add_special_tokens=True)
+    rows = (
+        [[token, 7] for token in ids[1:]],
+        [[-2.0, -1.0]] * (len(ids) - 1),
+        [5] * (len(ids) - 1),
+    )
+    return ids, rows
+
+
 def test_an_echo_without_generation_shows_neither_the_token_nor_its_logprobs(plain: ModelText):
     gen = generation(plain, echo=True, max_tokens=0, logprobs=1)
+    prompt, rows = prompt_rows(plain, "Once")
+    gen.add_prompt_rows(rows)
     token = plain.encode(" dog", add_special_tokens=False)[0]
     delta = gen.step([token], "length", ([[token]], [[-0.5]], [1]))
-    assert delta is not None and (delta.text, delta.logprobs) == ("", None)
-    assert delta.finish_reason == "length"
+    assert delta is not None and delta.finish_reason == "length"
+    assert delta.text == "Once"  # the prompt alone
+    assert len(delta.logprobs["tokens"]) == len(prompt)  # the prompt's, not the token's
+
+
+def test_the_prompts_details_come_with_the_first_delta_only(plain: ModelText):
+    # The prompt's logprobs come with the prefill's chunks, before any token; the first
+    # delta with tokens carries them, the echo (its logprobs first) and the prompt's ids.
+    gen = generation(
+        plain, echo=True, logprobs=1, prompt_logprobs=1, return_token_ids=True, stream=False
+    )
+    prompt, rows = prompt_rows(plain, "Once")
+    gen.add_prompt_rows(([rows[0][0]], [rows[1][0]], [rows[2][0]]))  # two chunks
+    assert gen.step([], None, None) is None
+    gen.add_prompt_rows(tuple(column[1:] for column in rows))
+    answer = plain.encode(" the lazy dog", add_special_tokens=False)
+    first = gen.step(answer[:1], None, ([[answer[0]]], [[-0.5]], [1]))
+    assert first is not None
+    assert first.prompt_token_ids == prompt and first.token_ids == answer[:1]
+    assert first.prompt_logprobs is not None and first.prompt_logprobs[0] is None
+    assert list(first.prompt_logprobs[1]) == [str(prompt[1]), "7"]
+    assert first.prompt_logprobs[1][str(prompt[1])]["rank"] == 5
+    assert len(first.prompt_logprobs) == len(prompt)
+    # A completion's echo is its prompt, none when the ids are returned (vLLM's); its
+    # logprobs: the prompt's tokens (the first with none), then the answer's.
+    assert first.text == plain.decode(answer[:1])
+    tokens = first.logprobs["token_logprobs"]
+    assert tokens[0] is None and len(tokens) == len(prompt) + 1
+    offsets = first.logprobs["text_offset"]
+    later = gen.step(answer[1:2], "length", ([[answer[1]]], [[-0.5]], [1]))
+    assert later is not None and later.prompt_token_ids is None and later.prompt_logprobs is None
+    assert later.logprobs["text_offset"][0] > offsets[-1]  # counted on from the echo's
+
+
+def test_a_completions_echo_begins_the_answer_with_the_prompt(plain: ModelText):
+    gen = generation(plain, echo=True)
+    _, rows = prompt_rows(plain, "Once")
+    gen.add_prompt_rows(rows)
+    answer = plain.encode(" the lazy dog", add_special_tokens=False)
+    deltas = feed(gen, answer, "length")
+    assert "".join(d.text for d in deltas) == "Once" + plain.decode(answer)
+    assert deltas[0].prompt_token_ids is not None  # streamed with them, asked or not
+
+
+def test_without_prompt_details_asked_no_delta_carries_any(plain: ModelText):
+    gen = generation(plain)
+    _, rows = prompt_rows(plain, "Once")
+    gen.add_prompt_rows(rows)  # (an engine would send none; they are ignored)
+    ids = plain.encode(TEXT, add_special_tokens=False)
+    deltas = feed(gen, ids, "length")
+    assert all(d.prompt_token_ids is None and d.prompt_logprobs is None for d in deltas)
+    assert "".join(d.text for d in deltas) == plain.decode(ids)
 
 
 def test_the_first_token_begins_the_answer_even_without_text(plain: ModelText):

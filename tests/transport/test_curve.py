@@ -359,7 +359,7 @@ async def test_an_answer_altered_on_the_way_is_refused_not_delivered(nursery, tm
     await nursery.start(relay.serve)
     frontend = await curve_frontend(nursery, tmp_path, relay.address, keys)
     async with frontend.client() as client:
-        with caplog.at_level(logging.ERROR, logger="trioserve.engine"):
+        with caplog.at_level(logging.ERROR, logger="trioserve.links.protocol"):
             reply = await client.post(
                 "/v1/chat/completions", json={**chat(max_tokens=400), "stream": True}
             )

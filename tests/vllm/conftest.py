@@ -42,6 +42,8 @@ from tests.helpers.vllm_session import (
     vllm_env,
     vllm_python,
 )
+from tools.toolkit.processes import tool_command
+from trioserve.text.assets import ModelText
 
 
 @pytest.fixture(scope="session")
@@ -52,7 +54,8 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
         pytest.skip(HOW_TO_RUN)
     model_dir = tmp_path_factory.mktemp("model") / "tiny-llama"
     subprocess.run(
-        [python, str(ROOT / "tools" / "tiny_llama.py"), str(model_dir)],
+        [*tool_command("tiny_llama", python), str(model_dir)],
+        cwd=ROOT,
         check=True,
         capture_output=True,
         env=vllm_env(),
@@ -73,6 +76,13 @@ def enginecore(
         yield engine
     finally:
         engine.process.stop()
+
+
+@pytest.fixture(scope="session")
+def text(enginecore: HeadlessEngine) -> ModelText:
+    """The session engine's model text (tokenizer, chat template, defaults), for direct
+    frontends on it (``start_direct_frontend``)."""
+    return ModelText.load(enginecore.model_dir)
 
 
 @pytest.fixture(scope="session")

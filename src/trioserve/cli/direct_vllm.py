@@ -273,7 +273,7 @@ async def serve_attached(
                 log.error("%s; waiting for it to come back", exc)
             except (PeerProtocolError, ProtocolVersionError) as exc:
                 if served is None:
-                    raise
+                    raise CommandError(f"refused the EngineCore that connected: {exc}") from None
                 log.error("refused the EngineCore that connected: %s", exc)
             except trio.TooSlowError:
                 raise CommandError(

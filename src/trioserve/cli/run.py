@@ -4,7 +4,9 @@ as its child when no --engine is given.
 
 To add an option to ``trioserve run``: add a field to ``config.Settings`` (the server reads
 it) or to :class:`RunOptions` (only this command does), made with ``options.option``: its
-flag, help, group (a key of :data:`GROUPS`) and unit. Nothing else is written.
+flag, help, group (a key of :data:`GROUPS`) and unit. Nothing else is written. The mock
+engine's options offered here (``--mock-*``) are fields of its ``MockOptions``, passed on to
+it as they were given.
 """
 
 from __future__ import annotations
@@ -25,12 +27,14 @@ import trio
 
 from .. import logs
 from ..config import Settings
-from ..enginecore.client import HEARTBEAT_TIMEOUT
+from ..engine_programs.mock_program import MockOptions
+from ..engine_programs.process import ProcessOptions
+from ..enginecore.client import HEARTBEAT_TIMEOUT, LOAD_TIMEOUT
 from ..errors import CommandError
-from ..options import SECONDS, add_options, from_args, option
+from ..options import SECONDS, add_options, argv_of, from_args, option
 from . import agent_flags, preflight
 from .argument_types import BY_KIND, vllm_cpus
-from .child_engine import MOCK_ENGINE_WAIT, VLLM_LOAD_TIMEOUT, ChildEngine
+from .child_engine import MOCK_ENGINE_WAIT, ChildEngine
 from .parsers import USAGE_ERROR, HelpFormatter, Parser, log_format_option, log_level_option
 
 log = logging.getLogger("trioserve")
@@ -52,6 +56,9 @@ GROUPS = {
     "vllm": "a vLLM engine started as a child (needs vllm installed)",
     "mock": "built-in mock engine (only without --engine or --vllm)",
 }
+#: The mock engine's options that ``run`` offers (``MockOptions``' ``offered``) are
+#: ``--mock-*``, for the mock it starts.
+MOCK_PREFIX = "mock-"
 
 
 @attrs.define
@@ -120,8 +127,10 @@ class RunOptions:
         "would starve the frontend, whose aborts then come late), `all`, or a list such as "
         "`0-2,4`",
     )
+    # With a child engine (`shared`, `asyncllm`), the server listens anyway once this is
+    # over, answering 503s until the engine is ready.
     vllm_load_timeout: float = option(
-        VLLM_LOAD_TIMEOUT,
+        LOAD_TIMEOUT,
         group="vllm",
         kind="positive",
         unit=SECONDS,
@@ -137,43 +146,11 @@ class RunOptions:
         "stops); it answers between two engine steps, so raise it where one step can take "
         "longer (long prompts on slow CPUs). A killed engine is noticed at once regardless",
     )
-    mock_tokens_per_second: float = option(
-        50.0,
-        group="mock",
-        kind="positive",
-        metavar="N",
-        help="tokens the mock generates per second, per request",
-    )
-    mock_ttft_ms: float = option(
-        20.0,
-        group="mock",
-        kind="non_negative",
-        metavar="MS",
-        help="the mock's time to first token, in milliseconds",
-    )
-    mock_model: str = option(
-        "mock", group="mock", kind="name", metavar="NAME", help="the model name the mock serves"
-    )
     enable_auto_tool_choice: bool = option(
         False,
         group="agents",
         help='vLLM\'s switch for tool_choice "auto": accepted, and needs --tool-call-parser '
         "(which turns it on by itself)",
-    )
-    mock_answer_tokens: int = option(
-        0,
-        group="mock",
-        kind="non_negative",
-        metavar="N",
-        help="end the mock's answers with finish_reason stop after N tokens (where "
-        "max_tokens leaves room), as a model's end of sequence; 0: they run to max_tokens "
-        "and end length",
-    )
-    mock_fault_injection: bool = option(
-        False,
-        group="mock",
-        help="let clients use the mock's fault-injection knobs (mock_stall_s, …): any client "
-        "could then stall the engine for everyone; for tests and benchmarks",
     )
 
 
@@ -198,6 +175,7 @@ def add_parser(commands: argparse._SubParsersAction[Parser]) -> None:
     groups = {name: run.add_argument_group(title) for name, title in GROUPS.items()}
     add_options(groups, Settings, types=BY_KIND)
     add_options(groups, RunOptions, types=BY_KIND)
+    add_options(groups, MockOptions, types=BY_KIND, prefix=MOCK_PREFIX)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -342,6 +320,9 @@ def run(args: argparse.Namespace) -> int:
     tune_gc()
     try:
         trio.run(main_task)
+    except* CommandError as group:
+        # Said from inside a nursery: the one line all the same.
+        raise preflight.leaves(group)[0] from None
     except* OSError as group:
         # A port taken after check_can_listen let it go is still the operator's to fix:
         # one line, no traceback. Any other OSError is a bug worth its traceback.
@@ -364,36 +345,23 @@ def _child_engine(
     args: argparse.Namespace, options: RunOptions, address: str, vllm_args: list[str]
 ) -> ChildEngine:
     """The engine this process starts, bound to ``address``: vLLM with --vllm (given
-    ``vllm_args``), else the mock."""
+    ``vllm_args``), else the mock (with the --mock-* options in ``args``)."""
     common = [sys.executable, "-m", "trioserve", "--log-level", args.log_level]
     common += ["--log-format", args.log_format]
-    common_tail = ["--bind", address, "--exit-with-parent", str(os.getpid())]
+    process = argv_of(ProcessOptions(bind=address, exit_with_parent=os.getpid()))
     if options.vllm:
         backend = ["--backend", "asyncllm"] if options.vllm_path == "asyncllm" else []
         return ChildEngine(
             f"the vLLM engine for {options.vllm}",
-            [*common, "engine", "vllm", options.vllm, *common_tail, *backend, *vllm_args],
+            [*common, "engine", "vllm", options.vllm, *process, *backend, *vllm_args],
             wait=options.vllm_load_timeout,
             progress=True,
             cpus=vllm_cpus(options.vllm_cpus),
         )
+    mock = from_args(MockOptions, args, prefix=MOCK_PREFIX)
     return ChildEngine(
         "the mock engine",
-        [
-            *common,
-            "engine",
-            "mock",
-            *common_tail,
-            "--model",
-            options.mock_model,
-            "--tokens-per-second",
-            str(options.mock_tokens_per_second),
-            "--ttft-ms",
-            str(options.mock_ttft_ms),
-            *(["--allow-fault-injection"] if options.mock_fault_injection else []),
-            "--answer-tokens",
-            str(options.mock_answer_tokens),
-        ],
+        [*common, "engine", "mock", *process, *argv_of(mock)],
         wait=MOCK_ENGINE_WAIT,
     )
 

@@ -256,6 +256,10 @@ class Subscription:
         """
         if self.error is not None or self.state not in _DELIVERING:
             return
+        if self._held:
+            self.release()  # what came before the failure reaches the client before it
+            if self.error is not None:
+                return  # (the sink failed on it: that is the request's end)
         if self.retry is not None and reason.engine_gone:
             lost = self.engine
             if self._fail_over(reason):

@@ -11,7 +11,7 @@ import attrs
 import trio
 
 from ..errors import CommandError
-from ..options import add_options, from_args, option
+from ..options import Offered, add_options, from_args, option
 from .process import (
     TYPES,
     ProcessOptions,
@@ -25,22 +25,21 @@ from .process import (
 if TYPE_CHECKING:
     from ..sdk import AsyncioEngine
 
-log = logging.getLogger("trioserve")
+log = logging.getLogger(__name__)
 
 
 @attrs.define
 class MockOptions:
-    """The mock's own options (``ProcessOptions`` has those every engine takes)."""
+    """The mock's own options (``ProcessOptions`` has those every engine takes); those
+    ``offered`` are ``trioserve run``'s too, as ``--mock-*``, for the mock it starts."""
 
-    model: str = option(
-        "mock", group="mock", kind="name", metavar="NAME", help="model name to serve"
-    )
     tokens_per_second: float = option(
         50.0,
         group="mock",
         kind="positive",
         metavar="N",
         help="tokens generated per second, per request",
+        offered=Offered("tokens the mock generates per second, per request"),
     )
     ttft_ms: float = option(
         20.0,
@@ -48,6 +47,15 @@ class MockOptions:
         kind="non_negative",
         metavar="MS",
         help="time to first token, in milliseconds",
+        offered=Offered("the mock's time to first token, in milliseconds"),
+    )
+    model: str = option(
+        "mock",
+        group="mock",
+        kind="name",
+        metavar="NAME",
+        help="model name to serve",
+        offered=Offered("the model name the mock serves"),
     )
     prefix_cache: int = option(
         0,
@@ -65,12 +73,22 @@ class MockOptions:
         metavar="N",
         help="end answers with finish_reason stop after N tokens (where max_tokens leaves "
         "room); 0: they run to max_tokens and end length",
+        offered=Offered(
+            "end the mock's answers with finish_reason stop after N tokens (where "
+            "max_tokens leaves room), as a model's end of sequence; 0: they run to "
+            "max_tokens and end length"
+        ),
     )
     allow_fault_injection: bool = option(
         False,
         group="mock",
         help="obey the mock_* params of requests (stalls, errors, timing); off, a request "
         "naming one gets a 400: any client could stall the engine for everyone",
+        offered=Offered(
+            "let clients use the mock's fault-injection knobs (mock_stall_s, …): any client "
+            "could then stall the engine for everyone; for tests and benchmarks",
+            flag="--mock-fault-injection",
+        ),
     )
     loop: str = option(
         "trio", group="mock", choices=("trio", "asyncio"), help="event loop to serve on"

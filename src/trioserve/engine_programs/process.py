@@ -24,7 +24,7 @@ from ..transport.keys import CurveServerKeys, server_keys
 if TYPE_CHECKING:
     import zmq
 
-log = logging.getLogger("trioserve")
+log = logging.getLogger(__name__)
 
 #: Seconds between two looks at the parent (polling is the portable way to learn of a
 #: parent's death: no event exists for it).

@@ -28,16 +28,14 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from ..enginecore.client import LOAD_TIMEOUT
 from ..errors import CommandError
 from .process import ProcessOptions, bind_error
 
-log = logging.getLogger("trioserve.engine.vllm")
+log = logging.getLogger(__name__)
 
 #: The backends, the default first.
 BACKENDS = ("enginecore", "asyncllm")
-#: Seconds EngineCore may take to load the model (vLLM's own frontend waits up to
-#: VLLM_ENGINE_READY_TIMEOUT_S, 600 s by default).
-LOAD_TIMEOUT = 600.0
 
 
 class _Parser(argparse.ArgumentParser):

@@ -51,15 +51,16 @@ from .process import (
     security,
 )
 
-log = logging.getLogger("trioserve.engine.vllm")
+log = logging.getLogger(__name__)
 
 #: vLLM's request id for one submit: the frontend's id plus a random suffix, since two
 #: frontends may use the same request id.
 _SUFFIX_BYTES = 6
 
 
-#: Request fields vLLM would act on but whose results trioserve's protocol cannot carry
-#: to the client yet: refused with a 400 naming them, rather than silently dropped.
+#: Request fields vLLM would act on whose results this backend does not lay out as vLLM's
+#: serving layer answers them (the EngineCore backend does, from the text layer): refused
+#: with a 400 naming them, rather than silently dropped.
 UNRELAYED = ("prompt_logprobs", "echo", "return_token_ids")
 
 
@@ -238,8 +239,9 @@ class VllmBackend:
             if request.params.get(name) not in (None, False, 0):
                 raise RequestError(
                     400,
-                    f"{name!r} is not relayed by trioserve yet (its answer would lose what "
-                    "vLLM computes for it); see docs/engines.md",
+                    f"{name!r} is not served by the asyncllm backend (its answer would lose "
+                    "what vLLM computes for it); the enginecore backend (the default) serves "
+                    "it, see docs/engines.md",
                     "invalid_request_error",
                 )
         import pydantic

@@ -7,7 +7,9 @@ engine, vLLM's launcher, EngineCore, its worker; ``enginecore/launcher.py``). A 
 that rolls leaves the model loaded; a frontend gone silent has its requests aborted here
 (the SDK). Each submit goes through the same text pipeline as the direct path
 (``trioserve run --vllm``): so the same prompt ids, the same sampling parameters and their
-400s, the same detokenized text, stop strings and logprobs.
+400s, the same detokenized text, stop strings and logprobs, and the same answers to what a
+request asks about its prompt (``echo``, ``prompt_logprobs``, ``return_token_ids``: on the
+outputs' ``token_ids``, ``prompt_token_ids`` and ``prompt_logprobs``).
 
 - **Prepare** (in a worker thread: a long prompt must not stall other streams): the chat
   template rendered, the prompt tokenized, the parameters lowered and validated as vLLM
@@ -58,6 +60,7 @@ from ..errors import (
     CommandError,
     EngineLostError,
     EngineOverloadedError,
+    InputError,
     RequestError,
     TextInputError,
 )
@@ -73,7 +76,7 @@ from ..transport.keys import CurveServerKeys
 from .process import ProcessOptions, exit_with_parent_trio, security
 from .vllm_figures import EngineFigures, serve_metrics
 
-log = logging.getLogger("trioserve.engine.vllm")
+log = logging.getLogger(__name__)
 
 #: Seconds the requests of a lost EngineCore have for their error items to leave before
 #: this process exits.
@@ -85,9 +88,6 @@ OUTPUT_BACKLOG = 4096
 SUFFIX_BYTES = 6
 #: Where ``--backend asyncllm`` is the answer.
 FALLBACK = "`trioserve engine vllm --backend asyncllm` serves it (docs/engines.md)"
-
-#: What vLLM computes for these but trioserve's protocol has no field for yet.
-UNRELAYED = ("prompt_logprobs", "echo", "return_token_ids")
 
 
 def check_options(vllm_args: Sequence[str]) -> argparse.Namespace:
@@ -113,16 +113,9 @@ def refuse_unserved(params: dict[str, Any]) -> None:
         raise RequestError(
             400,
             f"{what} ({name!r}) are not served by this engine; {FALLBACK}",
-            "invalid_request_error",
+            InputError.default_code,
+            param=name,
         )
-    for name in UNRELAYED:
-        if params.get(name) not in (None, False, 0):
-            raise RequestError(
-                400,
-                f"{name!r} is not relayed by trioserve yet (its answer would lose what vLLM "
-                "computes for it); see docs/engines.md",
-                "invalid_request_error",
-            )
 
 
 class _Outputs:
@@ -132,19 +125,20 @@ class _Outputs:
     __slots__ = ("arrived", "ended", "failure", "pending")
 
     def __init__(self) -> None:
-        self.pending: list[codec.EngineCoreOutput] = []
+        #: What has come and not been taken: each output with its step's timestamp.
+        self.pending: list[tuple[codec.EngineCoreOutput, float]] = []
         self.arrived = trio.Event()
         #: The engine has ended the request (its final output came, or it was lost): no
         #: abort is owed.
         self.ended = False
         self.failure: RequestError | None = None
 
-    def output(self, output: codec.EngineCoreOutput) -> None:
+    def output(self, output: codec.EngineCoreOutput, timestamp: float = 0.0) -> None:
         if output.finish_reason is not None:
             self.ended = True
         if len(self.pending) >= OUTPUT_BACKLOG and self.failure is None:
             self.failure = RequestError(503, "the engine's outputs backed up", "engine_error")
-        self.pending.append(output)
+        self.pending.append((output, timestamp))
         self.arrived.set()
 
     def lost(self, reason: str) -> None:
@@ -154,8 +148,9 @@ class _Outputs:
         )
         self.arrived.set()
 
-    async def take(self) -> list[codec.EngineCoreOutput]:
-        """What has arrived (waiting for something); raises the request's failure."""
+    async def take(self) -> list[tuple[codec.EngineCoreOutput, float]]:
+        """What has arrived (waiting for something), each output with its step's
+        timestamp; raises the request's failure."""
         if not self.pending and self.failure is None:
             await self.arrived.wait()
         if self.failure is not None:
@@ -206,13 +201,13 @@ class EngineCoreBackend:
             else:
                 # A tokenization runs to its end, alone, if the request is cancelled.
                 prepared = await trio.to_thread.run_sync(preparing, abandon_on_cancel=True)
-        except TextInputError as exc:
-            raise RequestError(400, exc.message, "invalid_request_error") from None
+        except TextInputError as exc:  # the direct path's 400: its message, code and param
+            raise RequestError(400, exc.message, exc.code, param=exc.param) from None
         prompt, sampling = prepared.prompt, prepared.sampling
         try:
             sampling_params = codec.sampling_params(sampling.params)
         except ValueError as exc:  # a type the lowering let through: refused, not sent
-            raise RequestError(400, str(exc), "invalid_request_error") from None
+            raise RequestError(400, str(exc), InputError.default_code) from None
         engine_id = f"{request.request_id}-{os.urandom(SUFFIX_BYTES).hex()}"
         outputs = _Outputs()
         arrival = time.time()
@@ -237,20 +232,25 @@ class EngineCoreBackend:
             raise RequestError(503, str(exc), "engine_unavailable") from None
         except EngineOverloadedError as exc:
             raise RequestError(503, str(exc), "engine_overloaded") from None
-        text = GenerationText(self.served.text, request.task, prompt.token_ids, sampling)
+        text = GenerationText(self.served.text, request.task, prepared)
         figures = self.figures
         first = True
         times = RequestTimes()
+        generated = 0
         try:
             while True:
-                for output in await outputs.take():
+                for output, timestamp in await outputs.take():
                     if output.events:
                         times.update(output.events)
+                    figures.output(times, timestamp)
                     if first and output.new_token_ids:
                         first = False
                         figures.prompt_tokens += text.prompt_tokens
                         figures.time_to_first_token.observe(time.time() - arrival)
+                    generated += len(output.new_token_ids)
                     figures.generation_tokens += len(output.new_token_ids)
+                    if output.new_prompt_logprobs_tensors is not None:
+                        text.add_prompt_rows(output.new_prompt_logprobs_tensors.rows())
                     reason = output.finish_reason
                     lists = output.new_logprobs
                     delta = text.step(
@@ -265,16 +265,19 @@ class EngineCoreBackend:
                         figures.ended("error")
                         raise RequestError(500, "vLLM's engine failed the request")
                     if delta.finish_reason is None:
-                        yield Output(data=delta.text or None, logprobs=delta.logprobs)
+                        yield Output(
+                            data=delta.text or None,
+                            logprobs=delta.logprobs,
+                            token_ids=delta.token_ids,
+                            prompt_token_ids=delta.prompt_token_ids,
+                            prompt_logprobs=delta.prompt_logprobs,
+                        )
                         continue
                     if delta.stopped:  # the engine generates on: this is its one abort
                         outputs.ended = True
                         self.client.abort([engine_id])
-                    figures.ended(delta.finish_reason)
-                    figures.e2e_latency.observe(time.time() - arrival)
+                    figures.completed(delta.finish_reason, times, arrival, generated)
                     queue_time = times.queue_time
-                    if queue_time is not None:
-                        figures.queue_time.observe(queue_time)
                     yield Output(
                         data=delta.text or None,
                         usage=Usage(text.prompt_tokens, text.completion_tokens),
@@ -282,6 +285,9 @@ class EngineCoreBackend:
                         logprobs=delta.logprobs,
                         stop_reason=delta.stop_reason,
                         queue_time=queue_time,
+                        token_ids=delta.token_ids,
+                        prompt_token_ids=delta.prompt_token_ids,
+                        prompt_logprobs=delta.prompt_logprobs,
                     )
                     return
         finally:

@@ -5,16 +5,19 @@ names, for ``--metrics-port``: what dashboards and the tests read of ``vllm serv
   ``vllm:kv_cache_usage_perc``) and prefix-cache counters are the ``SchedulerStats``
   EngineCore sends with a step's outputs: vLLM's own count, not trioserve's.
 - Requests by finish reason (``vllm:request_success_total``), tokens, time to first token,
-  queue time (the engine's QUEUED and SCHEDULED events) and end-to-end latency are counted
-  from EngineCore's outputs, where vLLM's output
-  processor counts them in its API server: an abort of ours is ``abort``, a stop string
-  matched here ``stop``; times run from the ADD (vLLM's ``arrival_time``).
+  end-to-end latency, and the engine-clock figures (queue time from the QUEUED and
+  SCHEDULED events; prefill, decode and inference times, time per output token and
+  inter-token latency from the timestamp of the batch each output came in) are counted
+  from EngineCore's outputs, where vLLM's output processor counts them in its API server:
+  an abort of ours is ``abort``, a stop string matched here ``stop``; wall-clock times run
+  from the ADD (vLLM's ``arrival_time``).
 - The SDK's account of the requests it served (``trioserve_engine_*_total``).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import attrs
@@ -22,14 +25,19 @@ import prometheus_client
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..enginecore import codec
+from ..enginecore.events import RequestTimes
 from ..sdk.core import EngineLoad, Stats
 
-log = logging.getLogger("trioserve.engine.vllm")
+log = logging.getLogger(__name__)
 
 #: vLLM's buckets (``vllm/v1/metrics/buckets.py``), so that the histograms read alike.
 TIME_TO_FIRST_TOKEN_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
     10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+INTER_TOKEN_LATENCY_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0,
 )  # fmt: skip
 REQUEST_LATENCY_BUCKETS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
@@ -54,29 +62,40 @@ class EngineFigures:
         self.generation_tokens = 0
         self.stats: Stats | None = None  # the SDK's, once it serves
         self.registry = prometheus_client.CollectorRegistry(auto_describe=True)
-        labels = ["model_name", "engine"]
-        self.time_to_first_token = prometheus_client.Histogram(
-            "vllm:time_to_first_token_seconds",
-            "Histogram of time to first token in seconds.",
-            labels,
-            buckets=TIME_TO_FIRST_TOKEN_BUCKETS,
-            registry=self.registry,
-        ).labels(model_name, "0")
-        self.queue_time = prometheus_client.Histogram(
-            "vllm:request_queue_time_seconds",
-            "Histogram of time spent in WAITING phase for request.",
-            labels,
-            buckets=REQUEST_LATENCY_BUCKETS,
-            registry=self.registry,
-        ).labels(model_name, "0")
-        self.e2e_latency = prometheus_client.Histogram(
-            "vllm:e2e_request_latency_seconds",
-            "Histogram of e2e request latency in seconds.",
-            labels,
-            buckets=REQUEST_LATENCY_BUCKETS,
-            registry=self.registry,
-        ).labels(model_name, "0")
+        latency, tokens = REQUEST_LATENCY_BUCKETS, INTER_TOKEN_LATENCY_BUCKETS
+        histogram = self._histogram
+        self.time_to_first_token = histogram(
+            "time_to_first_token", "time to first token in seconds", TIME_TO_FIRST_TOKEN_BUCKETS
+        )
+        self.queue_time = histogram(
+            "request_queue_time", "time spent in WAITING phase for request", latency
+        )
+        self.e2e_latency = histogram(
+            "e2e_request_latency", "e2e request latency in seconds", latency
+        )
+        self.inter_token_latency = histogram(
+            "inter_token_latency", "inter-token latency in seconds", tokens
+        )
+        self.time_per_output_token = histogram(
+            "request_time_per_output_token", "time_per_output_token_seconds per request", tokens
+        )
+        self.phases = [
+            histogram(f"request_{phase}_time", f"time spent in {state} phase for request", latency)
+            for phase, state in (("prefill", "PREFILL"), ("decode", "DECODE"),
+                                 ("inference", "RUNNING"))
+        ]  # fmt: skip
         self.registry.register(_Collector(self))
+
+    def _histogram(self, name: str, what: str, buckets: tuple[float, ...]) -> Any:
+        """vLLM's histogram ``vllm:<name>_seconds`` (its help text "Histogram of <what>."),
+        of this engine's model."""
+        return prometheus_client.Histogram(
+            f"vllm:{name}_seconds",
+            f"Histogram of {what}.",
+            ["model_name", "engine"],
+            buckets=buckets,
+            registry=self.registry,
+        ).labels(self.model_name, "0")
 
     def on_stats(self, stats: codec.SchedulerStats) -> None:
         self.running = stats.num_running_reqs
@@ -87,6 +106,29 @@ class EngineFigures:
 
     def ended(self, reason: str) -> None:
         self.finished[reason] = self.finished.get(reason, 0) + 1
+
+    def output(self, times: RequestTimes, timestamp: float) -> None:
+        """An output of a request, in the engine's batch of ``timestamp``: the gap since its
+        previous one is an inter-token latency, as vLLM's output processor counts it."""
+        gap = times.output(timestamp)
+        if gap is not None:
+            self.inter_token_latency.observe(gap)
+
+    def completed(self, reason: str, times: RequestTimes, arrival: float, generated: int) -> None:
+        """A request ended by the engine or a stop string (not aborted), ``arrival`` its
+        ADD's wall-clock time: its end-to-end, queue, prefill, decode and inference times
+        and its time per output token, as vLLM observes them for a finished request."""
+        self.ended(reason)
+        self.e2e_latency.observe(time.time() - arrival)
+        queue_time = times.queue_time
+        if queue_time is not None:
+            self.queue_time.observe(queue_time)
+        phases = times.phases()
+        if phases is not None:
+            for histogram, seconds in zip(self.phases, phases, strict=True):
+                histogram.observe(seconds)
+            decode = phases[1]
+            self.time_per_output_token.observe(decode / (generated - 1) if generated > 1 else 0.0)
 
     def load(self) -> EngineLoad:
         return EngineLoad(self.running, self.waiting, self.kv_cache_usage)

@@ -40,9 +40,8 @@ import functools
 import itertools
 import logging
 import os
-import struct
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import attrs
 import trio
@@ -53,9 +52,12 @@ from ..errors import (
     EngineLostError,
     EngineOverloadedError,
     PeerProtocolError,
+    ProtocolVersionError,
 )
 from ..transport.zmq_pump import ZmqPump
 from . import codec
+from .opening import Opening, bind, client_socket, monitor_event
+from .opening import handshake as handshake_with
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +67,10 @@ HEARTBEAT_INTERVAL = 1.0
 #: answers between two steps, and a long prefill on CPUs is one step.
 HEARTBEAT_TIMEOUT = 30.0
 #: Seconds a handshake may take: the engine loads its model in between (vLLM's own
-#: frontend waits up to VLLM_ENGINE_READY_TIMEOUT_S, 600 s by default).
+#: frontend waits up to VLLM_ENGINE_READY_TIMEOUT_S, 600 s by default). The default of
+#: every load timeout: `trioserve run --vllm-load-timeout`, `trioserve engine vllm
+#: --load-timeout`.
 LOAD_TIMEOUT = 600.0
-#: Messages queued in libzmq for the engine before sends are held in our bounded outbox
-#: (and past that, refused): an engine that stops reading does not grow memory unbounded.
-SNDHWM = 10_000
 #: The utility each heartbeat calls: answered from memory, no model work.
 HEARTBEAT_METHOD = "get_supported_tasks"
 #: Request ids this client aborted lately, remembered so that the outputs of the step the
@@ -98,8 +99,9 @@ class OutputSink(Protocol):
     """Where one request's outputs go; called in the output socket's owner task, so it must
     not block (a bounded buffer of its own is the caller's)."""
 
-    def output(self, output: codec.EngineCoreOutput) -> None:
-        """One step's delta; the last has ``finish_reason`` set, and nothing follows it."""
+    def output(self, output: codec.EngineCoreOutput, timestamp: float = 0.0) -> None:
+        """One step's delta; the last has ``finish_reason`` set, and nothing follows it.
+        ``timestamp``: the engine's clock at the step (its ``EngineCoreOutputs``')."""
 
     def lost(self, reason: str) -> None:
         """The engine died with the request in flight: its one end. Nothing follows it."""
@@ -136,6 +138,10 @@ class EngineCoreClient:
         #: Called with the number of tokens each outputs message carried (when any), in
         #: the output owner task.
         self.on_tokens: Callable[[int], None] | None = None
+        #: Called after each pass of the output owner that read something: the outputs
+        #: of every step that was waiting have been handed to their sinks (a sink may hold
+        #: a stream's outputs until then, to write several steps' in one go).
+        self.on_pass_end: Callable[[], None] | None = None
         #: Outputs for requests this client did not know (each answered with an ABORT).
         self.unknown_outputs = 0
         #: Outputs for requests this client had just aborted (dropped: one ABORT is enough).
@@ -245,7 +251,7 @@ class EngineCoreClient:
             if output.finish_reason is not None:
                 del sinks[output.request_id]
             try:
-                sink.output(output)
+                sink.output(output, message.timestamp)
             except Exception:  # a bug in one request's sink ends that request only
                 log.exception("ending request %s: its output sink failed", output.request_id)
                 if sinks.pop(output.request_id, None) is not None:
@@ -260,7 +266,7 @@ class EngineCoreClient:
                         request_id, [], finish_reason=codec.FinishReason.ABORT
                     )
                     with _barrier(request_id):
-                        sink.output(ended)
+                        sink.output(ended, message.timestamp)
         if unknown:
             self._aborts.extend(unknown)
             self._input.wake()
@@ -288,7 +294,7 @@ class EngineCoreClient:
         call.done.set()
 
     def _on_monitor(self, socket_name: str, frames: list[bytes]) -> None:
-        event = _monitor_event(frames)
+        event = monitor_event(frames)
         if event == zmq.EVENT_DISCONNECTED:
             self._die(f"the engine closed its connection to this client's {socket_name} socket")
 
@@ -346,104 +352,6 @@ def _barrier(what: str) -> Any:
         log.exception("a callback for %s failed", what)
 
 
-def _monitor_event(frames: list[bytes]) -> int:
-    if len(frames) != 2 or len(frames[0]) < 6:
-        return 0
-    return cast(int, struct.unpack("=hi", frames[0][:6])[0])
-
-
-def _bind(
-    ctx: zmq.Context[zmq.Socket[bytes]], kind: int, address: str
-) -> tuple[zmq.Socket[bytes], str]:
-    """A socket of ``kind`` bound to ``address`` (``tcp://HOST:*`` takes a free port), and
-    the address it is bound to."""
-    sock = ctx.socket(kind)
-    sock.setsockopt(zmq.LINGER, 0)
-    if kind == zmq.ROUTER:
-        sock.setsockopt(zmq.SNDHWM, SNDHWM)
-        # A restarted engine (or one whose connection dropped) takes its identity back.
-        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
-    else:
-        sock.setsockopt(zmq.RCVHWM, 0)  # the engine's steps are bounded by its batch
-    if "[" in address:
-        sock.setsockopt(zmq.IPV6, 1)
-    try:
-        sock.bind(address)
-    except zmq.ZMQError as exc:
-        sock.close()
-        raise OSError(f"cannot bind {address} for vLLM's EngineCore: {exc}") from None
-    return sock, cast(bytes, sock.getsockopt(zmq.LAST_ENDPOINT)).decode()
-
-
-class _Opening:
-    """What the sockets' owners learn while a client opens, for the task that waits. An
-    error in a message is kept here (the owners' barrier would only log it) and ends
-    every wait."""
-
-    def __init__(self) -> None:
-        self.ready: codec.EngineCoreReadyResponse | None = None
-        self.registered = trio.Event()
-        self.connected = {"input": trio.Event(), "output": trio.Event()}
-        self.handshake_done = trio.Event()
-        self.problem: BaseException | None = None
-
-    def fail(self, exc: BaseException) -> None:
-        if self.problem is None:
-            self.problem = exc
-        for event in (self.registered, self.handshake_done, *self.connected.values()):
-            event.set()
-
-    async def until(self, event: trio.Event) -> None:
-        await event.wait()
-        if self.problem is not None:
-            raise self.problem
-
-
-async def _handshake(
-    ctx: zmq.Context[zmq.Socket[bytes]],
-    address: str,
-    pairs: Sequence[ClientAddresses],
-    opening: _Opening,
-    on_bound: Callable[[str], None] | None,
-) -> None:
-    """Bind the handshake ROUTER at ``address``, answer the engine's HELLO with ``pairs``
-    and return at its READY (the ready response on the input socket may come before or
-    after it)."""
-    sock, bound_at = _bind(ctx, zmq.ROUTER, address)
-    if on_bound is not None:
-        on_bound(bound_at)
-    inputs = [pair.input for pair in pairs]
-    outputs = [pair.output for pair in pairs]
-    said_hello = False
-
-    def on_message(frames: list[bytes]) -> None:
-        nonlocal said_hello
-        try:
-            if len(frames) != 2:
-                raise PeerProtocolError(f"a handshake message of {len(frames)} frames")
-            identity, payload = frames
-            hello = codec.decode_hello(payload)
-            if hello.status == "HELLO" and not said_hello:
-                said_hello = True
-                log.info("vLLM's EngineCore said hello; it loads the model now")
-                pump.send([identity, codec.encode_init(inputs, outputs)])
-            elif hello.status == "READY" and said_hello:
-                opening.handshake_done.set()
-            else:
-                raise PeerProtocolError(f"an unexpected {hello.status!r} in the handshake")
-        except PeerProtocolError as exc:
-            opening.fail(exc)
-
-    pump = ZmqPump(sock, on_message)
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(pump.run)
-            await opening.until(opening.handshake_done)
-            nursery.cancel_scope.cancel()
-    finally:
-        sock.close()
-
-
 @contextlib.asynccontextmanager
 async def open_enginecore_client(
     pairs: Sequence[ClientAddresses],
@@ -480,18 +388,24 @@ async def open_enginecore_client(
     ctx = zmq.Context()
     sockets: list[zmq.Socket[bytes]] = []
     try:
-        input_sock, input_at = _bind(ctx, zmq.ROUTER, own.input)
+        input_sock = client_socket(ctx, zmq.ROUTER)
         sockets.append(input_sock)
-        output_sock, output_at = _bind(ctx, zmq.PULL, own.output)
+        output_sock = client_socket(ctx, zmq.PULL)
         sockets.append(output_sock)
-        pairs = list(pairs)
-        pairs[client_index] = ClientAddresses(input_at, output_at)  # a tcp "*" port, resolved
+        # The monitors before the binds: an engine already connecting (a rejoin, the
+        # engine started first) may be through its handshake as soon as a socket is
+        # bound, and a handshake the monitor missed was waited for until load_timeout.
         monitors = {
             "input": input_sock.get_monitor_socket(_MONITOR_EVENTS),
             "output": output_sock.get_monitor_socket(_MONITOR_EVENTS),
         }
         sockets.extend(monitors.values())
-        opening = _Opening()
+        pairs = list(pairs)
+        # (A tcp "*" port, resolved.)
+        pairs[client_index] = ClientAddresses(
+            bind(input_sock, own.input), bind(output_sock, own.output)
+        )
+        opening = Opening()
         opening.ready = known
         client: EngineCoreClient | None = None
 
@@ -501,7 +415,7 @@ async def open_enginecore_client(
                 if len(frames) != 2:
                     raise PeerProtocolError(f"{len(frames)} frames on the input socket")
                 response = codec.decode_ready_response(frames[1])
-            except PeerProtocolError as exc:  # ProtocolVersionError too
+            except (PeerProtocolError, ProtocolVersionError) as exc:
                 if client is None:
                     opening.fail(exc)
                 else:
@@ -523,13 +437,18 @@ async def open_enginecore_client(
                 client._on_outputs(frames)
 
         def on_monitor(name: str, frames: list[bytes]) -> None:
-            if _monitor_event(frames) == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            if monitor_event(frames) == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 opening.connected[name].set()
             elif client is not None:
                 client._on_monitor(name, frames)
 
+        def on_pass_end() -> None:
+            if client is not None and client.on_pass_end is not None:
+                with _barrier("the end of an output pass"):
+                    client.on_pass_end()
+
         input_pump = ZmqPump(input_sock, on_input, outbox_limit=outbox_limit)
-        output_pump = ZmqPump(output_sock, on_output)
+        output_pump = ZmqPump(output_sock, on_output, after_receive=on_pass_end)
         monitor_pumps = [
             ZmqPump(sock, functools.partial(on_monitor, name)) for name, sock in monitors.items()
         ]
@@ -540,12 +459,19 @@ async def open_enginecore_client(
             try:
                 with trio.fail_after(load_timeout):
                     if handshake is not None:
-                        await _handshake(ctx, handshake, pairs, opening, on_handshake_bound)
+                        await handshake_with(
+                            ctx,
+                            handshake,
+                            [pair.input for pair in pairs],
+                            [pair.output for pair in pairs],
+                            opening,
+                            on_handshake_bound,
+                        )
                     if known is None:
                         await opening.until(opening.registered)
                     for event in opening.connected.values():
                         await opening.until(event)
-            except (trio.TooSlowError, PeerProtocolError, OSError) as exc:
+            except (trio.TooSlowError, PeerProtocolError, ProtocolVersionError, OSError) as exc:
                 failed = exc
                 nursery.cancel_scope.cancel()
             else:

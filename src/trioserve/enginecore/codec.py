@@ -333,6 +333,15 @@ class PromptLogprobs(msgspec.Struct, array_like=True, gc=False):
     cu_num_generated_tokens: list[int] | None = None
     cu_num_generated_tokens_tensor: WireArray | None = None
 
+    def rows(self) -> tuple[list[Any], list[Any], list[Any]]:
+        """Per prompt position after the first: its and the top tokens' ids, their
+        logprobs, its rank (the text layer's ``LogprobRows``)."""
+        return (
+            self.logprob_token_ids.tolist(),
+            self.logprobs.tolist(),
+            self.selected_token_ranks.tolist(),
+        )
+
 
 class EngineCoreEvent(msgspec.Struct, gc=False):
     """``vllm.v1.engine.EngineCoreEvent`` (a map): 1 queued, 2 scheduled, 3 preempted, at a

@@ -29,7 +29,7 @@ from pathlib import Path
 import attrs
 import trio
 
-from ..errors import CommandError, EngineLostError
+from ..errors import CommandError, EngineLostError, ProtocolVersionError
 from . import codec, vllm_serve
 from .client import (
     HEARTBEAT_INTERVAL,
@@ -102,10 +102,10 @@ async def open_child_engine(
     :func:`~trioserve.enginecore.client.open_enginecore_client`).
 
     Raises :class:`CommandError` (exit status 2) for a usage error of the engine's options,
-    :class:`EngineLostError` if the engine exits or is lost (before it is ready, or while
-    the body runs: the body is cancelled), ``trio.TooSlowError`` if it is not ready within
-    ``load_timeout``. The tree is stopped on exit, within ``stop_timeout`` seconds and then
-    killed."""
+    and (status 1) for an engine of a vLLM release the codec does not speak or one not ready
+    within ``load_timeout``, each said in one line; :class:`EngineLostError` if the engine
+    exits or is lost (before it is ready, or while the body runs: the body is cancelled).
+    The tree is stopped on exit, within ``stop_timeout`` seconds and then killed."""
     with tempfile.TemporaryDirectory(prefix="trioserve-enginecore-") as directory:
         pairs = [ClientAddresses.ipc(directory, index) for index in range(clients)]
         error_file = Path(directory) / "usage-error"
@@ -160,6 +160,17 @@ async def open_child_engine(
                     yield engine
             except EngineLostError as exc:
                 ended.append(exc)
+            except ProtocolVersionError as exc:
+                ended.append(CommandError(f"refused vLLM's EngineCore: {exc}"))
+            except trio.TooSlowError:
+                if engine is not None:
+                    raise  # the body's own
+                ended.append(
+                    CommandError(
+                        f"vLLM's EngineCore was not ready within {load_timeout:g} s (the load "
+                        "timeout; its log above says how far it got)"
+                    )
+                )
             finally:
                 # Only once the client has closed (and said why, if the engine was lost):
                 # cancelling earlier would cut its exit short.

@@ -16,6 +16,7 @@ Request bodies held in memory draw on one budget for the whole server
 from __future__ import annotations
 
 from .. import metrics
+from ..config import per_key_bound
 from .errors import HTTPError
 from .memory import RETRY_AFTER
 
@@ -28,12 +29,13 @@ PROBE_PATHS = frozenset({"/live", "/health"})
 class Admission:
     """The slots, and each API key's share of them: ``per_key`` (default: ``limit``
     divided by ``keys``, the number of configured keys, so that every key can always
-    have its share however busy the others are)."""
+    have its share however busy the others are; with one key or none, all of ``limit``)."""
 
     def __init__(self, limit: int, *, keys: int = 0, per_key: int = 0) -> None:
         self.limit = limit
         self.in_use = 0
-        self.per_key = per_key or (max(limit // keys, 1) if keys > 1 else limit)
+        # No bound per key (0) is a share of all the slots: the 429's message names it.
+        self.per_key = per_key_bound(per_key, limit, keys) or limit
         #: Slots in use by key index (requests without a key are not in it).
         self.by_key: dict[int, int] = {}
 

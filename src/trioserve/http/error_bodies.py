@@ -119,9 +119,9 @@ def anthropic_body(error: HTTPError, request_id: str | None = None) -> bytes:
     return _dumps(anthropic_payload(error, request_id))
 
 
-def from_engine(status: int, message: str, type: str) -> HTTPError:
+def from_engine(status: int, message: str, type: str, param: str | None = None) -> HTTPError:
     """An engine error item as the client will see it: the engine's own status (a 500
-    for one outside 400-599), its type as the code."""
+    for one outside 400-599), its type as the code, the parameter it names."""
     if not 400 <= status <= 599:
         status = 500
-    return HTTPError(status, message, code=type, type=OPENAI_TYPES.get(status) or type)
+    return HTTPError(status, message, code=type, type=OPENAI_TYPES.get(status) or type, param=param)

@@ -28,7 +28,7 @@ JSON_HEADERS = [(b"content-type", b"application/json")]
 
 @attrs.define
 class ServerState:
-    """What the drain controller has decided so far (see ``drain.py``)."""
+    """What the drain controller has decided so far (see ``server/drain.py``)."""
 
     #: Readiness answers 503 (set at the first signal).
     draining: bool = False

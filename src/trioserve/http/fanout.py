@@ -13,8 +13,9 @@ Each engine request runs through :func:`~trioserve.http.lifecycle.run_generation
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
+from typing import Any
 
 import attrs
 import trio
@@ -24,7 +25,7 @@ from ..protocol import OutputItem, Submit, Usage
 from . import error_bodies
 from .errors import HTTPError
 from .exchange import Exchange
-from .lifecycle import RequestHandle
+from .lifecycle import DisconnectWatch, RequestHandle, connection_watches
 from .services import Services
 from .writers.openai import StreamFormat
 from .writers.stream import (
@@ -37,8 +38,8 @@ from .writers.stream import (
     WriterBase,
     engine_error,
     stream_body,
-    text_of,
 )
+from .writers.websocket import MessageSink, WebSocketWriter
 
 
 @attrs.define(eq=False)
@@ -51,6 +52,16 @@ class GroupHandle:
     #: The index of the API key that started it (see ``RequestHandle.owner``).
     owner: int | None = None
 
+    @property
+    def arrived(self) -> float:
+        """When the client's request arrived (its members'), for the access log."""
+        return self.members[0].arrived
+
+    @property
+    def completed(self) -> bool:
+        """Every member has completed."""
+        return bool(self.members) and all(member.completed for member in self.members)
+
     def end(self, reason: EndReason) -> None:
         if self.end_reason is None:
             self.end_reason = reason
@@ -58,11 +69,37 @@ class GroupHandle:
             member.end(reason)
 
 
+def new_group(
+    group_id: str, submits: list[Submit], *, owner: int | None, **handle_fields: Any
+) -> GroupHandle:
+    """The group of ``submits``' engine requests, one handle each (``handle_fields``: what
+    the route tells the live view and the access log, as for a lone request)."""
+    group = GroupHandle(group_id, owner=owner)
+    group.members = [
+        RequestHandle(submit.request_id, owner=owner, group=group_id, **handle_fields)
+        for submit in submits
+    ]
+    return group
+
+
 @attrs.define
 class GroupResult:
     collected: list[Collected | None]
     #: The first member's failure, if any (the answer to the client).
     error: HTTPError | None = None
+
+    def complete(self) -> list[Collected] | None:
+        """Every member's output, when every member completed."""
+        collected = [c for c in self.collected if c is not None]
+        return collected if len(collected) == len(self.collected) else None
+
+
+def group_usage(collected: list[Collected]) -> Usage | None:
+    """The usage of ``n`` choices: the prompt counted once, the completions summed."""
+    if collected[0].usage is None:
+        return None
+    completion = sum(c.usage.completion_tokens for c in collected if c.usage)
+    return Usage(collected[0].usage.prompt_tokens, completion)
 
 
 class _MemberWriter(CollectingWriter):
@@ -98,42 +135,35 @@ async def run_group(
     # One admission slot for the client's request, taken now that its body is complete
     # and held until its last byte.
     with services.admission.take(exchange.key_index):
-        owner = exchange.key_index
-        group = GroupHandle(exchange.request_id, owner=owner)
-        transport = "json" if stream is None else "sse"
-        group.members = [
-            RequestHandle(
-                submit.request_id,
-                owner=owner,
-                route=exchange.path,
-                transport=transport,
-                client=exchange.head.client,
-                group=exchange.request_id,
-                headers=exchange.headers,
-                arrived=exchange.arrived,
-            )
-            for submit in submits
-        ]
+        group = new_group(
+            exchange.request_id,
+            submits,
+            owner=exchange.key_index,
+            route=exchange.path,
+            transport="json" if stream is None else "sse",
+            client=exchange.head.client,
+            headers=exchange.headers,
+            arrived=exchange.arrived,
+        )
         exchange.handle = group
         result = GroupResult([None] * len(submits))
-        services.registry.add(group)
-        try:
-            # One watch for the group (ASGI receive() has one reader); it ends every member.
-            async with (
-                exchange.watch_disconnect(partial(group.end, EndReason.DISCONNECT)),
-                trio.open_nursery() as members,
-            ):
-                for index, submit in enumerate(submits):
-                    writer: Writer = (
-                        _MemberWriter(exchange, result, index, group)
-                        if stream is None
-                        else _StreamingMember(stream, result, index, group)
-                    )
-                    members.start_soon(
-                        _member, services, submit, capability, timeout, group, result, index, writer
-                    )
-        finally:
-            services.registry.remove(group)
+        writers: list[Writer] = [
+            _MemberWriter(exchange, result, index, group)
+            if stream is None
+            else _StreamingMember(stream, result, index, group)
+            for index in range(len(submits))
+        ]
+        # One watch for the group (ASGI receive() has one reader); it ends every member.
+        await run_members(
+            services,
+            group,
+            submits,
+            capability,
+            timeout,
+            result,
+            writers,
+            watch_disconnect=exchange.watch_disconnect,
+        )
         if group.end_reason is EndReason.DISCONNECT:
             return
         if result.error is not None:
@@ -142,9 +172,46 @@ async def run_group(
             else:
                 await exchange.respond_error(result.error)
             return
-        collected = [c for c in result.collected if c is not None]
-        if len(collected) == len(submits):
+        collected = result.complete()
+        if collected is not None:
             await answer(collected)
+
+
+async def run_members(
+    services: Services,
+    group: GroupHandle,
+    submits: list[Submit],
+    capability: str,
+    timeout: float,
+    result: GroupResult,
+    writers: Sequence[Writer],
+    *,
+    watch_disconnect: DisconnectWatch = connection_watches,
+) -> None:
+    """Run the group's members at once, member ``i`` writing to ``writers[i]``, the group
+    registered under its id (for ``DELETE /v1/requests/{id}`` and the drain) while they
+    run; ``watch_disconnect`` ends them all when the client goes (by default none: the
+    connection ends the group through its handle)."""
+    services.registry.add(group)
+    try:
+        async with (
+            watch_disconnect(partial(group.end, EndReason.DISCONNECT)),
+            trio.open_nursery() as members,
+        ):
+            for index, submit in enumerate(submits):
+                members.start_soon(
+                    _member,
+                    services,
+                    submit,
+                    capability,
+                    timeout,
+                    group,
+                    result,
+                    index,
+                    writers[index],
+                )
+    finally:
+        services.registry.remove(group)
 
 
 async def _member(
@@ -182,10 +249,9 @@ class StreamingGroup:
 
     async def finish(self, collected: list[Collected]) -> None:
         out: list[bytes] = []
-        if self.include_usage and collected[0].usage is not None:
-            prompt = collected[0].usage.prompt_tokens
-            completion = sum(c.usage.completion_tokens for c in collected if c.usage)
-            out += (b"data: ", self.formats[0].usage(Usage(prompt, completion)), b"\n\n")
+        usage = group_usage(collected)
+        if self.include_usage and usage is not None:
+            out += (b"data: ", self.formats[0].usage(usage), b"\n\n")
         async with self.lock:
             await stream_body(self.exchange, SSE_HEADERS, b"".join([*out, SSE_DONE]), more=False)
 
@@ -223,13 +289,8 @@ class _StreamingMember(WriterBase):
                 if out:
                     await self.stream.send(b"".join(out))
                 raise engine_error(item)
-            if item.logprobs is not None or item.token_ids or item.prompt_token_ids:
-                text = text_of(item.data or "")
-                out.append(fmt.delta_with_logprobs(text, item.logprobs, SSE_EVENT, item))
-            elif item.data:
-                out.append(fmt.delta(text_of(item.data), SSE_EVENT))
-            elif not fmt.started:
-                out.append(fmt.opening(SSE_EVENT))
+            if chunk := fmt.item_delta(item, SSE_EVENT):  # (b"": nothing to send)
+                out.append(chunk)
             if item.finish_reason is not None:
                 out += (b"data: " + chunk + b"\n\n" for chunk in fmt.flush())
                 out += (b"data: ", fmt.finish(item.finish_reason, item.stop_reason), b"\n\n")
@@ -244,6 +305,73 @@ class _StreamingMember(WriterBase):
 
     async def fail(self, error: HTTPError) -> None:
         _first_failure(self.result, error, self.group, self.index)
+
+
+class _WebSocketMember(WebSocketWriter):
+    """One choice of an ``n`` > 1 request on a WebSocket: its chunks go out as they come,
+    tagged with its index; the request's one ``done`` or ``error`` is the group's."""
+
+    def __init__(
+        self,
+        connection: MessageSink,
+        client_id: str,
+        fmt: StreamFormat,
+        result: GroupResult,
+        index: int,
+        group: GroupHandle,
+    ) -> None:
+        super().__init__(connection, client_id, fmt)
+        self.result = result
+        self.index = index
+        self.group = group
+
+    async def finished(self, item: OutputItem) -> None:
+        self.result.collected[self.index] = Collected(
+            finish_reason=item.finish_reason, usage=item.usage, stop_reason=item.stop_reason
+        )
+
+    async def fail(self, error: HTTPError) -> None:
+        _first_failure(self.result, error, self.group, self.index)
+
+
+class WebSocketGroup:
+    """The ``n`` choices of one request on a WebSocket (``group``'s members): each
+    choice's chunks go out as they come, with its ``index``, then one ``done`` (the prompt
+    counted once, the completions summed) or the first failure's ``error``. ``status``
+    and ``sent`` are a writer's (the access log)."""
+
+    def __init__(
+        self,
+        connection: MessageSink,
+        client_id: str,
+        formats: list[StreamFormat],
+        group: GroupHandle,
+    ) -> None:
+        self.group = group
+        self.result = GroupResult([None] * len(formats))
+        self.members = [
+            _WebSocketMember(connection, client_id, fmt, self.result, index, group)
+            for index, fmt in enumerate(formats)
+        ]
+
+    @property
+    def status(self) -> int | None:
+        return self.members[0].status
+
+    @property
+    def sent(self) -> int:
+        return sum(member.sent for member in self.members)
+
+    async def run(
+        self, services: Services, submits: list[Submit], capability: str, timeout: float
+    ) -> None:
+        await run_members(
+            services, self.group, submits, capability, timeout, self.result, self.members
+        )
+        if self.result.error is not None:
+            await self.members[0].send_error(self.result.error)
+        elif (collected := self.result.complete()) is not None:
+            await self.members[0].send_done(group_usage(collected))
 
 
 def _first_failure(result: GroupResult, error: HTTPError, group: GroupHandle, index: int) -> None:

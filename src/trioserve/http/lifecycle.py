@@ -43,7 +43,7 @@ import attrs
 import trio
 
 from .. import metrics
-from ..ends import EndReason
+from ..ends import Ending, EndReason, Outcome, Refusal, State
 from ..engine import EngineClient, Prepared, Preparer, Subscription
 from ..errors import EngineError, InputError, SlowClientError, WriterFailedError
 from ..protocol import OutputItem, Submit
@@ -89,9 +89,8 @@ class RequestHandle:
     arrived: float = attrs.field(factory=perf_counter)
     #: When it was ended early (``end``; 0: it was not).
     ended_at: float = 0.0
-    #: How it ended, once it has: ``completed``, ``engine_error``, the early end's reason,
-    #: or the code of the error that refused it before it reached an engine.
-    outcome: str | None = None
+    #: How it ended, once it has (``ends.Ending``).
+    outcome: Ending | None = None
     #: What went to the engine (set when it is submitted).
     submit: Submit | None = None
     #: The observer's own record of the request (a trace's span), if it keeps one.
@@ -130,7 +129,7 @@ class RequestHandle:
         if sub is None:
             return "submitting"
         if sub.done:
-            return "ending" if sub.state != "finished" else "writing"
+            return "writing" if sub.state is State.FINISHED else "ending"
         if not sub.outputs:
             return "waiting"
         return "streaming" if sub.parked else "writing"
@@ -146,7 +145,7 @@ class Observer(Protocol):
     def submitted(self, handle: RequestHandle) -> None:
         """``handle.sub`` is the engine request now."""
 
-    def ended(self, handle: RequestHandle, outcome: str) -> None:
+    def ended(self, handle: RequestHandle, outcome: Ending) -> None:
         """The request is over: ``completed``, ``engine_error`` or an early end's reason."""
 
 
@@ -319,9 +318,9 @@ async def run_generation(
     if registry.add(handle):
         # Another key's request has this id in flight: the engine tells them apart.
         submit = attrs.evolve(submit, request_id=f"{submit.request_id}.{os.urandom(6).hex()}")
-    outcome = "error"
+    outcome: Ending = EndReason.ERROR  # until it is known: left by a bug
     error: HTTPError | None = None
-    refused: str | None = None  # the code of what refused it before any engine had it
+    refused: Refusal | None = None
     try:
         submit = observer.begin(handle, submit)
         if timeout > 0:
@@ -342,9 +341,9 @@ async def run_generation(
                     error = await _relay(handle.sub, writer, handle, keepalive)
             except EngineError as exc:  # refused before it reached an engine
                 error = http_error(exc)
-                refused = exc.code
+                refused = Refusal(exc.code)
             except HTTPError as exc:  # the prepare phase refused it (a 400)
-                error, refused = exc, exc.code
+                error, refused = exc, Refusal(exc.code)
             finally:
                 # However the scope is left, the request is over. Left without a reason:
                 # the deadline, or a bug on the way out (its exception goes on up); either
@@ -356,10 +355,10 @@ async def run_generation(
                     elif handle.sub is not None and not handle.sub.done:
                         handle.end(EndReason.ERROR)
         if handle.completed:
-            outcome = "completed"
+            outcome = Outcome.COMPLETED
             return
         reason = handle.end_reason
-        outcome = reason or refused or "engine_error"
+        outcome = reason or refused or Outcome.ENGINE_ERROR
         if reason is EndReason.DISCONNECT:
             return
         if error is None:

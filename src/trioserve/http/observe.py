@@ -28,9 +28,10 @@ from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 from .. import metrics
+from ..ends import Ending, EndReason, Outcome
 from ..protocol import Submit
 from .exchange import Exchange
-from .lifecycle import RequestHandle
+from .lifecycle import Endable, RequestHandle
 
 if TYPE_CHECKING:
     from .tracing import Tracing
@@ -88,7 +89,7 @@ class Observer:
             handle.submit.model, handle.route
         ).observe
 
-    def ended(self, handle: RequestHandle, outcome: str) -> None:
+    def ended(self, handle: RequestHandle, outcome: Ending) -> None:
         now = perf_counter()
         submit = handle.submit
         model = submit.model if submit is not None else ""
@@ -106,7 +107,7 @@ class Observer:
         if usage is not None:
             prompt_tokens.inc(usage.prompt_tokens)
             generation_tokens.inc(usage.completion_tokens)
-            if outcome == "completed" and usage.completion_tokens > 1 and sub is not None:
+            if outcome is Outcome.COMPLETED and usage.completion_tokens > 1 and sub is not None:
                 metrics.TIME_PER_OUTPUT_TOKEN.labels(model, route).observe(
                     (sub.last_output_at - sub.first_output_at) / (usage.completion_tokens - 1)
                 )
@@ -114,7 +115,7 @@ class Observer:
             generation_tokens.inc(sub.outputs)
         if final is not None and final.queue_time is not None:
             metrics.QUEUE_TIME.labels(model).observe(final.queue_time)
-        if outcome not in ("completed", "disconnect"):
+        if outcome not in (Outcome.COMPLETED, EndReason.DISCONNECT):
             log.info("request %s ended: %s", handle.id, outcome)
         if self.tracing is not None and handle.trace is not None:
             self.tracing.end(handle, outcome, now)
@@ -127,7 +128,7 @@ class Observer:
         none; ``gone``: the client left while the app read or answered it."""
         figures = _figures(exchange.handle)
         end = figures[3]
-        gone = gone or end == "disconnect"
+        gone = gone or end == EndReason.DISCONNECT
         status = exchange.status or (CLIENT_CLOSED if gone else 500)
         method = exchange.method
         metrics.http_requests(route, method if method in METHODS else "other", status).inc()
@@ -157,12 +158,13 @@ class Observer:
         status: int,
         sent: int,
         arrived: float,
-        handle: RequestHandle | None,
+        handle: Endable | None,
         request_id: str,
     ) -> None:
-        """A request on a WebSocket is over (or was refused: no ``handle``)."""
+        """A request on a WebSocket is over (or was refused: no ``handle``); ``handle``
+        a request's or, for ``n`` > 1, its group's."""
         figures = _figures(handle)
-        gone = figures[3] == "disconnect"
+        gone = figures[3] == EndReason.DISCONNECT
         metrics.http_requests("/v1/ws", "WS", status).inc()
         if gone:
             metrics.client_disconnects("/v1/ws").inc()
@@ -286,8 +288,14 @@ def _figures(handle: Any) -> tuple[float | None, int | None, int | None, str | N
     outcomes = {m.outcome for m in members}
     end = handle.end_reason
     if end is None:
-        failed = sorted(o for o in outcomes if o not in (None, "completed", "abandoned"))
-        end = failed[0] if failed else ("completed" if outcomes == {"completed"} else None)
+        failed = sorted(
+            o for o in outcomes if o not in (None, Outcome.COMPLETED, EndReason.ABANDONED)
+        )
+        end = (
+            failed[0]
+            if failed
+            else (Outcome.COMPLETED if outcomes == {Outcome.COMPLETED} else None)
+        )
     return (*_tokens(members), end)
 
 

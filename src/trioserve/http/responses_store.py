@@ -55,9 +55,10 @@ from ..protocol import OutputItem
 from .errors import HTTPError, WriterRefused
 from .lifecycle import RequestHandle
 from .memory import RETRY_AFTER
+from .writers.openai import text_of
 from .writers.response_events import ResponseEvents
 from .writers.response_items import Event
-from .writers.stream import Sink, WriterBase, text_of
+from .writers.stream import Sink, WriterBase
 
 log = logging.getLogger("trioserve.responses")
 

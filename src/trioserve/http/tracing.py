@@ -36,6 +36,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from ..ends import Ending, EndReason, Outcome
 from ..protocol import Submit
 from .lifecycle import RequestHandle
 
@@ -50,7 +51,7 @@ OPERATIONS = {"chat": "chat", "completion": "text_completion"}
 #: Parameters recorded as ``gen_ai.request.*``.
 REQUEST_PARAMS = ("max_tokens", "temperature", "top_p", "seed")
 #: Ends that are the client's doing, not a failure of the server's.
-CLIENT_ENDS = frozenset({"disconnect", "cancel"})
+CLIENT_ENDS = frozenset({EndReason.DISCONNECT, EndReason.CANCEL})
 
 
 def traces_url(endpoint: str) -> str:
@@ -119,7 +120,7 @@ class Tracing:
         self.propagator.inject(context, context=trace.set_span_in_context(span))
         return attrs.evolve(submit, trace_context=context)
 
-    def end(self, handle: RequestHandle, outcome: str, now: float) -> None:
+    def end(self, handle: RequestHandle, outcome: Ending, now: float) -> None:
         """End the request's span: its figures, and the events at their moments."""
         span, submitted = handle.trace
         span.add_event("submit", timestamp=self._ns(submitted))
@@ -144,7 +145,7 @@ class Tracing:
                 attributes["error.type"] = final.error.type
         if handle.submit is not None:
             attributes["gen_ai.response.model"] = handle.submit.model
-        if outcome == "completed":
+        if outcome is Outcome.COMPLETED:
             span.add_event("last_byte", timestamp=self._ns(now))
             span.set_status(Status(StatusCode.OK))
         else:

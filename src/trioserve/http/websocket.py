@@ -27,11 +27,12 @@ from ..ends import EndReason
 from . import error_bodies
 from .admission import Slot
 from .bodies.multimodal import resolve_chat_media
-from .bodies.openai import ENDPOINTS, parse_generation
+from .bodies.openai import ENDPOINTS, Generation, parse_generation
 from .bodies.responses import ResponseGeneration, parse_response
 from .channel import Receive, Send
 from .errors import END_ANSWERS, GOING_AWAY, HTTPError
 from .exchange import new_request_id
+from .fanout import GroupHandle, WebSocketGroup, new_group
 from .lifecycle import RequestHandle
 from .memory import Holding, held_by
 from .routes.responses import prepared
@@ -85,7 +86,7 @@ class WebSocketConnection:
         self.receive = receive
         self._send = send
         self.number = next(_connection_numbers)
-        self.requests: dict[str, RequestHandle] = {}
+        self.requests: dict[str, RequestHandle | GroupHandle] = {}
         #: Requests not ended yet (cancelled ones included, until their end is written).
         self.running = 0
         #: When ``running`` last fell to 0 (or the socket opened): the idle timeout's start.
@@ -256,13 +257,13 @@ class WebSocketConnection:
             # The id is free at once; the request counts against the limits (this
             # connection's and the server's admission slot) until it has really ended,
             # its error written: cancels cannot stack up requests still ending.
-            handle = self.requests.pop(client_id, None)
-            if handle is None:
+            cancelled = self.requests.pop(client_id, None)
+            if cancelled is None:
                 await self.send_error(
                     client_id, HTTPError(404, f"no request {client_id!r} is running", "not_found")
                 )
             else:
-                handle.end(EndReason.CANCEL)
+                cancelled.end(EndReason.CANCEL)
             return
         arrived = perf_counter()
         try:
@@ -276,16 +277,21 @@ class WebSocketConnection:
         traceparent = message.get("traceparent")
         if isinstance(traceparent, str):
             headers = {b"traceparent": traceparent.encode(errors="replace")}
-        handle = RequestHandle(
-            generation.submit.request_id,
-            owner=self.key_index,
-            route="/v1/ws",
-            transport="ws",
-            client=self.client,
-            socket=self.number,
-            headers=headers,
-            arrived=arrived,
-        )
+        fields: dict[str, Any] = {
+            "route": "/v1/ws",
+            "transport": "ws",
+            "client": self.client,
+            "socket": self.number,
+            "headers": headers,
+            "arrived": arrived,
+        }
+        request_id = generation.submit.request_id
+        handle: RequestHandle | GroupHandle
+        if isinstance(generation, Generation) and generation.n > 1:
+            # n choices: n engine requests, ended together by a cancel or the socket.
+            handle = new_group(request_id, generation.choices(), owner=self.key_index, **fields)
+        else:
+            handle = RequestHandle(request_id, owner=self.key_index, **fields)
         self.requests[client_id] = handle
         self.running += 1
         nursery.start_soon(
@@ -340,7 +346,7 @@ class WebSocketConnection:
     async def _run(
         self,
         client_id: str,
-        handle: RequestHandle,
+        handle: RequestHandle | GroupHandle,
         slot: Slot,
         memory: Holding,
         generation: Any,
@@ -348,8 +354,10 @@ class WebSocketConnection:
         message: dict[str, Any],
     ) -> None:
         services = self.services
-        writer: WebSocketWriter | ResponsesWebSocketWriter
-        if isinstance(generation, ResponseGeneration):
+        writer: WebSocketWriter | ResponsesWebSocketWriter | WebSocketGroup
+        if isinstance(handle, GroupHandle):
+            writer = WebSocketGroup(self, client_id, generation.choice_formats(), handle)
+        elif isinstance(generation, ResponseGeneration):
             keep = partial(services.responses.keep, owner=self.key_index)
             events = generation.events(new_response_id())
             writer = ResponsesWebSocketWriter(
@@ -365,9 +373,13 @@ class WebSocketConnection:
                 generation = await resolve_chat_media(generation, services.media_fetcher())
             # No watch of its own: the connection's reader ends its requests when the
             # socket closes.
-            await services.generations.run(
-                handle, generation.submit, generation.capability, writer, timeout
-            )
+            if isinstance(writer, WebSocketGroup):
+                await writer.run(services, generation.choices(), generation.capability, timeout)
+            else:
+                assert isinstance(handle, RequestHandle)
+                await services.generations.run(
+                    handle, generation.submit, generation.capability, writer, timeout
+                )
         except HTTPError as error:  # refused before it started (duplicate id, bad media)
             status = error.status
             await self.send_error(client_id, error)
@@ -389,7 +401,7 @@ class WebSocketConnection:
         status: int,
         sent: int,
         arrived: float,
-        handle: RequestHandle | None,
+        handle: RequestHandle | GroupHandle | None,
         request_id: str,
     ) -> None:
         endpoint = message.get("endpoint")

@@ -27,9 +27,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
-import attrs
 import trio
 
 from .. import metrics
@@ -43,17 +41,10 @@ from ..errors import EngineLostError, TextInputError
 from ..protocol import ErrorInfo, ModelCard, OutputItem, Submit, Usage
 from ..text.assets import ModelText
 from ..text.generation import Delta, GenerationText
-from ..text.logprob_format import (
-    Position,
-    completion_logprobs,
-    position,
-    prompt_logprobs_answer,
-)
-from ..text.logprobs import token_id_placeholder
-from ..text.prompts import Prompt
 from ..text.registry import ServedText
+from ..text.requests import Prepared as TextPrepared
 from ..text.requests import prepare, small_enough_inline, unserved_field
-from ..text.sampling import EngineLimits, Sampling
+from ..text.sampling import EngineLimits
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +72,7 @@ class VllmText:
     def prepare_now(self, message: Submit) -> Prepared:
         """What :meth:`prepare` does, in the calling thread: the text layer's
         :func:`~trioserve.text.requests.prepare`, as the shared engine and the render
-        routes prepare a request, and the ``echo`` the answer begins with."""
+        routes prepare a request."""
         params = message.params
         unserved = unserved_field(params)
         if unserved is not None:
@@ -94,30 +85,7 @@ class VllmText:
             params,
             stream=bool(params.get("stream", False)),
         )
-        prompt, sampling = ready.prompt, ready.sampling
-        echo = _echoed(message, prompt, sampling) if sampling.echo else None
-        return Prepared(message, self, (prompt, sampling, echo))
-
-
-def _echoed(message: Submit, prompt: Prompt, sampling: Sampling) -> str:
-    """What an ``echo`` answer begins with, as vLLM's serving layer has it: a completion's
-    prompt (none when token ids are returned), or a chat's last message if it has the
-    answer's role (``assistant``; without a generation prompt, the last message's own),
-    its text parts joined by newlines."""
-    if message.task != "chat":
-        return "" if sampling.return_token_ids else prompt.text or ""
-    messages = list(message.inputs.get("messages") or ())
-    if not messages or not isinstance(messages[-1], dict):
-        return ""
-    last = messages[-1]
-    generation_prompt = message.params.get("add_generation_prompt", True)
-    role = "assistant" if generation_prompt else last.get("role")
-    if last.get("role") != role:
-        return ""
-    content = last.get("content")
-    if isinstance(content, list):
-        return "\n".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
-    return content if isinstance(content, str) else ""
+        return Prepared(message, self, ready)
 
 
 class VllmLink:
@@ -151,6 +119,8 @@ class VllmLink:
         self.running = self.waiting = 0
         self._in_flight_at_stats = 0
         self._streams: dict[str, _Stream] = {}
+        #: Subscriptions holding outputs for their sinks until the client's pass ends.
+        self._held: list[Subscription] = []
         self._gauges = [
             gauge.labels(engine=address)
             for gauge in (
@@ -171,6 +141,7 @@ class VllmLink:
         self._prefix = f"{self._frontend_id}-{client.client_index}-{os.urandom(3).hex()}-"
         client.on_stats = self._on_stats
         client.on_tokens = metrics.ENGINE_GENERATION_TOKENS.labels(engine=self.address).inc
+        client.on_pass_end = self._release_held
         self._gauges[3].set(1)
 
     def attach(self, client: EngineCoreClient, text: VllmText) -> None:
@@ -276,11 +247,12 @@ class VllmLink:
         message = prepared.message
         if message.request_id in self._streams:
             raise ValueError(f"request id {message.request_id!r} is already in flight")
-        prompt, sampling, echo = prepared.payload
+        ready: TextPrepared = prepared.payload
+        prompt, sampling = ready.prompt, ready.sampling
         sub = Subscription(self, message.request_id, buffer, on_failure)
         self._counter += 1
         engine_id = f"{self._prefix}{self._counter}"
-        stream = _Stream(self, sub, engine_id, message.task, prompt, sampling, echo)
+        stream = _Stream(self, sub, engine_id, message.task, ready)
         request = codec.EngineCoreRequest(
             request_id=engine_id,
             prompt_token_ids=prompt.token_ids,
@@ -319,72 +291,37 @@ class VllmLink:
             self.client.abort([stream.engine_id])
 
     def hold(self, sub: Subscription) -> None:
-        # The client hands over one request's output at a time: the sink gets it now.
-        sub.release()
+        # Released when the client's pass over the waiting steps ends: a frontend behind
+        # the engine writes each stream's outputs of several steps at once.
+        self._held.append(sub)
+
+    def _release_held(self) -> None:
+        held, self._held = self._held, []
+        for sub in held:
+            sub.release()  # (guarded: a failing sink ends its own request)
 
 
 class _Stream:
     """One request's outputs: token ids in, :class:`OutputItem` out (an
-    :class:`~trioserve.enginecore.client.OutputSink`). Each step's text, logprobs, kept ids
-    and end are the text layer's (:class:`~trioserve.text.generation.GenerationText`, as on
-    the shared engine); what the request asked about its prompt is added here.
+    :class:`~trioserve.enginecore.client.OutputSink`). Each step's text, logprobs, kept ids,
+    end, and with the first item what the request asked about its prompt, are the text
+    layer's (:class:`~trioserve.text.generation.GenerationText`, as on the shared engine)."""
 
-    The first item carries what the request asked about its prompt (its token ids, its
-    logprobs, the echoed text and its logprobs), as vLLM's serving layer sends them with
-    the first output that has tokens: by then the prompt's logprobs, which come with the
-    prefill's chunks, are all in."""
-
-    __slots__ = (
-        "as_ids",
-        "chat",
-        "echo",
-        "ended",
-        "engine_id",
-        "first",
-        "link",
-        "logprobs",
-        "num_prompt_logprobs",
-        "prompt_ids",
-        "prompt_rows",
-        "return_ids",
-        "seq",
-        "sub",
-        "text",
-        "times",
-        "top",
-    )
+    __slots__ = ("ended", "engine_id", "link", "seq", "sub", "text", "times")
 
     def __init__(
-        self,
-        link: VllmLink,
-        sub: Subscription,
-        engine_id: str,
-        task: str,
-        prompt: Prompt,
-        sampling: Sampling,
-        echo: str | None,
+        self, link: VllmLink, sub: Subscription, engine_id: str, task: str, ready: TextPrepared
     ) -> None:
         self.link = link
         self.sub: Subscription | None = sub
         self.engine_id = engine_id
         self.ended = False
-        self.chat = task == "chat"
-        self.prompt_ids = prompt.token_ids
-        self.text = GenerationText(link.text.model, task, prompt.token_ids, sampling)
-        params = sampling.params
-        self.logprobs = params.get("logprobs") is not None
-        self.top = int(params.get("logprobs") or 0)
-        self.num_prompt_logprobs: int | None = params.get("prompt_logprobs")
-        self.prompt_rows: list[tuple[list[int], list[float], int]] = []
-        self.as_ids = sampling.tokens_as_token_ids
-        self.echo = echo  # None: no echo
-        self.return_ids = sampling.return_token_ids
-        self.first = True  # the first item (the prompt's details) is still to leave
+        self.text = GenerationText(link.text.model, task, ready)
         self.seq = 0
         #: The engine's queued and scheduled times, once its outputs carry events.
         self.times: RequestTimes | None = None
 
-    def output(self, output: codec.EngineCoreOutput) -> None:
+    def output(self, output: codec.EngineCoreOutput, timestamp: float = 0.0) -> None:
         reason = output.finish_reason
         if output.events:
             if self.times is None:
@@ -397,21 +334,17 @@ class _Stream:
         if sub is None:
             return
         if output.new_prompt_logprobs_tensors is not None:
-            self._add_prompt_rows(output.new_prompt_logprobs_tensors)
-        ids = output.new_token_ids
-        head = None
-        if self.first and (ids or reason is not None):
-            head = self._prompt_details()  # (before the step's logprobs: text offsets)
+            self.text.add_prompt_rows(output.new_prompt_logprobs_tensors.rows())
         lists = output.new_logprobs
         delta = self.text.step(
-            ids,
+            output.new_token_ids,
             None if reason is None else codec.finish_reason_name(reason),
             None if lists is None else lists.rows(),
             output.stop_reason,
         )
         self.seq += 1
         if delta is None:
-            return  # (the first step with ids always has a delta: the head rides on it)
+            return
         if delta.error:
             sub.deliver(
                 OutputItem(
@@ -422,27 +355,17 @@ class _Stream:
             )
         elif delta.stopped:
             # The frontend's own end: one ABORT, a 200 with finish_reason "stop".
-            sub.conclude(self._item(delta, head))
+            sub.conclude(self._item(delta))
         else:
-            sub.deliver(self._item(delta, head))
+            sub.deliver(self._item(delta))
 
-    def _item(self, delta: Delta, head: _PromptDetails | None) -> OutputItem:
+    def _item(self, delta: Delta) -> OutputItem:
         assert self.sub is not None
-        item = OutputItem(self.sub.request_id, self.seq)
-        text, logprobs = delta.text, delta.logprobs
-        if head is not None:
-            self.first = False
-            text = head.text + text
-            logprobs = _joined(head.logprobs, logprobs)
-            # (A completion's echo carries them unasked: vLLM's echo branch streams them;
-            # a JSON answer shows them only if asked, StreamFormat.returns_token_ids.)
-            if self.return_ids or (self.echo is not None and not self.chat):
-                item.prompt_token_ids = self.prompt_ids
-            item.prompt_logprobs = head.prompt_logprobs
-        item.data = text or None
-        item.logprobs = logprobs
-        if self.return_ids:
-            item.token_ids = delta.token_ids
+        item = OutputItem(self.sub.request_id, self.seq, data=delta.text or None)
+        item.logprobs = delta.logprobs
+        item.token_ids = delta.token_ids
+        item.prompt_token_ids = delta.prompt_token_ids
+        item.prompt_logprobs = delta.prompt_logprobs
         if delta.finish_reason is not None:
             item.finish_reason = delta.finish_reason
             item.usage = Usage(self.text.prompt_tokens, self.text.completion_tokens)
@@ -456,67 +379,6 @@ class _Stream:
         sub = self.sub
         if sub is not None:
             sub.fail(EngineLostError(f"vLLM's EngineCore is lost: {reason}"), EndReason.ENGINE_LOST)
-
-    def _add_prompt_rows(self, tensors: codec.PromptLogprobs) -> None:
-        """One prefill chunk's prompt logprobs: per prompt position after the first, the
-        prompt's token and the top ones, their logprobs, and the prompt token's rank."""
-        self.prompt_rows += zip(
-            tensors.logprob_token_ids.tolist(),
-            tensors.logprobs.tolist(),
-            tensors.selected_token_ranks.tolist(),
-            strict=False,
-        )
-
-    def _prompt_positions(self, as_token_ids: bool) -> list[Position]:
-        model = self.link.text.model
-        num = self.num_prompt_logprobs or 0
-        positions: list[Position] = []
-        context: list[int] = []  # the prompt's tokens with logprobs (not the first)
-        for row_ids, row_values, rank in self.prompt_rows:
-            positions.append(
-                position(model, row_ids, row_values, rank, num, context, as_token_ids=as_token_ids)
-            )
-            context.append(row_ids[0])
-        return positions
-
-    def _prompt_details(self) -> _PromptDetails:
-        """What the first item adds: the echo and its logprobs (a completion's prompt
-        tokens, the first with none: vLLM's ``_create_completion_logprobs``), and the
-        prompt's logprobs (``prompt_logprobs``)."""
-        positions = self._prompt_positions(False)
-        prompt_logprobs = None
-        if self.num_prompt_logprobs is not None:
-            prompt_logprobs = prompt_logprobs_answer(positions)
-        text, logprobs = self.echo or "", None
-        if self.echo is not None and self.logprobs and not self.chat and self.prompt_ids:
-            first = self.prompt_ids[0]
-            model = self.link.text.model
-            spelled = token_id_placeholder(first) if self.as_ids else model.decode([first])
-            if self.as_ids:
-                positions = self._prompt_positions(True)
-            logprobs = completion_logprobs(self.prompt_ids, [spelled, *positions], self.top, 0)
-            last = len(logprobs["tokens"][-1])
-            self.text.answer_logprobs.offset = logprobs["text_offset"][-1] + last
-        return _PromptDetails(text, logprobs, prompt_logprobs)
-
-
-@attrs.frozen
-class _PromptDetails:
-    """What a request's first item adds about its prompt (:meth:`_Stream._prompt_details`)."""
-
-    text: str
-    logprobs: Any
-    prompt_logprobs: list[Any] | None
-
-
-def _joined(first: Any, then: Any) -> Any:
-    """Two runs of logprobs of one answer as one (chat's lists, completions' maps of
-    parallel lists)."""
-    if first is None or then is None:
-        return then if first is None else first
-    if isinstance(first, dict):
-        return {key: first[key] + then[key] for key in first}
-    return first + then
 
 
 class VllmLinks:

@@ -135,6 +135,9 @@ class ErrorInfo:
     status: int
     message: str
     type: str = "engine_error"
+    #: The request's parameter the error is about (a 400's), as OpenAI's error ``param``;
+    #: left out when None (a peer that does not know it reads the error as before).
+    param: str | None = None
 
 
 @attrs.define  # not frozen: one is built per token, and frozen __init__ costs 3x
@@ -164,13 +167,13 @@ class OutputItem:
     #: ``stop_reason``; sent with the final item.
     stop_reason: str | int | None = None
     #: The ids of this item's tokens, when the request asked for them
-    #: (``return_token_ids``). Set by links that have the ids (the direct vLLM path), not
-    #: on trioserve's wire.
+    #: (``return_token_ids``), from engines that have them (vLLM's, on either path).
     token_ids: list[int] | None = None
     #: With a request's first item, when it asked: the prompt's token ids
-    #: (``return_token_ids``), and its log probabilities (``prompt_logprobs``) as vLLM
-    #: answers them, ``[null, {"<id>": {"logprob", "rank", "decoded_token"}}, …]`` (the
-    #: first prompt token has none). Not on trioserve's wire either.
+    #: (``return_token_ids``; a completion's ``echo``), and its log probabilities
+    #: (``prompt_logprobs``) as vLLM answers them,
+    #: ``[null, {"<id>": {"logprob", "rank", "decoded_token"}}, …]`` (the first prompt
+    #: token has none).
     prompt_token_ids: list[int] | None = None
     prompt_logprobs: list[Any] | None = None
 

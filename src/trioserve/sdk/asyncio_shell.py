@@ -30,12 +30,11 @@ from .core import (
     Cancel,
     EngineCore,
     Key,
-    RequestError,
     Start,
     Stats,
 )
 
-log = logging.getLogger("trioserve.engine")
+log = logging.getLogger(__name__)
 
 RECV_BATCH = 512
 OUTBOX_LIMIT = 16_384
@@ -108,20 +107,8 @@ class AsyncioEngine:
                     running.cancel()
 
     async def _generate(self, key: Key, request: Submit) -> None:
-        core = self.core
         try:
-            try:
-                async for out in core.backend.generate(request):
-                    if not core.output(key, out):
-                        break
-                    self.wake()
-            except RequestError as exc:
-                core.fail(key, exc)
-            except Exception as exc:
-                log.exception("backend failed on %s", key[1])
-                core.fail(key, RequestError(500, f"backend error: {type(exc).__name__}"))
-            core.generation_ended(key)
-            self.wake()
+            await self.core.run_generation(key, request, self.wake)
         finally:
             self._tasks.pop(key, None)
 
@@ -147,12 +134,7 @@ class AsyncioEngine:
             except TimeoutError:
                 break
         self._idle = None
-        if not core.idle:
-            log.warning(
-                "drain: grace period over; ending %d request(s) still running",
-                len(core.running),
-            )
-            self._apply(core.cut_off())
+        self._apply(core.cut_off())
         self._pump()  # what is left leaves now (or waits in the outbox, watched below)
         # Nothing waits for the outbox to empty but this: poll it, briefly and bounded.
         deadline = self._loop.time() + DRAIN_FLUSH_TIMEOUT

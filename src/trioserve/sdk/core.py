@@ -3,7 +3,9 @@
 :class:`EngineCore` is fed frames (``handle``) and outputs (``output``) and answers with
 actions (start this generation, cancel that one) and frames to send (``flush``). The trio
 and asyncio shells (``sdk/trio_shell.py``, ``sdk/asyncio_shell.py``) own the socket, the
-clock and the generation tasks; everything they must agree on lives here, once.
+clock and the generation tasks; everything they must agree on lives here, once, down to
+what a generation task does (:meth:`EngineCore.run_generation`, which awaits only the
+backend, so that it runs on either event loop).
 
 Requests are keyed by ``(frontend identity, request id)``: request ids are the frontend's,
 so two frontends may use the same one.
@@ -40,7 +42,7 @@ from ..protocol import (
     encode,
 )
 
-log = logging.getLogger("trioserve.engine")
+log = logging.getLogger(__name__)
 
 Key = tuple[bytes, str]
 
@@ -72,6 +74,12 @@ class Output:
     #: With ``finish_reason="stop"``: the stop string matched (str) or the stop token
     #: generated (int), as vLLM's ``stop_reason``; None for the end of sequence.
     stop_reason: str | int | None = None
+    #: This delta's token ids, when the request asked for them (``return_token_ids``).
+    token_ids: list[int] | None = None
+    #: With the first output, when the request asked: the prompt's token ids and its
+    #: log probabilities, as vLLM answers them (``OutputItem.prompt_logprobs``).
+    prompt_token_ids: list[int] | None = None
+    prompt_logprobs: list[Any] | None = None
 
 
 @attrs.frozen
@@ -191,6 +199,11 @@ class EngineCore:
     def cut_off(self) -> list[Cancel]:
         """End every request still running with a 503 ``engine_stopped`` error item (the
         drain's grace period is over); the shell cancels the generations returned."""
+        if self.running:
+            log.warning(
+                "drain: grace period over; ending %d request(s) still running",
+                len(self.running),
+            )
         actions = []
         for key, running in list(self.running.items()):
             self._error(
@@ -365,6 +378,9 @@ class EngineCore:
             logprobs=out.logprobs,
             queue_time=out.queue_time,
             stop_reason=out.stop_reason,
+            token_ids=out.token_ids,
+            prompt_token_ids=out.prompt_token_ids,
+            prompt_logprobs=out.prompt_logprobs,
         )
         running.seq += 1
         self._pending.setdefault(key[0], []).append(item)
@@ -378,9 +394,36 @@ class EngineCore:
         running = self.running.get(key)
         if running is None:
             return
-        self._error(key, running.seq, error.status, error.message, error.type)
+        self._error(key, running.seq, error.status, error.message, error.type, error.param)
         self.stats.finished += 1
         self._end(key, "finished")
+
+    async def run_generation(self, key: Key, request: Submit, wake: Callable[[], None]) -> None:
+        """Run the backend's generation of ``request`` to its end: each output recorded
+        (``wake`` tells the shell there is something to send) until the request is no
+        longer running; the backend's :class:`RequestError`, or any other exception (logged
+        with its traceback), is the request's error item; a generation that stops without a
+        finish reason is failed. The backend's generator is closed before this returns, so
+        its cleanup (an abort of its own engine's request) runs then, not when the garbage
+        collector finds it. Cancelling this (the shell's scope or task) is the abort."""
+        outputs = self.backend.generate(request)
+        try:
+            try:
+                async for out in outputs:
+                    if not self.output(key, out):
+                        break
+                    wake()
+            finally:
+                aclose = getattr(outputs, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+        except RequestError as exc:
+            self.fail(key, exc)
+        except Exception as exc:
+            log.exception("backend failed on %s", key[1])
+            self.fail(key, RequestError(500, f"backend error: {type(exc).__name__}"))
+        self.generation_ended(key)
+        wake()
 
     def generation_ended(self, key: Key) -> None:
         """The backend's generator returned; a request it left without an end is failed."""
@@ -388,9 +431,15 @@ class EngineCore:
             self.fail(key, RequestError(500, "the backend ended without a finish reason"))
 
     def _error(
-        self, key: Key, seq: int, status: int, message: str, type: str = "engine_error"
+        self,
+        key: Key,
+        seq: int,
+        status: int,
+        message: str,
+        type: str = "engine_error",
+        param: str | None = None,
     ) -> None:
-        item = OutputItem(key[1], seq, error=ErrorInfo(status, message, type))
+        item = OutputItem(key[1], seq, error=ErrorInfo(status, message, type, param))
         self._pending.setdefault(key[0], []).append(item)
 
     def _end(self, key: Key, how: str) -> None:

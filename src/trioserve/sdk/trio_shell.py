@@ -20,12 +20,11 @@ from .core import (
     Cancel,
     EngineCore,
     Key,
-    RequestError,
     Start,
     Stats,
 )
 
-log = logging.getLogger("trioserve.engine")
+log = logging.getLogger(__name__)
 
 #: Frames held while frozen (see :meth:`TrioEngine.freeze`); later ones are dropped.
 FROZEN_HOLD_LIMIT = 100_000
@@ -92,30 +91,9 @@ class TrioEngine:
                     running.cancel()
 
     async def _generate(self, key: Key, request: Submit, scope: trio.CancelScope) -> None:
-        core = self.core
-        wake = self._pump.wake
         try:
             with scope:
-                outputs = self.core.backend.generate(request)
-                try:
-                    try:
-                        async for out in outputs:
-                            if not core.output(key, out):
-                                break
-                            wake()
-                    finally:
-                        # Its cleanup (an abort of its own engine's request) runs now,
-                        # not when the garbage collector finds the generator.
-                        aclose = getattr(outputs, "aclose", None)
-                        if aclose is not None:
-                            await aclose()
-                except RequestError as exc:
-                    core.fail(key, exc)
-                except Exception as exc:
-                    log.exception("backend failed on %s", key[1])
-                    core.fail(key, RequestError(500, f"backend error: {type(exc).__name__}"))
-                core.generation_ended(key)
-                wake()
+                await self.core.run_generation(key, request, self._pump.wake)
         finally:
             self._scopes.pop(key, None)
 
@@ -145,12 +123,7 @@ class TrioEngine:
                 self._idle = trio.Event()
                 await self._idle.wait()
         self._grace = self._idle = None
-        if not core.idle:
-            log.warning(
-                "drain: grace period over; ending %d request(s) still running",
-                len(core.running),
-            )
-            self._apply(core.cut_off())
+        self._apply(core.cut_off())
         self._flush()  # what is left leaves now (or waits in the outbox, watched below)
         # Nothing waits for the outbox to empty but this: poll it, briefly and bounded.
         with trio.move_on_after(DRAIN_FLUSH_TIMEOUT):

@@ -244,12 +244,19 @@ class ModelText:
     # -- tokens and text ---------------------------------------------------------------
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
-        """``text``'s token ids. ``encode_batch_fast`` (the same ids as ``encode``) because
-        it releases the GIL while it works, which ``encode`` does not, and skips the
-        character offsets (half the cost): a long prompt encoded in a worker thread does
-        not stall the event loop's thread (docs/benchmarks.md, tools/bench_tokenize.py)."""
-        batch = self.tokenizer.encode_batch_fast([text], add_special_tokens=add_special_tokens)
-        return batch[0].ids
+        """``text``'s token ids (see :meth:`encoding`)."""
+        return self.encoding(text, add_special_tokens=add_special_tokens).ids
+
+    def encoding(self, text: str, *, add_special_tokens: bool) -> tokenizers.Encoding:
+        """``text`` encoded: ``len()`` is its number of ids, ``.ids`` the list of them,
+        which holds the GIL while it is made (docs/benchmarks.md: a prompt refused for its
+        length need not make it). ``encode_batch_fast`` (the same ids as
+        ``encode``) because it releases the GIL while it works, which ``encode`` does not,
+        and skips the character offsets (half the cost): a long prompt encoded in a worker
+        thread does not stall the event loop's thread (docs/benchmarks.md,
+        tools/bench_tokenize.py)."""
+        [encoding] = self.tokenizer.encode_batch_fast([text], add_special_tokens=add_special_tokens)
+        return encoding
 
     def decode(self, token_ids: list[int], *, skip_special_tokens: bool = False) -> str:
         """``token_ids`` as text, as transformers' ``tokenizer.decode`` gives it."""

@@ -54,8 +54,9 @@ def _encode(
     model: ModelText, text: str, add_special_tokens: bool, max_model_len: int | None
 ) -> list[int]:
     _check_text_length(model, text, max_model_len)
-    ids = model.encode(text, add_special_tokens=add_special_tokens)
-    check_prompt_tokens(len(ids), max_model_len)
+    encoding = model.encoding(text, add_special_tokens=add_special_tokens)
+    check_prompt_tokens(len(encoding), max_model_len)  # before the ids' list is made
+    ids: list[int] = encoding.ids
     return ids
 
 

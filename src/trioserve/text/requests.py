@@ -1,7 +1,7 @@
-"""A generation request made ready for a token-id engine, in one call: the prompt's token ids
-and the lowered sampling parameters (:func:`prepare`), with every check vLLM's serving layer
-and input processor make on the way. What the render routes answer, and what an engine link
-that takes token ids submits.
+"""A generation request made ready for a token-id engine, in one call: the prompt's token ids,
+the lowered sampling parameters and, for ``echo``, what the answer begins with
+(:func:`prepare`), with every check vLLM's serving layer and input processor make on the
+way. What the render routes answer, and what an engine link that takes token ids submits.
 
 CPU-bound (rendering, encoding): from an event loop, run it in a worker thread unless
 :func:`small_enough_inline` says the hop would cost more than the work. Raises
@@ -34,6 +34,9 @@ class Prepared:
 
     prompt: Prompt
     sampling: Sampling
+    #: What the answer begins with when the request asked for ``echo`` (:func:`echoed`);
+    #: None without ``echo``.
+    echo: str | None = None
 
 
 #: Request fields neither vLLM path's text pipeline serves yet, and what they are: a 400
@@ -196,4 +199,28 @@ def prepare(
     )
     if for_engine:  # after the sampling checks, as vLLM's order has it
         check_prompt_length(len(prompt.token_ids), served.limits.max_model_len)
-    return Prepared(prompt, sampling)
+    echo = echoed(task, inputs, params, prompt, sampling) if sampling.echo else None
+    return Prepared(prompt, sampling, echo)
+
+
+def echoed(
+    task: str, inputs: dict[str, Any], params: dict[str, Any], prompt: Prompt, sampling: Sampling
+) -> str:
+    """What an ``echo`` answer begins with, as vLLM's serving layer has it: a completion's
+    prompt (none when token ids are returned), or a chat's last message if it has the
+    answer's role (``assistant``; without a generation prompt, the last message's own),
+    its text parts joined by newlines."""
+    if task != "chat":
+        return "" if sampling.return_token_ids else prompt.text or ""
+    messages = list(inputs.get("messages") or ())
+    if not messages or not isinstance(messages[-1], dict):
+        return ""
+    last = messages[-1]
+    generation_prompt = params.get("add_generation_prompt", True)
+    role = "assistant" if generation_prompt else last.get("role")
+    if last.get("role") != role:
+        return ""
+    content = last.get("content")
+    if isinstance(content, list):
+        return "\n".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return content if isinstance(content, str) else ""

@@ -57,8 +57,9 @@ class ZmqPump(SocketOwner[list[bytes]]):
         on_message: Callable[[list[bytes]], None],
         before_flush: Callable[[], None] | None = None,
         outbox_limit: int = OUTBOX_LIMIT,
+        after_receive: Callable[[], None] | None = None,
     ) -> None:
-        super().__init__(on_message, before_flush, outbox_limit)
+        super().__init__(on_message, before_flush, outbox_limit, after_receive)
         self.sock = sock
         # pyzmq's stubs type every option as int | bytes; ZMQ_FD and ZMQ_EVENTS are ints.
         self._fd = cast(int, sock.getsockopt(zmq.FD))

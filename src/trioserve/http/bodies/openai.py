@@ -386,6 +386,13 @@ class Generation:
             fmt.parser = self.agents.parser()
         return fmt
 
+    def choice_formats(self) -> list[StreamFormat]:
+        """The chunk formats of ``n`` streamed choices: one each, with its ``index``."""
+        formats = [self.stream_format() for _ in range(self.n)]
+        for index, fmt in enumerate(formats):
+            fmt.index = index
+        return formats
+
 
 #: Endpoint names (as the WebSocket route spells them) and their capability.
 ENDPOINTS = {"chat.completions": "chat", "completions": "completion"}
@@ -423,8 +430,6 @@ def parse_generation(
         submit.params["stream"] = True
     options = req.stream_options
     n = req.n or 1
-    if n > 1 and streamed:
-        raise invalid([{"loc": "$.n", "msg": "n > 1 is not served over the WebSocket yet"}])
     include_usage = bool(options and options.include_usage)
     return Generation(submit, capability, bool(req.stream), include_usage, n, agents)
 

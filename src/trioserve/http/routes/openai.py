@@ -40,10 +40,7 @@ async def _generate(services: Services, exchange: Exchange, capability: str) -> 
         submits = generation.choices()
         stream = None
         if generation.stream:
-            formats = [generation.stream_format() for _ in submits]
-            for index, choice_format in enumerate(formats):
-                choice_format.index = index
-            stream = StreamingGroup(exchange, formats, generation.include_usage)
+            stream = StreamingGroup(exchange, generation.choice_formats(), generation.include_usage)
 
         async def answer(collected: list[Collected]) -> None:
             if stream is not None:

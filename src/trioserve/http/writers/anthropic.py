@@ -41,8 +41,8 @@ from ...text.agents import (
 from .. import error_bodies
 from ..errors import EngineItemError, HTTPError
 from ..exchange import JSON_HEADERS, Exchange
-from .openai import parsed_message
-from .stream import SSE_HEADERS, WriterBase, end_batch, engine_error, stream_body, text_of
+from .openai import parsed_message, text_of
+from .stream import SSE_HEADERS, WriterBase, end_batch, engine_error, stream_body
 
 _json_string = json.encoder.encode_basestring_ascii
 

@@ -31,6 +31,10 @@ def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
+def text_of(data: str | bytes) -> str:
+    return data if isinstance(data, str) else data.decode(errors="replace")
+
+
 def usage_dict(usage: Usage | None) -> dict[str, Any] | None:
     if usage is None:
         return None
@@ -178,6 +182,19 @@ class StreamFormat:
             before, after = frame
             return before + self._chunk({"content": ""}, None) + after
         return self.delta("", frame)
+
+    def item_delta(self, item: OutputItem, frame: tuple[bytes, bytes] = (b"", b"")) -> bytes:
+        """The chunk of ``item``'s delta between ``frame``'s parts (a parsed stream's
+        chunks, each framed): built whole with the log probabilities or token ids it
+        carries, else its text, else the stream's opening if nothing has been sent
+        (``b""`` for a later item without text: its finish or usage alone)."""
+        if item.logprobs is not None or item.token_ids or item.prompt_token_ids:
+            return self.delta_with_logprobs(text_of(item.data or ""), item.logprobs, frame, item)
+        if item.data:
+            return self.delta(text_of(item.data), frame)
+        if not self.started:
+            return self.opening(frame)
+        return b""
 
     def chunks(self, text: str, logprobs: Any = None) -> list[bytes]:
         """The chunks of one delta of a parsed stream (none while the parser holds its

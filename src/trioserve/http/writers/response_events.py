@@ -34,7 +34,7 @@ from ...text.agents import OutputParser, ReasoningDelta, TextDelta, ToolCallArgu
 from ..error_bodies import openai_type
 from ..errors import EngineItemError, HTTPError
 from ..exchange import new_request_id
-from .openai import parsed_message
+from .openai import parsed_message, text_of
 from .response_items import (
     CANCELLED_CODE,
     FINAL_STATUSES,
@@ -45,7 +45,7 @@ from .response_items import (
     FunctionCall,
     usage_object,
 )
-from .stream import engine_error, text_of
+from .stream import engine_error
 
 _json_string = json.encoder.encode_basestring_ascii
 

@@ -35,6 +35,7 @@ import orjson
 from ...protocol import OutputItem
 from ..errors import HTTPError
 from ..exchange import JSON_HEADERS, Exchange
+from .openai import text_of
 from .response_events import ResponseEvents
 from .response_items import Event, sse, usage_object
 from .stream import (
@@ -44,7 +45,6 @@ from .stream import (
     end_batch,
     engine_error,
     stream_body,
-    text_of,
 )
 from .websocket import MessageSink
 

@@ -18,7 +18,7 @@ from ...protocol import OutputItem, Usage
 from .. import error_bodies
 from ..errors import EngineItemError, HTTPError, WriterRefused
 from ..exchange import JSON_HEADERS, Exchange
-from .openai import StreamFormat, TokenDetails, merge_logprobs
+from .openai import StreamFormat, TokenDetails, merge_logprobs, text_of
 
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -35,14 +35,12 @@ SSE_KEEPALIVE = b": keepalive\n\n"
 MAX_COLLECTED_BYTES = 256 * 2**20
 
 
-def text_of(data: str | bytes) -> str:
-    return data if isinstance(data, str) else data.decode(errors="replace")
-
-
 def engine_error(item: OutputItem) -> EngineItemError:
     assert item.error is not None
     error = item.error
-    return EngineItemError(error_bodies.from_engine(error.status, error.message, error.type))
+    return EngineItemError(
+        error_bodies.from_engine(error.status, error.message, error.type, error.param)
+    )
 
 
 Sink = Callable[[list[OutputItem]], list[OutputItem]]
@@ -99,21 +97,38 @@ class JSONWriter(WriterBase):
         self._logprobs: Any = None
         self._details: TokenDetails | None = None
 
+    def sink(self) -> Sink | None:
+        """A synchronous path (``Subscription.sink``): every delta ahead of the final or an
+        error item is collected here, in the engine connection's task, so the request's
+        task wakes once, for the end, not once an engine step."""
+        return self._collect
+
+    def _collect(self, items: list[OutputItem]) -> list[OutputItem]:
+        taken = 0
+        for item in items:
+            if item.finish_reason is not None or item.error is not None:
+                break
+            self._add(item)
+            taken += 1
+        return items[taken:]
+
+    def _add(self, item: OutputItem) -> None:
+        if item.data:
+            self._parts.append(text_of(item.data))
+        if item.logprobs is not None:
+            self._logprobs = merge_logprobs(self._logprobs, item.logprobs)
+        if item.token_ids is not None or item.prompt_token_ids or item.prompt_logprobs:
+            if self._details is None:
+                self._details = TokenDetails()
+            self._details.add(item)
+
     async def write(self, batch: list[OutputItem]) -> bool:
-        parts = self._parts
         for item in batch:
             if item.error is not None:
                 raise engine_error(item)
-            if item.data:
-                parts.append(text_of(item.data))
-            if item.logprobs is not None:
-                self._logprobs = merge_logprobs(self._logprobs, item.logprobs)
-            if item.token_ids is not None or item.prompt_token_ids or item.prompt_logprobs:
-                if self._details is None:
-                    self._details = TokenDetails()
-                self._details.add(item)
+            self._add(item)
             if item.finish_reason is not None:
-                text = "".join(parts)
+                text = "".join(self._parts)
                 fmt = self.fmt
                 body = fmt.complete(
                     text, item.finish_reason, item.usage, self._logprobs, item.stop_reason,
@@ -180,14 +195,8 @@ class SSEWriter(WriterBase):
             if item.error is not None:
                 failure = engine_error(item)
                 break
-            if item.logprobs is not None or item.token_ids or item.prompt_token_ids:
-                text = text_of(item.data or "")
-                out.append(fmt.delta_with_logprobs(text, item.logprobs, SSE_EVENT, item))
-            elif item.data:
-                text = text_of(item.data)
-                out.append(fmt.delta(text, SSE_EVENT))
-            elif not fmt.started:
-                out.append(fmt.opening(SSE_EVENT))
+            if chunk := fmt.item_delta(item, SSE_EVENT):  # (b"": nothing to send)
+                out.append(chunk)
             if item.finish_reason is not None:
                 out += (b"data: " + chunk + b"\n\n" for chunk in fmt.flush())
                 out += (b"data: ", fmt.finish(item.finish_reason, item.stop_reason), b"\n\n")
@@ -226,21 +235,25 @@ class SSEWriter(WriterBase):
         return self._send_now if exchange.started else self._start_now
 
     def _deltas(self, items: list[OutputItem]) -> tuple[bytes, int]:
-        """The events of the deltas that lead ``items`` (up to a final or error item),
-        and how many items that is."""
-        delta = self.fmt.delta
-        out: list[bytes] = []
+        """The event of the deltas that lead ``items`` (up to a final or error item), and
+        how many items that is. Their texts leave as one delta, as vLLM's server merges
+        the deltas that were waiting for a stream: a frontend behind its engine spends
+        one chunk on several steps (the stream's opening, if not sent yet, before it)."""
+        texts: list[str] = []
+        opening = b""
         taken = 0
         for item in items:
             if item.finish_reason is not None or item.error is not None:
                 break
             data = item.data
             if data:
-                out.append(delta(data if type(data) is str else text_of(data), SSE_EVENT))
-            elif not self.fmt.started:
-                out.append(self.fmt.opening(SSE_EVENT))
+                texts.append(data if type(data) is str else text_of(data))
+            elif not texts and not self.fmt.started:
+                opening = self.fmt.opening(SSE_EVENT)
             taken += 1
-        return b"".join(out), taken
+        if not texts:
+            return opening, taken
+        return opening + self.fmt.delta("".join(texts), SSE_EVENT), taken
 
     def _send_now(self, items: list[OutputItem]) -> list[OutputItem]:
         fmt = self.fmt

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any, Protocol
 
-from ...protocol import OutputItem
+from ...protocol import OutputItem, Usage
 from ..errors import HTTPError
-from .openai import StreamFormat, usage_dict
-from .stream import WriterBase, engine_error, text_of
+from .openai import StreamFormat, text_of, usage_dict
+from .stream import WriterBase, engine_error
 
 
 def _dumps(obj: Any) -> str:
@@ -54,27 +54,36 @@ class WebSocketWriter(WriterBase):
         for item in batch:
             if item.error is not None:
                 raise engine_error(item)
-            if fmt.parser is not None:
-                if item.data or item.logprobs is not None:
-                    for chunk in fmt.chunks(text_of(item.data or ""), item.logprobs):
-                        await send(head + chunk.decode() + "}")
-            elif item.logprobs is not None or item.token_ids or item.prompt_token_ids:
-                text = text_of(item.data or "")
-                chunk = fmt.delta_with_logprobs(text, item.logprobs, item=item)
+            # The chunks the SSE route sends, one message each (a parsed stream's delta
+            # may be several chunks, or none while the parser holds text back).
+            if fmt.parser is not None and (item.data or item.logprobs is not None):
+                chunks = fmt.chunks(text_of(item.data or ""), item.logprobs)
+            else:
+                chunk = fmt.item_delta(item)
+                chunks = [chunk] if chunk else []
+            for chunk in chunks:
                 await send(head + chunk.decode() + "}")
-            elif item.data:
-                await send(head + fmt.delta(text_of(item.data)).decode() + "}")
             if item.finish_reason is not None:
                 for chunk in fmt.flush():
                     await send(head + chunk.decode() + "}")
                 end = fmt.finish(item.finish_reason, item.stop_reason)
                 await send(head + end.decode() + "}")
-                done = {"type": "done", "id": self.client_id, "usage": usage_dict(item.usage)}
-                await send(_dumps(done))
+                await self.finished(item)
                 return True
         return False
 
+    async def finished(self, item: OutputItem) -> None:
+        """The request has completed (``item`` its last output): its ``done``."""
+        await self.send_done(item.usage)
+
+    async def send_done(self, usage: Usage | None) -> None:
+        await self._send(_dumps({"type": "done", "id": self.client_id, "usage": usage_dict(usage)}))
+
     async def fail(self, error: HTTPError) -> None:
+        await self.send_error(error)
+
+    async def send_error(self, error: HTTPError) -> None:
+        """The request's end: ``error`` (unless the client has gone)."""
         self.status = error.status
         if not self.connection.peer_gone:
             await self.connection.send_error(self.client_id, error)

@@ -1,6 +1,6 @@
 """HTTP/1.1 on the wire, without I/O: requests parsed into events, responses framed.
 
-The server (``h11_server.py``) reads and writes; this module only turns bytes into
+The server (``serve.py``, ``connection.py``) reads and writes; this module only turns bytes into
 events and a response into bytes. Requests are parsed by httptools (llhttp, the parser
 of Node.js, and uvicorn's): strict by default (conflicting Content-Length and
 Transfer-Encoding, bad chunk sizes, bare CR or LF, NUL and control characters are

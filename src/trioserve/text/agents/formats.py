@@ -3,7 +3,7 @@
 
 To add one: write a class with ``feed(text) -> list[Event]`` and ``finish() ->
 list[Event]`` (``events.py``; it must give the same events, once joined, however the
-text is cut: ``tests/text/test_agents_chunking.py`` runs every format registered here),
+text is cut: ``tests/text/agents/test_chunking.py`` runs every format registered here),
 register it below under vLLM's name, and add its corpus to
 ``tests/vllm/test_parser_parity.py`` so it is held to vLLM's class of that name.
 """

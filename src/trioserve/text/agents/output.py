@@ -38,7 +38,7 @@ class ParserNames:
 
 @attrs.frozen
 class ToolUse:
-    """What a request asks of tools, validated (``http/bodies/tools.py``)."""
+    """What a request asks of tools, validated (``http/bodies/agents.py``)."""
 
     tools: list[dict[str, Any]]
     #: "auto", "required", or the one function's name (``named``).
