@@ -2,9 +2,15 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tokenizers.decoders import DecodeStream
 
 from trioserve.text.assets import ModelText
-from trioserve.text.detokenizer import IncrementalDetokenizer
+from trioserve.text.detokenizer import (
+    PRIMER_SEARCH,
+    PRIMER_TOKENS,
+    IncrementalDetokenizer,
+    decode_primer,
+)
 
 TEXTS = [
     "Grüße aus Köln! Café, naïve, façade.",
@@ -140,3 +146,52 @@ def test_streamed_text_equals_text_at_once_for_any_chunking(
     assert stop_seen == whole_stop
     assert sent == whole.text()
     assert streamed.token_ids == whole.token_ids
+
+
+def _steps(model: ModelText, primer: list[int], generated: list[int], skip: bool) -> list[str]:
+    """What a decode stream primed with ``primer`` sends for each generated id (an error
+    as its message)."""
+    stream = DecodeStream(ids=list(primer), skip_special_tokens=skip)
+    sent = []
+    for token_id in generated:
+        try:
+            sent.append(repr(stream.step(model.tokenizer, token_id)))
+        except Exception as exc:
+            sent.append(f"error: {exc}")
+    return sent
+
+
+@settings(max_examples=400, deadline=None)
+@given(data=st.data(), skip=st.booleans(), texts=st.lists(st.sampled_from(TEXTS), min_size=1))
+def test_a_stream_primed_with_the_prompts_tail_sends_what_the_whole_prompt_would(
+    harder: ModelText, data, skip, texts
+):
+    """vLLM primes its decode stream with the whole prompt; trioserve with a tail of it
+    where a byte-level decode can be split (tokens that are parts of characters, special
+    tokens skipped or not, ids of any kind): the text sent for every generated token is
+    the same, the first one's included."""
+    words = harder.encode(" ".join(texts), add_special_tokens=False)
+    anything = st.integers(0, harder.vocab_size - 1)
+    # A prompt cut anywhere in real text (characters split across tokens), or any ids.
+    prompt = data.draw(
+        st.one_of(
+            st.integers(0, len(words)).map(lambda cut: words[:cut]),
+            st.lists(anything, max_size=80),
+            st.lists(st.sampled_from([*words, *harder.special_token_ids]), max_size=80),
+        )
+    )
+    generated = data.draw(
+        st.one_of(st.lists(anything, min_size=1, max_size=12), st.just(words[-12:] or [0]))
+    )
+    primer = decode_primer(harder, prompt, skip)
+    assert primer == prompt[len(prompt) - len(primer) :]  # a tail
+    assert _steps(harder, primer, generated, skip) == _steps(harder, prompt, generated, skip)
+
+
+def test_a_long_prompt_primes_the_stream_with_a_short_tail(harder: ModelText):
+    """The first token of an answer to a 100k-token prompt costs what it costs after a short
+    one: the stream is not primed with the whole prompt."""
+    prompt = harder.encode(" ".join(TEXTS) * 2000, add_special_tokens=False)
+    assert len(prompt) > 100_000
+    primer = decode_primer(harder, prompt, True)
+    assert PRIMER_TOKENS <= len(primer) <= PRIMER_TOKENS + PRIMER_SEARCH

@@ -22,8 +22,17 @@ from trioserve.enginecore.server_options import vllm_server_options
 from trioserve.text.assets import ModelText
 from trioserve.text.engine_options import engine_limits
 
-#: Sampling defaults none of vLLM's own (its defaults: temperature 1, top_p 1, top_k 0, …).
-DEFAULTS = {"temperature": 0.7, "top_p": 0.9, "top_k": 5, "repetition_penalty": 1.1}
+#: Sampling defaults none of vLLM's own (its defaults: temperature 1, top_p 1, top_k 0,
+#: min_p 0, penalties neutral): every field ``get_diff_sampling_param`` reads.
+DEFAULTS = {
+    "temperature": 0.7,
+    "top_p": 0.9,
+    "top_k": 5,
+    "min_p": 0.05,
+    "repetition_penalty": 1.1,
+    "presence_penalty": 0.3,
+    "frequency_penalty": 0.2,
+}
 MAX_NEW_TOKENS = 12
 
 

@@ -58,6 +58,23 @@ SPECIAL_TOKEN_ATTRIBUTES = (
 )
 
 
+def _byte_level_chars() -> dict[str, int]:
+    """The byte each character of a byte-level vocabulary stands for (GPT-2's
+    ``bytes_to_unicode``, inverted: what ``tokenizers``' ByteLevel decoder maps back)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars = {chr(b): b for b in printable}
+    shifted = 0
+    for b in range(256):
+        if b not in printable:
+            chars[chr(256 + shifted)] = b
+            shifted += 1
+    return chars
+
+
+#: :func:`_byte_level_chars`, made once.
+BYTE_LEVEL_CHARS = _byte_level_chars()
+
+
 class ModelTextError(Exception):
     """A model directory whose text assets cannot be used (the operator's to fix)."""
 
@@ -210,6 +227,45 @@ class ModelText:
         """Every added token (special or not), by id: what the detokenizer keeps apart
         when ``spaces_between_special_tokens`` is false."""
         return {i: t.content for i, t in self.tokenizer.get_added_tokens_decoder().items()}
+
+    @cached_property
+    def special_token_ids(self) -> frozenset[int]:
+        """The ids ``skip_special_tokens`` leaves out of a decode."""
+        added = self.tokenizer.get_added_tokens_decoder()
+        return frozenset(i for i, token in added.items() if token.special)
+
+    @cached_property
+    def byte_level_decoder(self) -> bool:
+        """Whether tokenizer.json's decoder is ByteLevel alone: a decode is then the UTF-8
+        (lossy) of the tokens' bytes laid end to end, each token's bytes its own."""
+        decoder = json.loads(self.tokenizer.to_str()).get("decoder") or {}
+        return decoder.get("type") == "ByteLevel"
+
+    @cached_property
+    def _first_bytes(self) -> dict[int, int | None]:
+        return {}
+
+    def first_byte(self, token_id: int) -> int | None:
+        """The first byte a byte-level decoder makes of ``token_id`` (None: none, an id
+        the tokenizer does not know or an empty token). As ``tokenizers``' ByteLevel
+        decoder: a token's characters are the bytes they stand for, or, if one of them
+        stands for none, the token's own UTF-8 (which never starts with a continuation
+        byte)."""
+        known = self._first_bytes
+        if token_id in known:
+            return known[token_id]
+        token = self.tokenizer.id_to_token(token_id)
+        first: int | None = None
+        if token:
+            chars = BYTE_LEVEL_CHARS
+            byte = chars.get(token[0])
+            if byte is not None and all(c in chars for c in token):
+                first = byte
+            else:
+                first = token.encode()[0]
+        if len(known) < 1 << 20:
+            known[token_id] = first
+        return first
 
     @cached_property
     def max_token_id(self) -> int:
