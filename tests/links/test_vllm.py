@@ -6,6 +6,8 @@ The real engine's side is tests/vllm/test_direct_vllm.py."""
 from __future__ import annotations
 
 import json
+import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from trioserve.errors import EngineLostError, TextInputError
 from trioserve.links.vllm import VllmLinks, VllmText
 from trioserve.protocol import Submit
 from trioserve.text.assets import ModelText
+from trioserve.text.background import BACKGROUND_NICE
 from trioserve.text.sampling import EngineLimits
 
 
@@ -457,3 +460,29 @@ async def test_the_steps_one_read_brings_leave_in_one_write(nursery, model):
     assert "".join(texts) == model.decode(ids)
     assert texts[1] == model.decode(ids[:-1])[len(texts[0]) :]  # the waiting steps: one event
     assert len(events) == 3 + (events[-1]["choices"][0]["text"] == "")
+
+
+async def test_a_long_prompt_is_prepared_in_a_worker_thread_nicer_than_the_event_loop(
+    model, monkeypatch
+):
+    """A prompt too long to prepare inline is rendered and tokenized in a worker thread that
+    runs below the event loop's thread (text.background): on a frontend with one core the
+    streams the loop writes keep most of it meanwhile."""
+
+    def nice() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    seen: list[int] = []
+    text = VllmText(model, EngineLimits(max_model_len=4096))
+    prepare_now = text.prepare_now
+
+    def recording(message: Submit):
+        seen.append(nice())
+        return prepare_now(message)
+
+    monkeypatch.setattr(text, "prepare_now", recording)
+    loop = nice()
+    await text.prepare(completion("short", "x" * 10))
+    await text.prepare(completion("long", "word " * 400))
+    assert seen == [loop, min(19, loop + BACKGROUND_NICE)]  # inline, then in a thread
+    assert nice() == loop

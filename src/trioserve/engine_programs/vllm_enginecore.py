@@ -68,6 +68,7 @@ from ..protocol import ModelCard, Submit, Usage
 from ..sdk.core import EngineLoad, Output
 from ..sdk.trio_shell import serve_engine
 from ..text.assets import ModelText, ModelTextError
+from ..text.background import background
 from ..text.engine_options import engine_limits
 from ..text.generation import GenerationText
 from ..text.registry import ServedText
@@ -200,7 +201,9 @@ class EngineCoreBackend:
                 prepared = preparing()  # cheaper than the hop to a thread
             else:
                 # A tokenization runs to its end, alone, if the request is cancelled.
-                prepared = await trio.to_thread.run_sync(preparing, abandon_on_cancel=True)
+                prepared = await trio.to_thread.run_sync(
+                    background(preparing), abandon_on_cancel=True
+                )
         except TextInputError as exc:  # the direct path's 400: its message, code and param
             raise RequestError(400, exc.message, exc.code, param=exc.param) from None
         prompt, sampling = prepared.prompt, prepared.sampling

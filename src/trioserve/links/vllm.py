@@ -40,6 +40,7 @@ from ..enginecore.events import RequestTimes
 from ..errors import EngineLostError, TextInputError
 from ..protocol import ErrorInfo, ModelCard, OutputItem, Submit, Usage
 from ..text.assets import ModelText
+from ..text.background import background
 from ..text.generation import Delta, GenerationText
 from ..text.registry import ServedText
 from ..text.requests import Prepared as TextPrepared
@@ -67,7 +68,9 @@ class VllmText:
         if small_enough_inline(message.task, message.inputs, message.params):
             return self.prepare_now(message)  # cheaper than the hop to a thread
         # Cancelling abandons the thread's result (a tokenization runs to its end, alone).
-        return await trio.to_thread.run_sync(self.prepare_now, message, abandon_on_cancel=True)
+        return await trio.to_thread.run_sync(
+            background(self.prepare_now), message, abandon_on_cancel=True
+        )
 
     def prepare_now(self, message: Submit) -> Prepared:
         """What :meth:`prepare` does, in the calling thread: the text layer's

@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 import trio
 
+from ...text.background import background
 from ...text.requests import chat_request_prompt
 from ..bodies.anthropic import (
     CountTokensRequest,
@@ -79,7 +80,7 @@ async def count_tokens(services: Services, exchange: Exchange) -> None:
     if served is not None:
         params: dict[str, Any] = {"tools": count.tools} if count.tools else {}
         prompt = await trio.to_thread.run_sync(
-            partial(chat_request_prompt, served, count.messages, params)
+            background(partial(chat_request_prompt, served, count.messages, params))
         )
         answer: dict[str, Any] = {"input_tokens": len(prompt.token_ids)}
     else:

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import trio
 
 from ...errors import TextInputError
+from ...text.background import background
 from ...text.prompts import Prompt, check_prompt_token_ids
 from ...text.registry import ServedText
 from ...text.requests import (
@@ -58,7 +59,7 @@ def served_text(services: Services, requested: Any) -> tuple[str, ServedText]:
 
 
 async def _in_thread(fn: Callable[[], T]) -> T:
-    return await trio.to_thread.run_sync(fn)
+    return await trio.to_thread.run_sync(background(fn))
 
 
 async def tokenize(services: Services, exchange: Exchange) -> None:
