@@ -151,6 +151,10 @@ def compile_template(source: str) -> ChatTemplate:
     try:
         tree = _ENV.parse(source)
         template = _ENV.from_string(tree)
+        # A plain dict of the environment's globals (fixed once made) instead of jinja's
+        # ChainMap over them: each render copies the globals into its context, and a
+        # ChainMap is copied a key at a time in Python (docs/benchmarks.md).
+        template.globals = dict(template.globals)
     except jinja2.TemplateError as exc:
         raise ChatTemplateError(f"the chat template does not compile: {exc}") from exc
     try:
