@@ -10,8 +10,9 @@ from tests.helpers.frontends import start_engine, start_frontend
 from trioserve.engine_programs.mock import PREFIX_BLOCK_WORDS
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
 @pytest.mark.parametrize("how", ["header", "user"])
-async def test_a_session_sticks_to_one_engine(nursery, how):
+async def test_a_session_sticks_to_one_engine(nursery, how, path):
     engines = [await start_engine(nursery) for _ in range(3)]
     frontend = await start_frontend(
         nursery, None, server="builtin", engines=[e.address for e in engines], routing="affinity"
@@ -28,13 +29,17 @@ async def test_a_session_sticks_to_one_engine(nursery, how):
         engine.core.backend.generate = spy
     async with frontend.client() as client:
         for i in range(12):
-            body = {"model": "mock", "prompt": f"unrelated prompt {i}", "max_tokens": 2}
+            body = {"model": "mock", "max_tokens": 2}
+            if path == "/v1/completions":
+                body["prompt"] = f"unrelated prompt {i}"
+            else:
+                body["messages"] = [{"role": "user", "content": f"unrelated prompt {i}"}]
             headers = {}
             if how == "header":
                 headers["x-session-id"] = "session-42"
             else:
                 body["user"] = "user-42"
-            response = await client.post("/v1/completions", json=body, headers=headers)
+            response = await client.post(path, json=body, headers=headers)
             assert response.status_code == 200
     assert sorted(e.stats.submitted for e in engines) == [0, 0, 12]
     assert all("user" not in params and "session_key" not in params for params in seen_params)

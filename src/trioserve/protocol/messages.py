@@ -87,6 +87,20 @@ class Submit:
     #: neither sends nor reads it, so an end user's id never reaches an engine.
     session_key: str | None = None
 
+    def with_inputs(self, inputs: dict[str, Any]) -> Submit:
+        """This request with ``inputs`` in place of its own (made directly:
+        ``attrs.evolve`` introspects the class on every call, and this is every chat
+        request's path)."""
+        return Submit(
+            self.request_id,
+            self.model,
+            self.task,
+            inputs,
+            self.params,
+            self.trace_context,
+            self.session_key,
+        )
+
 
 @attrs.frozen
 class Abort:

@@ -119,6 +119,4 @@ async def resolve_chat_media(generation: Generation, fetcher: MediaFetcher) -> G
     submit = generation.submit
     messages, modalities = await translate_messages(submit.inputs["messages"], fetcher)
     inputs = {**submit.inputs, "messages": messages, "modalities": modalities}
-    # Built directly: evolve() introspects the class on every call (per request).
-    resolved = Submit(submit.request_id, submit.model, submit.task, inputs, submit.params)
-    return attrs.evolve(generation, submit=resolved)
+    return generation.with_submit(submit.with_inputs(inputs))

@@ -351,6 +351,13 @@ class Generation:
     #: Tool calls and reasoning to parse out of each choice's text (``bodies/agents.py``).
     agents: AgentOptions | None = None
 
+    def with_submit(self, submit: Submit) -> Generation:
+        """This request with ``submit`` in place of its own (made directly: ``attrs.evolve``
+        introspects the class on every call, and this is every request's path)."""
+        return Generation(
+            submit, self.capability, self.stream, self.include_usage, self.n, self.agents
+        )
+
     def choices(self) -> list[Submit]:
         """The engine requests of ``n`` > 1 choices: ids ``<id>.<i>``, and with a seed,
         seed + i for choice i (as vLLM seeds its parallel samples, so that the choices

@@ -7,8 +7,6 @@ or answered as one body.
 
 from __future__ import annotations
 
-import attrs
-
 from ..bodies.multimodal import resolve_chat_media
 from ..bodies.openai import ChatCompletionRequest, CompletionRequest, parse_generation
 from ..exchange import JSON_HEADERS, Exchange
@@ -34,7 +32,9 @@ async def _generate(services: Services, exchange: Exchange, capability: str) -> 
         capability, body, exchange.request_id, services.resolve_model, parsers=services.parsers
     )
     generation = await resolve_chat_media(generation, services.media_fetcher())
-    generation = attrs.evolve(generation, submit=with_session(exchange, generation.submit))
+    submit = with_session(exchange, generation.submit)
+    if submit is not generation.submit:
+        generation = generation.with_submit(submit)
     fmt = generation.stream_format()
     if generation.n > 1:
         submits = generation.choices()
