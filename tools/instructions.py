@@ -20,6 +20,16 @@ they leave in one or two writes). All traffic is on 127.0.0.1.
     python -m tools.instructions                      # 400 requests of each kind
     python -m tools.instructions --requests 40        # a smoke run
     python -m tools.instructions --write-docs docs/benchmarks.md
+
+``--direct-vllm``: trioserve's direct vLLM path instead (``trioserve run --vllm MODEL
+--vllm-attach``), on ``tools.null_enginecore`` (not under valgrind) with the tiny Llama's
+text assets, one token a step every ``--step-ms``: slow enough that the frontend, slowed
+down some fifty times by callgrind, keeps up, so that every token is a step of its own and
+every streamed token an event, as on an engine with real decode steps. No reference
+frontend: vLLM's API server under callgrind takes minutes to import torch. Its own table
+in docs/benchmarks.md; a change's figure is compared with the one before it.
+
+    python -m tools.instructions --direct-vllm --requests 192 --concurrency 32
 """
 
 from __future__ import annotations
@@ -41,6 +51,8 @@ from pathlib import Path
 from tools.toolkit import http_client, processes, reports
 
 BEGIN, END = "<!-- instructions:begin -->", "<!-- instructions:end -->"
+DIRECT_BEGIN = "<!-- instructions-direct:begin -->"
+DIRECT_END = "<!-- instructions-direct:end -->"
 PROMPT = "Count the instructions of one request."
 KINDS = {
     "non-streaming (JSON)": {"max_tokens": 16},
@@ -123,7 +135,13 @@ def dumped_instructions(directory: Path, pid: int, timeout: float = 60) -> int:
 
 
 def measure_frontend(
-    name: str, command: list[str], port: int, args: argparse.Namespace, workdir: Path
+    name: str,
+    command: list[str],
+    port: int,
+    args: argparse.Namespace,
+    workdir: Path,
+    knobs: dict[str, object] = ENGINE_KNOBS,
+    start: Callable[[], None] = lambda: None,
 ) -> dict[str, float]:
     out = workdir / name
     out.mkdir()
@@ -139,9 +157,10 @@ def measure_frontend(
     proc.url = f"http://127.0.0.1:{port}"
     figures: dict[str, float] = {}
     try:
+        start()
         processes.wait_healthy(proc, timeout=300)
         bodies = {
-            kind: {"messages": [{"role": "user", "content": PROMPT}], **extra, **ENGINE_KNOBS}
+            kind: {"messages": [{"role": "user", "content": PROMPT}], **extra, **knobs}
             for kind, extra in KINDS.items()
         }
         for body in bodies.values():  # uninstrumented (faster): first-request work, caches
@@ -202,6 +221,57 @@ def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     return results
 
 
+def measure_direct(args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """The direct vLLM path on the null EngineCore (see the module docstring)."""
+    from tools.tiny_llama import build_text_only
+
+    with tempfile.TemporaryDirectory(prefix="trioserve-instructions-") as tmp:
+        workdir = Path(tmp)
+        model = build_text_only(workdir / "model")
+        handshake, port = processes.free_port(), processes.free_port()
+        command = [sys.executable, "-m", "trioserve", "--log-level", "warning", "run"]
+        command += ["--vllm", str(model), "--vllm-attach", f"127.0.0.1:{handshake}"]
+        command += ["--host", "127.0.0.1", "--port", str(port), "--no-access-log"]
+        command += ["--max-concurrent-requests", str(max(256, 2 * args.concurrency))]
+        engine: list[processes.Proc] = []
+
+        def start_engine() -> None:  # once the frontend has bound its handshake socket
+            engine.append(
+                processes.spawn(
+                    "null-engine",
+                    [*processes.tool_command("null_enginecore"), "--model", str(model)]
+                    + ["--handshake", f"tcp://127.0.0.1:{handshake}"]
+                    + ["--step-ms", str(args.step_ms)],
+                    workdir,
+                )
+            )
+
+        try:
+            knobs = {"ignore_eos": True}
+            figures = measure_frontend(
+                "trioserve", command, port, args, workdir, knobs, start_engine
+            )
+        finally:
+            for proc in engine:
+                proc.stop()
+    return {"trioserve direct": figures}
+
+
+def direct_table(results: dict[str, dict[str, float]], command: str) -> str:
+    valgrind = subprocess.run(["valgrind", "--version"], capture_output=True, text=True).stdout
+    lines = [
+        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on "
+        f"{platform.machine()}, Python {platform.python_version()}, {valgrind.strip()}, "
+        f"with `{command}`.",
+        "",
+        "| user-space instructions per request, direct vLLM path, null EngineCore | trioserve |",
+        "|---|---|",
+    ]
+    for kind in KINDS:
+        lines.append(f"| {kind}, 16 tokens | {results['trioserve direct'][kind] / 1000:,.0f}k |")
+    return "\n".join(lines)
+
+
 def table(results: dict[str, dict[str, float]], command: str) -> str:
     valgrind = subprocess.run(["valgrind", "--version"], capture_output=True, text=True).stdout
     lines = [
@@ -228,6 +298,14 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=400, help="counted, per kind")
     parser.add_argument("--warmup", type=int, default=64, help="uncounted, per kind, first")
     parser.add_argument("--concurrency", type=int, default=8, help="keep-alive connections")
+    parser.add_argument(
+        "--direct-vllm",
+        action="store_true",
+        help="trioserve's direct vLLM path on the null EngineCore (module docstring)",
+    )
+    parser.add_argument(
+        "--step-ms", type=float, default=100.0, help="--direct-vllm: the null engine's step"
+    )
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--write-docs", help="replace the table between the markers here")
     parser.add_argument("--quiet", action="store_true")
@@ -236,10 +314,18 @@ def main() -> None:
         if shutil.which(tool) is None:
             parser.error(f"{tool} is not installed (Debian: apt-get install valgrind)")
     shown = f"--requests {args.requests} --warmup {args.warmup} --concurrency {args.concurrency}"
+    if args.direct_vllm:
+        shown = f"--direct-vllm --step-ms {args.step_ms:g} {shown}"
     command = f"python -m tools.instructions {shown}"
-    results = measure(args)
-    text = table(results, command)
-    reports.publish(text, command, results, args.json, args.write_docs, BEGIN, END)
+    if args.direct_vllm:
+        results = measure_direct(args)
+        text = direct_table(results, command)
+        begin, end = DIRECT_BEGIN, DIRECT_END
+    else:
+        results = measure(args)
+        text = table(results, command)
+        begin, end = BEGIN, END
+    reports.publish(text, command, results, args.json, args.write_docs, begin, end)
 
 
 if __name__ == "__main__":

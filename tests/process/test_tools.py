@@ -51,6 +51,16 @@ def test_instruction_count_tool_runs_and_reports_both_frontends(tmp_path):
     assert set(figures) == {"trioserve", "reference"}
 
 
+def test_instruction_count_tool_measures_the_direct_vllm_path(tmp_path):
+    out = tmp_path / "figures.json"
+    args = ("--direct-vllm", "--requests", "4", "--warmup", "2", "--concurrency", "2")
+    stdout = run_tool("instructions", out, *args, "--step-ms", "50", timeout=600)
+    assert "| non-streaming (JSON), 16 tokens |" in stdout
+    figures = json.loads(out.read_text())["results"]
+    assert set(figures) == {"trioserve direct"}
+    assert all(count > 0 for count in figures["trioserve direct"].values())
+
+
 def test_wakeup_tool_runs_and_reports_every_transport(tmp_path):
     out = tmp_path / "figures.json"
     stdout = run_tool("wakeups", out, "--count", "5", "--gaps", "0,1", timeout=120)
