@@ -115,6 +115,7 @@ class VllmLink:
         #: Set by :meth:`attach` (an engine that came back, ``--vllm-attach``).
         self._attached = trio.Event()
         self._models = [ModelCard(name, owned_by="vllm") for name in models]
+        self._model_names = frozenset(models)  # (every request asks: no generator a time)
         self.draining = False
         self.retiring = False
         self.scope = trio.CancelScope()
@@ -193,7 +194,7 @@ class VllmLink:
         return model is None or self.serves_model(model)
 
     def serves_model(self, model: str) -> bool:
-        return self.ready and any(card.id == model for card in self._models)
+        return self.ready and model in self._model_names
 
     def retire(self) -> None:
         self.retiring = True
