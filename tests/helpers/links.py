@@ -37,19 +37,28 @@ class Preparer:
         self.waiting = 0
         self.prepared: list[str] = []
 
-    async def prepare(self, message: Submit) -> Prepared:
+    def prepare_at_once(self, message: Submit) -> Prepared | None:
+        """A prompt without :data:`SLOW`, at once (refused at once with :data:`REFUSE`)."""
         prompt = prompt_of(message)
         if REFUSE in prompt:
             raise InputError("the prompt cannot be tokenized", code="invalid_prompt")
         if SLOW in prompt:
-            self.waiting += 1
-            try:
-                await self.release.wait()
-            finally:
-                self.waiting -= 1
-        await trio.lowlevel.checkpoint()
+            return None
         self.prepared.append(message.request_id)
         return Prepared(message, self, payload=len(prompt))
+
+    async def prepare(self, message: Submit) -> Prepared:
+        prepared = self.prepare_at_once(message)
+        if prepared is not None:
+            return prepared
+        self.waiting += 1
+        try:
+            await self.release.wait()
+        finally:
+            self.waiting -= 1
+        await trio.lowlevel.checkpoint()
+        self.prepared.append(message.request_id)
+        return Prepared(message, self, payload=len(prompt_of(message)))
 
 
 class PreparingLink(ProtocolLink):

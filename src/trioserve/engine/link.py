@@ -48,6 +48,12 @@ class Prepared:
 class Preparer(Protocol):
     """Turns a submit into what its links send (tokenization, rendering)."""
 
+    def prepare_at_once(self, message: Submit) -> Prepared | None:
+        """The submit prepared here and now, when that costs less than the watched,
+        cancellable :meth:`prepare` around it (a short prompt: no thread, no hang-up
+        watch); None when it does not. Raises as :meth:`prepare` does."""
+        ...
+
     async def prepare(self, message: Submit) -> Prepared:
         """Cancellable; raises :class:`~trioserve.errors.InputError` for what it refuses."""
         ...

@@ -380,10 +380,16 @@ async def run_generation(
 async def _prepare(
     preparer: Preparer, submit: Submit, handle: RequestHandle, watch_disconnect: DisconnectWatch
 ) -> Prepared:
-    """The prepare phase, watched for the client's hang-up (a long tokenization); its
-    refusal is raised outside the watch, whose task group would wrap it, as the answer
-    the client reads."""
+    """The prepare phase, watched for the client's hang-up (a long tokenization; a short
+    one is done at once, unwatched: it cannot be waited for); its refusal is raised
+    outside the watch, whose task group would wrap it, as the answer the client reads."""
     refusal: HTTPError | None = None
+    try:
+        prepared = preparer.prepare_at_once(submit)
+    except (InputError, HTTPError) as exc:
+        raise http_error(exc) from None
+    if prepared is not None:
+        return prepared
     async with watch_disconnect(partial(handle.end, EndReason.DISCONNECT)):
         try:
             return await preparer.prepare(submit)

@@ -64,9 +64,15 @@ class VllmText:
     def model(self) -> ModelText:
         return self.served.text
 
-    async def prepare(self, message: Submit) -> Prepared:
+    def prepare_at_once(self, message: Submit) -> Prepared | None:
         if small_enough_inline(message.task, message.inputs, message.params):
             return self.prepare_now(message)  # cheaper than the hop to a thread
+        return None
+
+    async def prepare(self, message: Submit) -> Prepared:
+        prepared = self.prepare_at_once(message)
+        if prepared is not None:
+            return prepared
         # Cancelling abandons the thread's result (a tokenization runs to its end, alone).
         return await trio.to_thread.run_sync(
             background(self.prepare_now), message, abandon_on_cancel=True
