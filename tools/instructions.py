@@ -257,12 +257,19 @@ def measure_direct(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     return {"trioserve direct": figures}
 
 
-def direct_table(results: dict[str, dict[str, float]], command: str) -> str:
+def _measured(command: str) -> str:
+    """The line above a table: when, where, with what."""
     valgrind = subprocess.run(["valgrind", "--version"], capture_output=True, text=True).stdout
-    lines = [
+    return (
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on "
         f"{platform.machine()}, Python {platform.python_version()}, {valgrind.strip()}, "
-        f"with `{command}`.",
+        f"with `{command}`."
+    )
+
+
+def direct_table(results: dict[str, dict[str, float]], command: str) -> str:
+    lines = [
+        _measured(command),
         "",
         "| user-space instructions per request, direct vLLM path, null EngineCore | trioserve |",
         "|---|---|",
@@ -273,11 +280,8 @@ def direct_table(results: dict[str, dict[str, float]], command: str) -> str:
 
 
 def table(results: dict[str, dict[str, float]], command: str) -> str:
-    valgrind = subprocess.run(["valgrind", "--version"], capture_output=True, text=True).stdout
     lines = [
-        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on "
-        f"{platform.machine()}, Python {platform.python_version()}, {valgrind.strip()}, "
-        f"with `{command}`.",
+        _measured(command),
         "",
         "| user-space instructions per request | trioserve | reference | trioserve / reference |",
         "|---|---|---|---|",
