@@ -309,7 +309,9 @@ class Side:
             async with open_websocket_url(ws_url(frontend)) as ws:
                 await ws.send_message(json.dumps(message))
                 seen = await ws_collect(ws, {"x"})
-            results.append([_same(message) for message in seen["x"]])
+            chunks = [m["data"] for m in seen["x"] if m["type"] == "chunk"]
+            rest = [m for m in seen["x"] if m["type"] != "chunk"]
+            results.append([_same(_folded(chunks)), *map(_same, rest)])
             return
         async with frontend.client() as http:
             if how == "json":
@@ -320,9 +322,46 @@ class Side:
             async with http.stream("POST", path, json={**body, "stream": True}) as response:
                 assert response.status_code == 200, await response.aread()
                 lines = [line async for line in response.aiter_lines()]
-            results.append(
-                [_same(json.loads(line[6:])) for line in lines if line.startswith("data: {")]
-            )
+            chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+            results.append(_same(_folded(chunks)))
+
+
+#: The fields of a chunk whose strings are pieces of one text.
+TEXT_FIELDS = frozenset({"content", "text", "reasoning_content"})
+
+
+def _folded(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    """A stream's chunks as one: where one chunk ends and the next begins is the frontend's
+    timing (the outputs of the engine steps one read brings leave as one delta), not part
+    of the answer. Texts (:data:`TEXT_FIELDS`) are joined, lists (logprobs, token ids)
+    extended, and every other field keeps the last value it had that was not null."""
+    folded: dict[str, Any] = {}
+    for chunk in chunks:
+        _fold(folded, chunk)
+    return folded
+
+
+def _fold(into: dict[str, Any], part: dict[str, Any]) -> None:
+    for key, value in part.items():
+        if key == "choices":
+            by_index = {c["index"]: c for c in into.setdefault("choices", [])}
+            for choice in value:
+                if choice["index"] not in by_index:
+                    into["choices"].append(by_index.setdefault(choice["index"], {}))
+                _fold(by_index[choice["index"]], choice)
+        elif isinstance(value, dict):
+            _fold(into.setdefault(key, {}), value)
+        elif _joinable(key, value, into.get(key)):
+            into[key] = into[key] + value
+        elif value is not None or key not in into:
+            into[key] = value
+
+
+def _joinable(key: str, value: Any, before: Any) -> bool:
+    """Lists extend; strings join only in a text field."""
+    if isinstance(value, list):
+        return isinstance(before, list)
+    return key in TEXT_FIELDS and isinstance(value, str) and isinstance(before, str)
 
 
 def _same(answer: Any) -> Any:
