@@ -18,8 +18,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import attrs
-
 from ...protocol import Submit
 from .media import AUDIO_FORMATS, Media, MediaFetcher, decode_base64
 from .openai import Generation
@@ -109,7 +107,7 @@ async def resolve_parts(
                     modalities.append(modality)
                 parts.append(part)
         messages.append(message if parts is None else {**message, "content": parts})
-    return attrs.evolve(submit, inputs={"messages": messages, "modalities": modalities})
+    return submit.with_inputs({"messages": messages, "modalities": modalities})
 
 
 async def resolve_chat_media(generation: Generation, fetcher: MediaFetcher) -> Generation:
