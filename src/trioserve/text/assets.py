@@ -238,7 +238,7 @@ class ModelText:
     def byte_level_decoder(self) -> bool:
         """Whether tokenizer.json's decoder is ByteLevel alone: a decode is then the UTF-8
         (lossy) of the tokens' bytes laid end to end, each token's bytes its own."""
-        decoder = json.loads(self.tokenizer.to_str()).get("decoder") or {}
+        decoder = self._tokenizer_json.get("decoder") or {}
         return decoder.get("type") == "ByteLevel"
 
     @cached_property
@@ -279,10 +279,17 @@ class ModelText:
         return max([1, *(len(token) for token in self.tokenizer.get_vocab(with_added_tokens=True))])
 
     @cached_property
+    def _tokenizer_json(self) -> dict[str, Any]:
+        """The small parts of tokenizer.json read here (its pre-tokenizer and decoder),
+        parsed once; the vocabulary and merges are not kept."""
+        parsed = json.loads(self.tokenizer.to_str())
+        return {part: parsed.get(part) for part in ("pre_tokenizer", "decoder")}
+
+    @cached_property
     def space_marker(self) -> str | None:
         """The Metaspace replacement character of the pre-tokenizer (SentencePiece's
         ``▁``), if any: single-token decodes lose the leading space it stands for."""
-        pre = json.loads(self.tokenizer.to_str()).get("pre_tokenizer") or {}
+        pre = self._tokenizer_json.get("pre_tokenizer") or {}
         candidates = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
         for sub in candidates:
             if isinstance(sub, dict) and sub.get("type") == "Metaspace":
