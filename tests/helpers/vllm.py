@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 import trio
+import trio_websocket
 
 from tests.helpers.frontends import Frontend, start_frontend
 from tests.helpers.vllm_session import FRONTEND_TIMEOUT, MODEL, Vllm
@@ -86,6 +87,22 @@ def client(url: str) -> httpx.AsyncClient:
 async def post_json(url: str, path: str, body: dict[str, Any]) -> httpx.Response:
     async with client(url) as http:
         return await http.post(path, json={"model": MODEL, **body})
+
+
+async def websocket_chunks(
+    url: str, path: str, body: dict[str, Any]
+) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """The chunks of one request over /v1/ws, and its done's usage."""
+    endpoint = "chat.completions" if path == CHAT else "completions"
+    request = {"type": "request", "id": "n", "endpoint": endpoint, "body": {"model": MODEL, **body}}
+    chunks = []
+    with trio.fail_after(HANG_GUARD * 3):
+        async with trio_websocket.open_websocket_url(url.replace("http", "ws") + "/v1/ws") as ws:
+            await ws.send_message(json.dumps(request))
+            while (message := json.loads(await ws.get_message()))["type"] == "chunk":
+                chunks.append(message["data"])
+    assert message["type"] == "done", message
+    return chunks, message["usage"]
 
 
 def text_of(answer: dict[str, Any]) -> str:

@@ -20,7 +20,6 @@ from typing import Any
 import httpx
 import pytest
 import trio
-import trio_websocket
 
 from tests.helpers.enginecore_session import ANSWER_GUARD
 from tests.helpers.vllm import (
@@ -40,6 +39,7 @@ from tests.helpers.vllm import (
     stream_details,
     stream_essentials,
     tool_answers_as_vllm_serves_them,
+    websocket_chunks,
 )
 from tests.helpers.vllm_session import MODEL, ROOT, START_GUARD, VLLM_OPTIONS, Vllm, vllm_env
 from tests.helpers.waiting import HANG_GUARD
@@ -198,7 +198,7 @@ async def test_n_choices_match_vllm_serve(vllm: Vllm, direct: Direct, path, body
     assert details(ours.json()) == details(theirs.json())
     streamed = _choices(await _sse_chunks(vllm.reference_url, path, body))
     assert _choices(await _sse_chunks(direct.url, path, body)) == streamed
-    chunks, usage = await _websocket_chunks(direct.url, path, body)
+    chunks, usage = await websocket_chunks(direct.url, path, body)
     assert _choices(chunks) == streamed
     assert usage == {k: theirs.json()["usage"][k] for k in usage}
 
@@ -212,22 +212,6 @@ async def _sse_chunks(url: str, path: str, body: dict[str, Any]) -> list[dict[st
             if line.startswith("data: {"):
                 chunks.append(json.loads(line[6:]))
     return chunks
-
-
-async def _websocket_chunks(
-    url: str, path: str, body: dict[str, Any]
-) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    """The chunks of one request over /v1/ws, and its done's usage."""
-    endpoint = "chat.completions" if path == CHAT else "completions"
-    request = {"type": "request", "id": "n", "endpoint": endpoint, "body": {"model": MODEL, **body}}
-    chunks = []
-    with trio.fail_after(HANG_GUARD * 3):
-        async with trio_websocket.open_websocket_url(url.replace("http", "ws") + "/v1/ws") as ws:
-            await ws.send_message(json.dumps(request))
-            while (message := json.loads(await ws.get_message()))["type"] == "chunk":
-                chunks.append(message["data"])
-    assert message["type"] == "done", message
-    return chunks, message["usage"]
 
 
 def _choices(chunks: list[dict[str, Any]]) -> dict[int, Any]:
@@ -328,7 +312,7 @@ async def test_a_stop_string_ends_with_stop_and_one_abort(vllm: Vllm, direct: Di
     streamed = await stream_essentials(direct.url, COMPLETIONS, body)
     assert streamed == await stream_essentials(vllm.reference_url, COMPLETIONS, body)
     # Over the WebSocket: the SSE route's chunks, as vllm serve streams them.
-    chunks, _ = await _websocket_chunks(direct.url, COMPLETIONS, body)
+    chunks, _ = await websocket_chunks(direct.url, COMPLETIONS, body)
     assert _choices(chunks) == _choices(await _sse_chunks(vllm.reference_url, COMPLETIONS, body))
     assert chunks[-1]["choices"][0]["stop_reason"] == stop
     after = await direct.metric('trioserve_engine_aborts_total{reason="stop_string"}')
@@ -351,7 +335,7 @@ async def test_a_stop_token_ends_with_stop_and_its_id_as_the_stop_reason(
     assert ours.json()["choices"][0]["stop_reason"] == stop_id
     streamed = await stream_essentials(direct.url, COMPLETIONS, body)
     assert streamed == await stream_essentials(vllm.reference_url, COMPLETIONS, body)
-    chunks, _ = await _websocket_chunks(direct.url, COMPLETIONS, body)
+    chunks, _ = await websocket_chunks(direct.url, COMPLETIONS, body)
     assert _choices(chunks) == _choices(await _sse_chunks(vllm.reference_url, COMPLETIONS, body))
     assert chunks[-1]["choices"][0]["stop_reason"] == stop_id
 

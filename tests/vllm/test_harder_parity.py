@@ -13,7 +13,6 @@ logprobs, and the 400 of a template that refuses the conversation.
 
 from __future__ import annotations
 
-import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +21,6 @@ from typing import Any
 import attrs
 import pytest
 import trio
-import trio_websocket
 
 from tests.helpers.enginecore_session import (
     DirectFrontend,
@@ -39,9 +37,9 @@ from tests.helpers.vllm import (
     post_json,
     stream_essentials,
     stream_logprobs,
+    websocket_chunks,
 )
 from tests.helpers.vllm_session import ROOT, START_GUARD, VLLM_OPTIONS, answers, start, vllm_env
-from tests.helpers.waiting import HANG_GUARD
 from tools.toolkit.processes import tool_command
 from trioserve.text.assets import ModelText
 
@@ -245,22 +243,9 @@ async def test_the_websocket_streams_what_vllm_serve_answers(harder: Harder, nur
     path, body, _ = CASES["system prompt, accents, CJK and emoji"]
     frontend = await direct(nursery, harder)
     theirs = essentials((await post_json(harder.reference_url, path, body)).json())
-    text, done = [], None
-    with trio.fail_after(HANG_GUARD):
-        url = frontend.frontend.url.replace("http", "ws") + "/v1/ws"
-        async with trio_websocket.open_websocket_url(url) as ws:
-            request = {"type": "request", "id": "h", "endpoint": "chat.completions", "body": body}
-            await ws.send_message(json.dumps(request))
-            while done is None:
-                message = json.loads(await ws.get_message())
-                assert message["type"] in ("chunk", "done"), message
-                if message["type"] == "done":
-                    done = message
-                else:
-                    for choice in message["data"]["choices"]:
-                        text.append(choice["delta"].get("content") or "")
-    usage = done["usage"]
-    assert "".join(text) == theirs["text"]
+    chunks, usage = await websocket_chunks(frontend.frontend.url, path, body)
+    text = "".join(c["delta"].get("content") or "" for chunk in chunks for c in chunk["choices"])
+    assert text == theirs["text"]
     assert [usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]] == theirs[
         "usage"
     ]

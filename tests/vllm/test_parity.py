@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 import trio
-import trio_websocket
 
 from tests.helpers.vllm import (
     CHAT,
@@ -29,9 +28,9 @@ from tests.helpers.vllm import (
     post_json,
     stream_essentials,
     stream_logprobs,
+    websocket_chunks,
 )
 from tests.helpers.vllm_session import MODEL, Vllm
-from tests.helpers.waiting import HANG_GUARD
 
 pytestmark = pytest.mark.integration
 
@@ -119,25 +118,9 @@ async def test_websocket_streams_the_same_text(vllm: Vllm, nursery) -> None:
     frontend = await frontend_on(nursery, vllm)
     body = chat("Hello over a socket", max_tokens=24, temperature=0)
     theirs = essentials((await post_json(vllm.reference_url, CHAT, body)).json())
-    text, usage = [], None
-    with trio.fail_after(HANG_GUARD):
-        async with trio_websocket.open_websocket_url(
-            frontend.url.replace("http", "ws") + "/v1/ws"
-        ) as ws:
-            await ws.send_message(
-                json.dumps(
-                    {"type": "request", "id": "a", "endpoint": "chat.completions", "body": body}
-                )
-            )
-            while usage is None:
-                message = json.loads(await ws.get_message())
-                assert message["type"] in ("chunk", "done"), message
-                if message["type"] == "done":
-                    usage = message["usage"]
-                else:
-                    for choice in message["data"]["choices"]:
-                        text.append(choice["delta"].get("content") or "")
-    assert "".join(text) == theirs["text"]
+    chunks, usage = await websocket_chunks(frontend.url, CHAT, body)
+    text = "".join(c["delta"].get("content") or "" for chunk in chunks for c in chunk["choices"])
+    assert text == theirs["text"]
     assert [usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]] == theirs[
         "usage"
     ]
